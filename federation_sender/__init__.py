@@ -1,0 +1,1 @@
+"""federation-sender: a standalone Matrix federation sender worker."""

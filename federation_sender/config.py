@@ -1,0 +1,316 @@
+"""Typed, validated settings: one :class:`Settings` object, loaded from an optional YAML
+file and then from environment overrides, and passed down explicitly.
+
+Environment overrides use ``FEDERATION_SENDER__<SECTION>__<KEY>`` (double underscores
+separate levels), for example ``FEDERATION_SENDER__DATABASE__URL``. Values from the
+environment are parsed as YAML scalars, so ``true``, ``30`` and ``[a, b]`` work.
+
+Every key is documented in ``docs/configuration.md``; a test checks that the document
+and these dataclasses agree. A missing or bad value raises :class:`ConfigError` naming
+the key and what was expected; the CLI turns that into exit status 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from federation_sender.errors import ConfigError
+
+ENV_PREFIX = "FEDERATION_SENDER__"
+
+
+@dataclass(frozen=True)
+class DatabaseSettings:
+    url: str = "sqlite:///./data/federation_sender.db"
+    """SQLAlchemy URL: ``postgresql://user:pass@host/db`` or ``sqlite:///path``."""
+    pool_size: int = 10
+
+
+@dataclass(frozen=True)
+class ReplicationSettings:
+    transport: Literal["tcp", "redis", "none"] = "none"
+    """``none`` runs without a main process (the worker polls the database)."""
+    host: str = "127.0.0.1"
+    port: int = 9092
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    poll_interval_s: float = 1.0
+    """With transport ``none``, how often to look for new events in the database."""
+
+
+@dataclass(frozen=True)
+class FederationSettings:
+    signing_key_path: str = "./data/signing.key"
+    """Synapse-format ed25519 key file; generated on first run when missing."""
+    verify_tls: bool = True
+    extra_ca_file: str | None = None
+    ip_allow_list: list[str] = field(default_factory=list)
+    """CIDRs outbound federation may reach even though they are private/reserved."""
+    request_timeout_s: float = 60.0
+    connect_timeout_s: float = 10.0
+    max_response_bytes: int = 1_048_576
+    pool_total: int = 1000
+    pool_per_host: int = 4
+    destination_overrides: dict[str, str] = field(default_factory=dict)
+    """destination -> ``host:port`` to connect to instead of discovery (tests, demo)."""
+    use_tls: bool = True
+    """``false`` only for loopback test peers that speak plain HTTP."""
+    key_listener_port: int | None = None
+    """Serve ``GET /_matrix/key/v2/server`` on this port when set."""
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    max_pdus_per_txn: int = 50
+    max_edus_per_txn: int = 100
+    max_txn_bytes: int = 4_000_000
+    max_concurrent_transactions: int = 500
+    backoff_initial_s: float = 600.0
+    backoff_multiplier: float = 2.0
+    backoff_jitter_min: float = 0.8
+    backoff_jitter_max: float = 1.4
+    backoff_max_s: float = 7 * 24 * 3600.0
+    catchup_threshold_s: float = 3600.0
+    """Backoff interval past which the in-memory queue is dropped for catch-up mode."""
+    catchup_rooms_per_batch: int = 50
+    catchup_max_gap_events: int = 50
+    """Per room, catch-up replays up to this many missed events in order; beyond, extremities."""
+    wakeup_interval_s: float = 60.0
+    wakeup_rate_per_s: float = 100.0
+    event_batch_size: int = 100
+    idle_queue_ttl_s: float = 60.0
+    max_item_failures: int = 3
+    """Times one item may be isolated as the cause of a refusal before it is dropped."""
+
+
+@dataclass(frozen=True)
+class AdminSettings:
+    enabled: bool = True
+    bind: str = "127.0.0.1"
+    port: int = 9093
+    token: str | None = None
+    """Bearer token for admin routes; generated and written to ``./data`` when unset."""
+
+
+@dataclass(frozen=True)
+class TelemetrySettings:
+    metrics_port: int | None = 9094
+    metrics_bind: str = "127.0.0.1"
+    tracing_exporter: Literal["none", "console", "otlp"] = "none"
+    otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["text", "json"] = "text"
+
+
+@dataclass(frozen=True)
+class ShardingSettings:
+    mode: Literal["single", "static", "dynamic"] = "single"
+    instances: list[str] = field(default_factory=list)
+    """For ``static``: all instance names; destinations go by sha256 % len."""
+    heartbeat_interval_s: float = 5.0
+    lease_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    server_name: str = "localhost:8448"
+    instance_name: str = "federation_sender1"
+    data_dir: str = "./data"
+    database: DatabaseSettings = field(default_factory=DatabaseSettings)
+    replication: ReplicationSettings = field(default_factory=ReplicationSettings)
+    federation: FederationSettings = field(default_factory=FederationSettings)
+    queue: QueueSettings = field(default_factory=QueueSettings)
+    admin: AdminSettings = field(default_factory=AdminSettings)
+    telemetry: TelemetrySettings = field(default_factory=TelemetrySettings)
+    sharding: ShardingSettings = field(default_factory=ShardingSettings)
+
+
+# --- loading -------------------------------------------------------------------------
+
+
+def _describe(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in get_args(tp))
+    if origin in (Union, types.UnionType):
+        return " or ".join(_describe(a) for a in get_args(tp))
+    if origin is list:
+        return f"a list of {_describe(get_args(tp)[0])}"
+    if origin is dict:
+        return "a mapping of strings"
+    if tp is type(None):
+        return "null"
+    if tp is float:
+        return "a number"
+    if tp is int:
+        return "an integer"
+    if tp is bool:
+        return "true or false"
+    if tp is str:
+        return "a string"
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    origin = get_origin(tp)
+    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+        if not isinstance(value, Mapping):
+            raise ConfigError(key, "a mapping", value)
+        return _build(tp, value, key + ".")
+    if origin is Literal:
+        if value not in get_args(tp):
+            raise ConfigError(key, _describe(tp), value)
+        return value
+    if origin in (Union, types.UnionType):
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(key, arg, value)
+            except ConfigError:
+                continue
+        raise ConfigError(key, _describe(tp), value)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(key, _describe(tp), value)
+        (inner,) = get_args(tp)
+        return [_coerce(f"{key}[{i}]", inner, v) for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ConfigError(key, _describe(tp), value)
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(key, _describe(tp), value)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(key, _describe(tp), value)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(key, _describe(tp), value)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str) or value == "":
+            raise ConfigError(key, "a non-empty string", value)
+        return value
+    raise ConfigError(key, _describe(tp), value)  # pragma: no cover
+
+
+def _build(cls: type[Any], data: Mapping[str, Any], prefix: str = "") -> Any:
+    hints = get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in data:
+        if k not in names:
+            raise ConfigError(prefix + str(k), "a known key (see docs/configuration.md)", None)
+    kwargs = {k: _coerce(prefix + k, hints[k], v) for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
+    node = tree
+    for part in path[:-1]:
+        nxt = node.setdefault(part, {})
+        if not isinstance(nxt, dict):
+            raise ConfigError(".".join(path), "a mapping", nxt)
+        node = nxt
+    node[path[-1]] = value
+
+
+def load_settings(path: str | os.PathLike[str] | None = None,
+                  environ: Mapping[str, str] | None = None) -> Settings:
+    """Load settings from ``path`` (optional) and the environment; validate everything."""
+    tree: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except OSError as e:
+            raise ConfigError("<file>", f"a readable YAML file at {str(p)!r}", e.strerror) from e
+        try:
+            loaded = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            where = f" (line {mark.line + 1})" if mark is not None else ""
+            raise ConfigError("<file>", f"valid YAML{where}", None) from e
+        if loaded is None:
+            loaded = {}
+        if not isinstance(loaded, dict):
+            raise ConfigError("<file>", "a YAML mapping at the top level", type(loaded).__name__)
+        tree = loaded
+    env = os.environ if environ is None else environ
+    for name, raw in env.items():
+        if not name.startswith(ENV_PREFIX):
+            continue
+        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        if not parts:
+            continue
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        if value is None and raw != "null":
+            value = raw
+        _set_path(tree, parts, value)
+    settings: Settings = _build(Settings, tree)
+    _validate(settings)
+    return settings
+
+
+def _validate(s: Settings) -> None:
+    if ":" in s.server_name and not s.server_name.rsplit(":", 1)[1].isdigit():
+        raise ConfigError("server_name", "a server name with an optional numeric port", s.server_name)
+    q = s.queue
+    if not 1 <= q.max_pdus_per_txn <= 50:
+        raise ConfigError("queue.max_pdus_per_txn", "an integer from 1 to 50", q.max_pdus_per_txn)
+    if not 1 <= q.max_edus_per_txn <= 100:
+        raise ConfigError("queue.max_edus_per_txn", "an integer from 1 to 100", q.max_edus_per_txn)
+    if q.backoff_jitter_min > q.backoff_jitter_max or q.backoff_jitter_min <= 0:
+        raise ConfigError("queue.backoff_jitter_min", "a positive number <= backoff_jitter_max",
+                          q.backoff_jitter_min)
+    for key, val in (
+        ("queue.backoff_initial_s", q.backoff_initial_s),
+        ("queue.backoff_max_s", q.backoff_max_s),
+        ("queue.wakeup_rate_per_s", q.wakeup_rate_per_s),
+        ("queue.max_txn_bytes", q.max_txn_bytes),
+        ("queue.max_concurrent_transactions", q.max_concurrent_transactions),
+        ("federation.request_timeout_s", s.federation.request_timeout_s),
+    ):
+        if val <= 0:
+            raise ConfigError(key, "a positive number", val)
+    for key, port in (
+        ("replication.port", s.replication.port),
+        ("admin.port", s.admin.port),
+        ("telemetry.metrics_port", s.telemetry.metrics_port),
+        ("federation.key_listener_port", s.federation.key_listener_port),
+    ):
+        if port is not None and not 0 <= port <= 65535:
+            raise ConfigError(key, "a TCP port from 0 to 65535", port)
+    if s.sharding.mode == "static" and s.instance_name not in s.sharding.instances:
+        raise ConfigError("sharding.instances", "a list containing instance_name", s.sharding.instances)
+
+
+def iter_keys(cls: type[Any] = Settings, prefix: str = "") -> list[str]:
+    """All dotted keys, for the documentation check."""
+    out: list[str] = []
+    hints = get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp) and isinstance(tp, type):
+            out.extend(iter_keys(tp, prefix + f.name + "."))
+        else:
+            out.append(prefix + f.name)
+    return out

@@ -1,0 +1,1 @@
+"""Test doubles shipped as real code: a fake clock, fake peers."""

@@ -1,0 +1,57 @@
+"""The narrow interface between the queue engine and the federation client.
+
+The queue engine never sees aiohttp: it hands a transaction to a
+:class:`TransactionSender` and acts on the classified :class:`SendResult`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+JsonDict = dict[str, Any]
+
+
+class Outcome(enum.Enum):
+    SUCCESS = "success"
+    """200: the remote accepted the transaction (individual PDUs may still have errors)."""
+    TRANSIENT = "transient"
+    """Timeout, connection error, 5xx, 429: back off and retry the same transaction."""
+    PERMANENT = "permanent"
+    """401/403 M_UNAUTHORIZED, 410, 400: retrying the same bytes will not help."""
+    TOO_LARGE = "too_large"
+    """413: split the transaction and retry the halves."""
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    outcome: Outcome
+    status: int | None = None
+    """HTTP status, or None when no response was received."""
+    error: str = ""
+    """Short, log-safe description of the failure (never contains secrets)."""
+    errcode: str | None = None
+    retry_after_s: float | None = None
+    """From a 429's ``retry_after_ms`` or ``Retry-After`` header."""
+    pdu_errors: Mapping[str, str] = field(default_factory=dict)
+    """event_id -> error string, from a 200 response's ``pdus`` map."""
+    request_bytes: int = 0
+    duration_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    destination: str
+    txn_id: str
+    pdus: Sequence[JsonDict]
+    edus: Sequence[JsonDict]
+
+
+class TransactionSender(Protocol):
+    async def send_transaction(self, txn: Transaction) -> SendResult:
+        """Send one transaction; never raises for remote failures, only classifies them.
+
+        Must return within the configured per-attempt deadline.
+        """
