@@ -1,0 +1,372 @@
+"""Server signing keys and X-Matrix request authentication.
+
+Theory of operation
+-------------------
+A homeserver proves who it is with an ed25519 key. The key lives in a file in
+Synapse's format, one key a line: ``ed25519 <version> <unpadded base64 seed>``;
+the first key in the file signs. Because the seed *is* the server's identity, a key
+file that other users can read (or that its group can write) is refused when loaded:
+the worker will not start with a leaked-by-permission key.
+
+Every federation request carries an ``Authorization: X-Matrix ...`` header. The
+sender builds the JSON object::
+
+    {"method": "PUT", "uri": "/_matrix/...", "origin": "<us>",
+     "destination": "<them>", "content": <body, if any>}
+
+signs it with :func:`signedjson.sign.sign_json` (canonical JSON, then ed25519) and puts
+``origin``, ``destination``, ``key`` and ``sig`` into the header. The receiver rebuilds
+the same object from the request line, its own name and the parsed body, and checks
+the signature with the origin's published verify key (:func:`verify_request`).
+
+Canonical JSON and the signature scheme come from ``canonicaljson`` and ``signedjson``
+(the libraries Synapse uses); nothing here re-implements them.
+
+Failure modes: a malformed key file, wrong permissions or an existing file on
+generation raise :class:`KeyFileError` (local, permanent). Any malformed or forged
+``Authorization`` header raises :class:`AuthenticationError` -- the header parser has
+no other way to fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import stat
+import string
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from signedjson.key import (
+    decode_signing_key_base64,
+    encode_signing_key_base64,
+    encode_verify_key_base64,
+    generate_signing_key,
+    get_verify_key,
+)
+from signedjson.sign import SignatureVerifyException, sign_json, verify_signed_json
+
+from federation_sender.errors import LocalPermanentError, RemotePermanentError
+
+ED25519 = "ed25519"
+_KEY_VERSION_RE = re.compile(r"^[A-Za-z0-9_]+$")
+_FORBIDDEN_KEY_FILE_BITS = stat.S_IRWXO | stat.S_IWGRP
+"""Other users may not touch the file at all; the group may at most read it."""
+
+
+class KeyFileError(LocalPermanentError):
+    """The signing key file is missing, malformed, or has unsafe permissions."""
+
+
+class AuthenticationError(RemotePermanentError):
+    """An X-Matrix header is malformed, names the wrong destination, or does not verify."""
+
+
+@dataclass(frozen=True, slots=True)
+class SigningKey:
+    """An ed25519 server signing key with its key id (``ed25519:<version>``).
+
+    Wraps the untyped ``signedjson``/PyNaCl key object so the rest of the package is
+    typed; ``raw`` is what ``signedjson`` functions take.
+    """
+
+    raw: Any
+
+    @property
+    def version(self) -> str:
+        return str(self.raw.version)
+
+    @property
+    def key_id(self) -> str:
+        return f"{ED25519}:{self.version}"
+
+    @property
+    def verify_key(self) -> Any:
+        """The public half, as a ``nacl.signing.VerifyKey`` with ``alg``/``version``."""
+        return get_verify_key(self.raw)
+
+    @property
+    def verify_key_base64(self) -> str:
+        return str(encode_verify_key_base64(self.verify_key))
+
+    def sign_json(self, obj: dict[str, Any], signer: str) -> dict[str, Any]:
+        """Return a copy of ``obj`` with this key's signature under ``signer`` added."""
+        signed: dict[str, Any] = sign_json(dict(obj), signer, self.raw)
+        return signed
+
+    @classmethod
+    def generate(cls, version: str | None = None) -> SigningKey:
+        """A fresh random key; the version defaults to Synapse's ``a_XXXX`` style."""
+        return cls(generate_signing_key(_checked_version(version or _random_version())))
+
+
+def _random_version() -> str:
+    alphabet = string.ascii_letters + string.digits
+    return "a_" + "".join(secrets.choice(alphabet) for _ in range(4))
+
+
+def _checked_version(version: str) -> str:
+    if not _KEY_VERSION_RE.match(version):
+        raise KeyFileError(f"key version {version!r} must match [A-Za-z0-9_]+")
+    return version
+
+
+def parse_key_file(text: str) -> list[SigningKey]:
+    """Parse Synapse's key file format; blank lines are ignored."""
+    keys: list[SigningKey] = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) != 3:
+            raise KeyFileError(f"key file line {lineno}: expected 'ed25519 <version> <seed>'")
+        algorithm, version, seed = fields
+        if algorithm != ED25519:
+            raise KeyFileError(f"key file line {lineno}: unsupported algorithm {algorithm!r}")
+        _checked_version(version)
+        try:
+            raw = decode_signing_key_base64(algorithm, version, seed)
+        except Exception as e:  # binascii.Error, ValueError, nacl errors: all mean "bad seed"
+            raise KeyFileError(f"key file line {lineno}: invalid key seed") from e
+        keys.append(SigningKey(raw))
+    return keys
+
+
+def format_key_file(keys: Iterable[SigningKey]) -> str:
+    return "".join(f"{ED25519} {k.version} {encode_signing_key_base64(k.raw)}\n" for k in keys)
+
+
+def check_key_file_permissions(path: Path) -> None:
+    """Refuse a key file that is not a regular file or that others can read or write."""
+    try:
+        st = path.stat()
+    except OSError as e:
+        raise KeyFileError(f"cannot stat signing key file {str(path)!r}: {e.strerror}") from e
+    if not stat.S_ISREG(st.st_mode):
+        raise KeyFileError(f"signing key file {str(path)!r} is not a regular file")
+    if st.st_mode & _FORBIDDEN_KEY_FILE_BITS:
+        raise KeyFileError(
+            f"signing key file {str(path)!r} has mode {stat.S_IMODE(st.st_mode):o}; "
+            "other users must have no access (try: chmod 600)"
+        )
+
+
+def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
+    """Load the first (signing) key of a key file after checking its permissions."""
+    p = Path(path)
+    check_key_file_permissions(p)
+    try:
+        text = p.read_text(encoding="ascii")
+    except (OSError, UnicodeDecodeError) as e:
+        raise KeyFileError(f"cannot read signing key file {str(p)!r}: {e}") from e
+    keys = parse_key_file(text)
+    if not keys:
+        raise KeyFileError(f"signing key file {str(p)!r} contains no key")
+    return keys[0]
+
+
+def generate_key_file(path: str | os.PathLike[str], key_id: str | None = None) -> SigningKey:
+    """Create a new key file (mode 0600) holding one fresh key; never overwrites.
+
+    ``key_id`` may be given as ``ed25519:<version>`` or just ``<version>``.
+    """
+    version = None
+    if key_id is not None:
+        version = key_id.removeprefix(f"{ED25519}:")
+    key = SigningKey.generate(version)
+    p = Path(path)
+    try:
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError as e:
+        raise KeyFileError(f"refusing to overwrite existing key file {str(p)!r}") from e
+    except OSError as e:
+        raise KeyFileError(f"cannot create key file {str(p)!r}: {e.strerror}") from e
+    with os.fdopen(fd, "w", encoding="ascii") as f:
+        f.write(format_key_file([key]))
+    return key
+
+
+# --- X-Matrix ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class XMatrixAuth:
+    """The parameters of one ``Authorization: X-Matrix`` header."""
+
+    origin: str
+    destination: str | None
+    key_id: str
+    sig: str
+
+
+def _quote(value: str) -> str:
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def format_x_matrix(auth: XMatrixAuth) -> str:
+    params = [f"origin={_quote(auth.origin)}"]
+    if auth.destination is not None:
+        params.append(f"destination={_quote(auth.destination)}")
+    params += [f"key={_quote(auth.key_id)}", f"sig={_quote(auth.sig)}"]
+    return "X-Matrix " + ",".join(params)
+
+
+_TOKEN_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_OWS = " \t"
+
+
+def parse_x_matrix(header: str) -> XMatrixAuth:
+    """Parse an ``X-Matrix`` credentials string (RFC 7235 auth-params).
+
+    The scheme and parameter names are case-insensitive; values are tokens or quoted
+    strings. Anything else raises :class:`AuthenticationError` and nothing else.
+    """
+    scheme, sep, rest = header.partition(" ")
+    if scheme.lower() != "x-matrix" or not sep:
+        raise AuthenticationError("Authorization header is not X-Matrix")
+    params: dict[str, str] = {}
+    i, n = 0, len(rest)
+    while True:
+        while i < n and rest[i] in _OWS:
+            i += 1
+        m = _TOKEN_RE.match(rest, i)
+        if m is None:
+            raise AuthenticationError("malformed X-Matrix header: expected a parameter name")
+        name = m.group().lower()
+        i = m.end()
+        while i < n and rest[i] in _OWS:
+            i += 1
+        if i >= n or rest[i] != "=":
+            raise AuthenticationError("malformed X-Matrix header: expected '='")
+        i += 1
+        while i < n and rest[i] in _OWS:
+            i += 1
+        value, i = _parse_value(rest, i)
+        if name in params:
+            raise AuthenticationError(f"malformed X-Matrix header: duplicate {name!r}")
+        params[name] = value
+        while i < n and rest[i] in _OWS:
+            i += 1
+        if i >= n:
+            break
+        if rest[i] != ",":
+            raise AuthenticationError("malformed X-Matrix header: expected ','")
+        i += 1
+    try:
+        return XMatrixAuth(
+            origin=params["origin"],
+            destination=params.get("destination"),
+            key_id=params["key"],
+            sig=params["sig"],
+        )
+    except KeyError as e:
+        raise AuthenticationError(f"X-Matrix header lacks {e.args[0]!r}") from None
+
+
+def _parse_value(s: str, i: int) -> tuple[str, int]:
+    if i < len(s) and s[i] == '"':
+        out: list[str] = []
+        i += 1
+        while i < len(s):
+            c = s[i]
+            if c == "\\" and i + 1 < len(s):
+                out.append(s[i + 1])
+                i += 2
+            elif c == '"':
+                return "".join(out), i + 1
+            else:
+                out.append(c)
+                i += 1
+        raise AuthenticationError("malformed X-Matrix header: unterminated quoted string")
+    m = _TOKEN_RE.match(s, i)
+    if m is None:
+        raise AuthenticationError("malformed X-Matrix header: expected a value")
+    return m.group(), m.end()
+
+
+def _request_json(
+    method: str, uri: str, origin: str, destination: str, content: Any | None
+) -> dict[str, Any]:
+    obj: dict[str, Any] = {
+        "method": method,
+        "uri": uri,
+        "origin": origin,
+        "destination": destination,
+    }
+    if content is not None:
+        obj["content"] = content
+    return obj
+
+
+def sign_request(
+    *,
+    key: SigningKey,
+    origin: str,
+    destination: str,
+    method: str,
+    uri: str,
+    content: Any | None = None,
+) -> str:
+    """The ``Authorization`` header value for one request.
+
+    ``uri`` is the request target exactly as sent (path and query, already encoded).
+    """
+    signed = key.sign_json(_request_json(method, uri, origin, destination, content), origin)
+    sig = signed["signatures"][origin][key.key_id]
+    return format_x_matrix(XMatrixAuth(origin, destination, key.key_id, sig))
+
+
+VerifyKeyLookup = Callable[[str, str], Any | None]
+"""``(origin, key_id) -> nacl VerifyKey or None``: the origin's published keys."""
+
+
+def verify_request(
+    *,
+    authorization: Iterable[str],
+    method: str,
+    uri: str,
+    our_server_name: str,
+    content: Any | None,
+    lookup_key: VerifyKeyLookup,
+) -> str:
+    """Authenticate a received federation request; return the origin server name.
+
+    ``authorization`` holds every ``Authorization`` header value of the request. All
+    X-Matrix headers must name the same origin and (if present) ``our_server_name``
+    as destination; at least one must carry a valid signature by a key that
+    ``lookup_key`` knows. Raises :class:`AuthenticationError` otherwise.
+    """
+    auths = [parse_x_matrix(h) for h in authorization if h[:8].lower() == "x-matrix"]
+    if not auths:
+        raise AuthenticationError("missing X-Matrix Authorization header")
+    origins = {a.origin for a in auths}
+    if len(origins) != 1:
+        raise AuthenticationError("X-Matrix headers name different origins")
+    origin = auths[0].origin
+    for a in auths:
+        if a.destination is not None and a.destination != our_server_name:
+            raise AuthenticationError(f"X-Matrix destination mismatch: {a.destination!r}")
+    obj = _request_json(method, uri, origin, our_server_name, content)
+    for a in auths:
+        verify_key = lookup_key(origin, a.key_id)
+        if verify_key is None:
+            continue
+        candidate = dict(obj, signatures={origin: {a.key_id: a.sig}})
+        try:
+            verify_signed_json(candidate, origin, verify_key)
+        except SignatureVerifyException:
+            continue
+        return origin
+    raise AuthenticationError(f"no valid signature from {origin!r}")
+
+
+def verify_key_lookup(keys: Mapping[str, Mapping[str, Any]]) -> VerifyKeyLookup:
+    """A :data:`VerifyKeyLookup` over a fixed ``{server: {key_id: VerifyKey}}`` map."""
+
+    def lookup(origin: str, key_id: str) -> Any | None:
+        return keys.get(origin, {}).get(key_id)
+
+    return lookup
