@@ -1,0 +1,5 @@
+import sys
+
+from federation_sender.cli import main
+
+sys.exit(main())

@@ -1,0 +1,154 @@
+"""The ``federation-sender`` command line.
+
+Commands: ``worker`` (run the sender), ``migrate`` (upgrade the schema), ``check-config``,
+``generate-key``, ``demo`` (the embedded end-to-end demonstration) and ``batch`` (Spark
+jobs). Configuration errors exit with status 2 and a one-line reason naming the key.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from federation_sender.config import Settings, load_settings
+from federation_sender.errors import ConfigError, FederationSenderError, SchemaVersionError
+
+EXIT_CONFIG = 2
+EXIT_SCHEMA = 3
+EXIT_RUNTIME = 1
+
+
+def _add_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "-c",
+        "--config",
+        metavar="FILE",
+        help="YAML configuration file (optional; embedded defaults use SQLite under ./data)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="federation-sender",
+        description="A standalone federation sender worker for Matrix homeservers.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("worker", help="run the federation sender worker")
+    _add_config_arg(p)
+    p.add_argument("--no-migrate", action="store_true",
+                   help="do not migrate an embedded SQLite database automatically")
+
+    p = sub.add_parser("migrate", help="upgrade the database schema (idempotent)")
+    _add_config_arg(p)
+    p.add_argument("--revision", default="head", help="target revision (default: head)")
+
+    p = sub.add_parser("check-config", help="validate the configuration and print it")
+    _add_config_arg(p)
+
+    p = sub.add_parser("generate-key", help="write a new ed25519 signing key file")
+    p.add_argument("path", help="where to write the key file (mode 0600)")
+    p.add_argument("--key-id", default=None, help="key id, e.g. a_AbCd (random by default)")
+
+    p = sub.add_parser("demo", help="run the end-to-end demo: simulator, fake remotes, worker")
+    _add_config_arg(p)
+    p.add_argument("--destinations", type=int, default=30)
+    p.add_argument("--rooms", type=int, default=12)
+    p.add_argument("--events", type=int, default=600)
+    p.add_argument("--duration", type=float, default=45.0, help="seconds of event generation")
+    p.add_argument("--postgres", metavar="URL", default=None,
+                   help="use this PostgreSQL database instead of the embedded SQLite")
+    p.add_argument("--no-live", action="store_true", help="plain log lines instead of the table")
+
+    try:
+        from federation_sender.batch.cli import add_batch_parser
+    except ImportError:  # pragma: no cover - batch jobs need pyspark
+        pass
+    else:
+        add_batch_parser(sub)
+    return parser
+
+
+def _load(args: argparse.Namespace) -> Settings:
+    return load_settings(getattr(args, "config", None))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as e:
+        print(f"federation-sender: configuration error: {e}", file=sys.stderr)
+        return EXIT_CONFIG
+    except SchemaVersionError as e:
+        print(f"federation-sender: {e}", file=sys.stderr)
+        return EXIT_SCHEMA
+    except FederationSenderError as e:
+        print(f"federation-sender: {e}", file=sys.stderr)
+        return EXIT_RUNTIME
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    cmd: str = args.command
+    if cmd == "generate-key":
+        from federation_sender.transport.signing import generate_key_file
+
+        generate_key_file(args.path, args.key_id)
+        print(f"wrote signing key to {args.path}")
+        return 0
+    settings = _load(args)
+    if cmd == "check-config":
+        import dataclasses
+        import json
+
+        data: dict[str, Any] = dataclasses.asdict(settings)
+        if data["admin"].get("token"):
+            data["admin"]["token"] = "<redacted>"
+        print(json.dumps(data, indent=2, sort_keys=True))
+        return 0
+    if cmd == "migrate":
+        return asyncio.run(_migrate(settings, args.revision))
+    if cmd == "worker":
+        from federation_sender.app import run_worker
+
+        logging.basicConfig(level=settings.telemetry.log_level)
+        return asyncio.run(run_worker(settings, auto_migrate=not args.no_migrate))
+    if cmd == "demo":
+        from federation_sender.demo import run_demo
+
+        return run_demo(settings, args)
+    if cmd == "batch":
+        from federation_sender.batch.cli import run_batch
+
+        return int(run_batch(args, settings))
+    raise AssertionError(cmd)  # pragma: no cover
+
+
+async def _migrate(settings: Settings, revision: str) -> int:
+    from federation_sender.storage.engine import create_engine
+    from federation_sender.storage.migrate import current_revision, upgrade
+
+    engine = create_engine(settings.database.url)
+    try:
+        before = await current_revision(engine)
+        await upgrade(engine, revision)
+        after = await current_revision(engine)
+    finally:
+        await engine.dispose()
+    if before == after:
+        print(f"database already at revision {after}")
+    else:
+        print(f"database migrated from {before or 'empty'} to {after}")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

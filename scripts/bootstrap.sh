@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Set up everything this project needs on a fresh Debian machine with Python 3.11:
+# system packages (PostgreSQL, Redis, Java + the PostgreSQL JDBC driver for Spark,
+# Chromium for the dashboard's browser test) and the virtualenv in .venv.
+# Idempotent and quick when nothing changed.  Usage: scripts/bootstrap.sh [runtime|test]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile="${1:-runtime}"
+
+PY="${PYTHON:-}"
+if [ -z "$PY" ]; then
+  for cand in python3.11 python3.12 python3.13 python3; do
+    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+      PY="$cand"; break
+    fi
+  done
+fi
+[ -n "$PY" ] || { echo "bootstrap: Python >= 3.11 is required" >&2; exit 1; }
+
+need=()
+have_cmd() { command -v "$1" >/dev/null 2>&1; }
+if [ "$profile" = test ]; then
+  ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+  have_cmd redis-server || need+=(redis-server)
+  have_cmd java || need+=(openjdk-17-jre-headless)
+  [ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
+  have_cmd chromium || need+=(chromium)
+  have_cmd chromedriver || need+=(chromium-driver)
+  have_cmd openssl || need+=(openssl)
+fi
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "bootstrap: please install: ${need[*]} (needs root)" >&2; exit 1
+  fi
+  echo "bootstrap: apt-get install ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # Debian starts a system redis; the tests run their own on free ports.
+  (service redis-server stop >/dev/null 2>&1 || true)
+fi
+
+stamp=".venv/.installed-$profile"
+want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  echo "bootstrap: installing Python packages into .venv"
+  .venv/bin/python -m pip install -q --upgrade pip >/dev/null
+  if [ "$profile" = test ]; then
+    .venv/bin/python -m pip install -q -e '.[dev]'
+  else
+    .venv/bin/python -m pip install -q -e .
+  fi
+  echo "$want" > "$stamp"
+fi
