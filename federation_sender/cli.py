@@ -41,8 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", help="run the federation sender worker")
     _add_config_arg(p)
-    p.add_argument("--no-migrate", action="store_true",
-                   help="do not migrate an embedded SQLite database automatically")
+    p.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="do not migrate an embedded SQLite database automatically",
+    )
 
     p = sub.add_parser("migrate", help="upgrade the database schema (idempotent)")
     _add_config_arg(p)
@@ -61,8 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rooms", type=int, default=12)
     p.add_argument("--events", type=int, default=600)
     p.add_argument("--duration", type=float, default=45.0, help="seconds of event generation")
-    p.add_argument("--postgres", metavar="URL", default=None,
-                   help="use this PostgreSQL database instead of the embedded SQLite")
+    p.add_argument(
+        "--postgres",
+        metavar="URL",
+        default=None,
+        help="use this PostgreSQL database instead of the embedded SQLite",
+    )
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the table")
 
     try:

@@ -230,8 +230,9 @@ def _set_path(tree: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
-def load_settings(path: str | os.PathLike[str] | None = None,
-                  environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    path: str | os.PathLike[str] | None = None, environ: Mapping[str, str] | None = None
+) -> Settings:
     """Load settings from ``path`` (optional) and the environment; validate everything."""
     tree: dict[str, Any] = {}
     if path is not None:
@@ -255,7 +256,7 @@ def load_settings(path: str | os.PathLike[str] | None = None,
     for name, raw in env.items():
         if not name.startswith(ENV_PREFIX):
             continue
-        parts = [p.lower() for p in name[len(ENV_PREFIX):].split("__") if p]
+        parts = [p.lower() for p in name[len(ENV_PREFIX) :].split("__") if p]
         if not parts:
             continue
         try:
@@ -272,15 +273,20 @@ def load_settings(path: str | os.PathLike[str] | None = None,
 
 def _validate(s: Settings) -> None:
     if ":" in s.server_name and not s.server_name.rsplit(":", 1)[1].isdigit():
-        raise ConfigError("server_name", "a server name with an optional numeric port", s.server_name)
+        raise ConfigError(
+            "server_name", "a server name with an optional numeric port", s.server_name
+        )
     q = s.queue
     if not 1 <= q.max_pdus_per_txn <= 50:
         raise ConfigError("queue.max_pdus_per_txn", "an integer from 1 to 50", q.max_pdus_per_txn)
     if not 1 <= q.max_edus_per_txn <= 100:
         raise ConfigError("queue.max_edus_per_txn", "an integer from 1 to 100", q.max_edus_per_txn)
     if q.backoff_jitter_min > q.backoff_jitter_max or q.backoff_jitter_min <= 0:
-        raise ConfigError("queue.backoff_jitter_min", "a positive number <= backoff_jitter_max",
-                          q.backoff_jitter_min)
+        raise ConfigError(
+            "queue.backoff_jitter_min",
+            "a positive number <= backoff_jitter_max",
+            q.backoff_jitter_min,
+        )
     for key, val in (
         ("queue.backoff_initial_s", q.backoff_initial_s),
         ("queue.backoff_max_s", q.backoff_max_s),
@@ -300,7 +306,9 @@ def _validate(s: Settings) -> None:
         if port is not None and not 0 <= port <= 65535:
             raise ConfigError(key, "a TCP port from 0 to 65535", port)
     if s.sharding.mode == "static" and s.instance_name not in s.sharding.instances:
-        raise ConfigError("sharding.instances", "a list containing instance_name", s.sharding.instances)
+        raise ConfigError(
+            "sharding.instances", "a list containing instance_name", s.sharding.instances
+        )
 
 
 def iter_keys(cls: type[Any] = Settings, prefix: str = "") -> list[str]:

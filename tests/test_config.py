@@ -22,9 +22,14 @@ def test_defaults_need_no_file() -> None:
 def test_yaml_and_env_override(tmp_path: Path) -> None:
     f = tmp_path / "c.yaml"
     f.write_text("server_name: example.org\nqueue:\n  wakeup_rate_per_s: 75\n")
-    s = load_settings(f, environ={"FEDERATION_SENDER__QUEUE__WAKEUP_RATE_PER_S": "120",
-                                  "FEDERATION_SENDER__ADMIN__TOKEN": "s3cret",
-                                  "UNRELATED": "x"})
+    s = load_settings(
+        f,
+        environ={
+            "FEDERATION_SENDER__QUEUE__WAKEUP_RATE_PER_S": "120",
+            "FEDERATION_SENDER__ADMIN__TOKEN": "s3cret",
+            "UNRELATED": "x",
+        },
+    )
     assert s.server_name == "example.org"
     assert s.queue.wakeup_rate_per_s == 120.0
     assert s.admin.token == "s3cret"
@@ -71,7 +76,10 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
     f.write_text("queue: {max_edus_per_txn: 1000}\n")
     proc = subprocess.run(
         [sys.executable, "-m", "federation_sender", "check-config", "-c", str(f)],
-        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -81,8 +89,12 @@ def test_cli_bad_config_exits_2_with_one_line(tmp_path: Path) -> None:
 
 
 def test_cli_help_lists_commands() -> None:
-    proc = subprocess.run([sys.executable, "-m", "federation_sender", "--help"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "federation_sender", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0
     for cmd in ("worker", "migrate", "generate-key", "demo", "check-config"):
         assert cmd in proc.stdout
@@ -95,8 +107,13 @@ def test_cli_migrate_on_sqlite_is_idempotent(tmp_path: Path) -> None:
     env = dict(os.environ, FEDERATION_SENDER__DATABASE__URL=env_url)
     out = []
     for _ in range(2):
-        proc = subprocess.run([sys.executable, "-m", "federation_sender", "migrate"],
-                              capture_output=True, text=True, env=env, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "federation_sender", "migrate"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         out.append(proc.stdout)
     assert "migrated from empty" in out[0]
@@ -107,7 +124,12 @@ def test_cli_migrate_on_postgres(pg_url: str) -> None:
     import os
 
     env = dict(os.environ, FEDERATION_SENDER__DATABASE__URL=pg_url)
-    proc = subprocess.run([sys.executable, "-m", "federation_sender", "migrate"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "federation_sender", "migrate"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "to 0001" in proc.stdout

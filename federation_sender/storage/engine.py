@@ -47,7 +47,9 @@ def is_transient_db_error(exc: BaseException) -> bool:
         return True
     orig = exc.orig
     sqlstate = getattr(orig, "sqlstate", None) or getattr(orig, "pgcode", None)
-    if isinstance(sqlstate, str) and (sqlstate.startswith("08") or sqlstate in _TRANSIENT_SQLSTATES):
+    if isinstance(sqlstate, str) and (
+        sqlstate.startswith("08") or sqlstate in _TRANSIENT_SQLSTATES
+    ):
         return True
     if isinstance(exc, OperationalError):
         text = str(orig).lower()

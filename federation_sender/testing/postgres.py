@@ -76,8 +76,19 @@ class PostgresCluster:
 
     def psql(self, sql: str, dbname: str = "postgres") -> str:
         out = self.run(
-            [str(self.bin_dir / "psql"), "-h", "127.0.0.1", "-p", str(self.port), "-U",
-             self.user, "-d", dbname, "-Atc", sql]
+            [
+                str(self.bin_dir / "psql"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                self.user,
+                "-d",
+                dbname,
+                "-Atc",
+                sql,
+            ]
         )
         return out.stdout
 
@@ -86,12 +97,25 @@ class PostgresCluster:
         return self.url(name)
 
     def stop(self, mode: str = "fast") -> None:
-        self.run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w",
-                  "stop"], check=False)
+        self.run(
+            [str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-m", mode, "-w", "stop"],
+            check=False,
+        )
 
     def start(self) -> None:
-        self.run([str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-w", "-t", "60",
-                  "-l", str(self.data_dir / "server.log"), "start"])
+        self.run(
+            [
+                str(self.bin_dir / "pg_ctl"),
+                "-D",
+                str(self.data_dir),
+                "-w",
+                "-t",
+                "60",
+                "-l",
+                str(self.data_dir / "server.log"),
+                "start",
+            ]
+        )
 
     def restart(self) -> None:
         self.stop()
@@ -113,8 +137,20 @@ def ephemeral_cluster() -> Iterator[PostgresCluster]:
     port = free_port()
     cluster = PostgresCluster(bin_dir, data, port, user, run_as)
     try:
-        cluster.run([str(bin_dir / "initdb"), "-D", str(data), "-U", user, "-A", "trust",
-                     "-E", "UTF8", "--no-sync"])
+        cluster.run(
+            [
+                str(bin_dir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                user,
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+            ]
+        )
         with open(data / "postgresql.conf", "a") as f:
             f.write(
                 f"\nport = {port}\nlisten_addresses = '127.0.0.1'\n"
