@@ -1,0 +1,339 @@
+"""The federation client: signed ``PUT /_matrix/federation/v1/send/{txnId}`` over aiohttp.
+
+Theory of operation
+-------------------
+:class:`FederationClient` implements
+:class:`federation_sender.transport.result.TransactionSender`. One call of
+:meth:`FederationClient.send_transaction` is one *attempt*:
+
+1. refuse locally (``TOO_LARGE``) a transaction over 50 PDUs or 100 EDUs, so the
+   queue splits it instead of the remote answering 400;
+2. build the body (``origin``, ``origin_server_ts``, ``pdus``, ``edus``), sign the
+   request (X-Matrix) and encode the body as canonical JSON;
+3. discover the destination (or use a test override), then try its targets in order
+   until one accepts a connection; the Host header and the TLS server name come from
+   discovery, never from the SRV target;
+4. read at most ``max_response_bytes`` of the response, never follow a redirect, and
+   classify (:mod:`federation_sender.transport.classify`).
+
+Every attempt runs under one hard deadline (``attempt_timeout_s``) covering discovery,
+connecting, sending and reading: nothing outlives it, whatever the remote does. The
+deadline is enforced with ``asyncio.timeout`` on the event loop's clock -- a real
+network cannot be paused by a fake clock; the injected :class:`Clock` timestamps the
+body and measures durations.
+
+Connections are pooled (``max_connections`` in total, ``max_connections_per_host``
+per host/port/TLS name), resolved through the address policy
+(:mod:`federation_sender.transport.addresses`), and verified with TLS unless a test
+turns verification off. Responses are not decompressed (we do not ask for
+compression) so the size limit is a limit on what we hold.
+
+``send_transaction`` never raises for anything the remote or the network does; it
+returns a :class:`SendResult`. Remote per-PDU errors are logged and counted in
+:attr:`FederationClient.stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import ipaddress
+import logging
+import ssl
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+from aiohttp.abc import AbstractResolver
+from canonicaljson import encode_canonical_json
+from yarl import URL
+
+from federation_sender.clock import Clock, time_ms
+from federation_sender.errors import FederationSenderError
+from federation_sender.transport.addresses import (
+    AddressFilter,
+    FilteringResolver,
+    IPNetwork,
+)
+from federation_sender.transport.classify import (
+    classify_exception,
+    classify_response,
+)
+from federation_sender.transport.discovery import (
+    Discovery,
+    ResolvedServer,
+    parse_server_name,
+)
+from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
+from federation_sender.transport.http import WellKnownClient, make_ssl_context, read_limited
+from federation_sender.transport.result import Outcome, SendResult, Transaction
+from federation_sender.transport.signing import SigningKey, sign_request
+
+logger = logging.getLogger(__name__)
+
+MAX_PDUS_PER_TXN = 50
+MAX_EDUS_PER_TXN = 100
+SEND_PATH = "/_matrix/federation/v1/send/"
+
+
+@dataclasses.dataclass
+class TransportStats:
+    """Counters for the telemetry layer to export."""
+
+    attempts: int = 0
+    outcomes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    pdu_errors: int = 0
+    request_bytes: int = 0
+
+
+class FederationClient:
+    """Sends transactions to remote homeservers. Use ``async with`` or start/close."""
+
+    def __init__(
+        self,
+        *,
+        server_name: str,
+        signing_key: SigningKey,
+        clock: Clock,
+        attempt_timeout_s: float = 60.0,
+        connect_timeout_s: float = 10.0,
+        well_known_timeout_s: float = 10.0,
+        max_connections: int = 100,
+        max_connections_per_host: int = 4,
+        max_response_bytes: int = 1024 * 1024,
+        tls_verify: bool = True,
+        tls_extra_ca_file: str | None = None,
+        ip_allow_list: Sequence[IPNetwork | str] = (),
+        nameservers: Sequence[Nameserver] | None = None,
+        well_known_port: int = 443,
+        destination_overrides: Mapping[str, str] | None = None,
+        user_agent: str = "federation-sender",
+    ) -> None:
+        """Settings are explicit; the test-only ones are marked.
+
+        ``nameservers``: ask only these (host, port) DNS servers, for SRV and A/AAAA;
+        default: the system configuration (``/etc/hosts`` honoured for A/AAAA).
+        ``well_known_port`` (tests only): where well-known is fetched instead of 443.
+        ``destination_overrides`` (tests only): ``destination -> "host:port"`` skipping
+        discovery; the Host header stays the destination, the TLS name is the host.
+        ``tls_verify=False`` (tests only) disables certificate verification.
+        """
+        self._server_name = server_name
+        self._key = signing_key
+        self._clock = clock
+        self._attempt_timeout_s = attempt_timeout_s
+        # The hard deadline is asyncio.timeout() around the whole attempt; aiohttp
+        # only bounds connecting, so a slow connect can fall through to the next target.
+        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+        self._well_known_timeout_s = well_known_timeout_s
+        self._max_connections = max_connections
+        self._max_per_host = max_connections_per_host
+        self._max_response_bytes = max_response_bytes
+        self._ssl: ssl.SSLContext | bool = make_ssl_context(
+            verify=tls_verify, extra_ca_file=tls_extra_ca_file
+        )
+        self._filter = AddressFilter(ip_allow_list)
+        self._dns = DnsLookup(nameservers)
+        self._explicit_nameservers = bool(nameservers)
+        self._well_known_port = well_known_port
+        self._overrides = dict(destination_overrides or {})
+        self._user_agent = user_agent
+        self._session: aiohttp.ClientSession | None = None
+        self._discovery: Discovery | None = None
+        self.stats = TransportStats()
+
+    @property
+    def server_name(self) -> str:
+        return self._server_name
+
+    @property
+    def address_filter(self) -> AddressFilter:
+        return self._filter
+
+    async def start(self) -> None:
+        if self._session is not None:
+            return
+        inner: AbstractResolver = (
+            DnsPythonResolver(self._dns)
+            if self._explicit_nameservers
+            else aiohttp.resolver.DefaultResolver()
+        )
+        connector = aiohttp.TCPConnector(
+            limit=self._max_connections,
+            limit_per_host=self._max_per_host,
+            resolver=FilteringResolver(inner, self._filter),
+            socket_factory=self._filter.socket_factory,
+            ssl=self._ssl,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
+            raise_for_status=False,
+        )
+        well_known = WellKnownClient(
+            self._session,
+            self._filter,
+            ssl_setting=self._ssl,
+            timeout_s=self._well_known_timeout_s,
+            port=self._well_known_port,
+            user_agent=self._user_agent,
+        )
+        self._discovery = Discovery(
+            srv_lookup=self._dns, fetch_well_known=well_known.fetch, clock=self._clock
+        )
+
+    async def close(self) -> None:
+        if self._discovery is not None:
+            await self._discovery.close()
+        if self._session is not None:
+            await self._session.close()
+        self._session = None
+        self._discovery = None
+
+    async def __aenter__(self) -> FederationClient:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def resolve(self, destination: str) -> ResolvedServer:
+        """Where ``destination`` is reached (override or discovery)."""
+        override = self._overrides.get(destination)
+        if override is not None:
+            target = parse_server_name(override)
+            return ResolvedServer(
+                ((target.host, target.port or 8448),),
+                host_header=destination,
+                tls_server_name=target.host,
+            )
+        if self._discovery is None:
+            raise RuntimeError("FederationClient used before start()")
+        return await self._discovery.resolve(destination)
+
+    def build_request(self, txn: Transaction) -> tuple[str, bytes, str]:
+        """``(path, body, Authorization header)`` for a transaction."""
+        content: dict[str, Any] = {
+            "origin": self._server_name,
+            "origin_server_ts": time_ms(self._clock),
+            "pdus": list(txn.pdus),
+            "edus": list(txn.edus),
+        }
+        path = SEND_PATH + quote(txn.txn_id, safe="")
+        auth = sign_request(
+            key=self._key,
+            origin=self._server_name,
+            destination=txn.destination,
+            method="PUT",
+            uri=path,
+            content=content,
+        )
+        return path, encode_canonical_json(content), auth
+
+    async def send_transaction(self, txn: Transaction) -> SendResult:
+        started = self._clock.monotonic_s()
+        self.stats.attempts += 1
+        if len(txn.pdus) > MAX_PDUS_PER_TXN or len(txn.edus) > MAX_EDUS_PER_TXN:
+            result = SendResult(
+                Outcome.TOO_LARGE,
+                error=f"{len(txn.pdus)} PDUs / {len(txn.edus)} EDUs exceed "
+                f"{MAX_PDUS_PER_TXN} / {MAX_EDUS_PER_TXN}",
+            )
+            return self._finish(txn, result, 0, started)
+        path, body, auth = self.build_request(txn)
+        try:
+            async with asyncio.timeout(self._attempt_timeout_s):
+                result = await self._attempt(txn.destination, path, body, auth)
+        except TimeoutError:
+            result = SendResult(
+                Outcome.TRANSIENT, error=f"no response within {self._attempt_timeout_s:g} s"
+            )
+        except (FederationSenderError, aiohttp.ClientError, OSError, ValueError) as e:
+            result = classify_exception(e)
+        except Exception as e:
+            # The contract is "never raise for what the remote does": aiohttp can
+            # surface odd exception types for hostile input. Log it fully, classify
+            # as transient so the queue backs off rather than dying.
+            logger.exception("unexpected failure sending %s to %s", txn.txn_id, txn.destination)
+            result = classify_exception(e)
+        return self._finish(txn, result, len(body), started)
+
+    def _finish(
+        self, txn: Transaction, result: SendResult, size: int, started: float
+    ) -> SendResult:
+        result = dataclasses.replace(
+            result, request_bytes=size, duration_s=self._clock.monotonic_s() - started
+        )
+        self.stats.outcomes[result.outcome.value] += 1
+        self.stats.request_bytes += size
+        for event_id, error in result.pdu_errors.items():
+            self.stats.pdu_errors += 1
+            logger.warning(
+                "%s rejected PDU %s in txn %s: %s", txn.destination, event_id, txn.txn_id, error
+            )
+        if result.outcome is not Outcome.SUCCESS:
+            logger.info(
+                "txn %s to %s: %s (%s)",
+                txn.txn_id,
+                txn.destination,
+                result.outcome.value,
+                result.error,
+            )
+        return result
+
+    async def _attempt(self, destination: str, path: str, body: bytes, auth: str) -> SendResult:
+        session = self._session
+        if session is None:
+            raise RuntimeError("FederationClient used before start()")
+        try:
+            resolved = await self.resolve(destination)
+        except (FederationSenderError, OSError, ValueError) as e:
+            return classify_exception(e)
+        last_failure: SendResult | None = None
+        for host, port in resolved.targets:
+            try:
+                if _is_ip_literal(host):  # aiohttp's resolver never sees literals
+                    self._filter.check(host)
+                url = URL.build(scheme="https", host=host, port=port, path=path, encoded=True)
+                async with session.put(
+                    url,
+                    data=body,
+                    headers={
+                        "Host": resolved.host_header,
+                        "Authorization": auth,
+                        "Content-Type": "application/json",
+                        "User-Agent": self._user_agent,
+                    },
+                    allow_redirects=False,
+                    server_hostname=resolved.tls_server_name,
+                ) as response:
+                    content = await read_limited(response, self._max_response_bytes)
+                    headers = {k.lower(): v for k, v in response.headers.items()}
+                    return classify_response(response.status, headers, content)
+            except (aiohttp.ClientConnectorError, OSError) as e:
+                # Could not connect (or refused by policy): try the next SRV target.
+                last_failure = classify_exception(e)
+                if isinstance(e, aiohttp.ClientOSError) and not isinstance(
+                    e, aiohttp.ClientConnectorError
+                ):
+                    return last_failure  # the connection broke after it was made
+        assert last_failure is not None  # discovery always yields at least one target
+        return last_failure
+
+
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
