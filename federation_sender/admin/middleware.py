@@ -1,0 +1,85 @@
+"""Request middleware: Matrix-style errors, bearer-token auth, CORS.
+
+Auth: every path under ``/_synapse/admin/`` needs ``Authorization: Bearer <token>``,
+compared in constant time. The token is never read from the query string (URLs end
+up in access logs and browser history). Other paths (``/health``, ``/ready``,
+``/openapi.json``, ``/dashboard``) are open: they carry no destination data.
+
+CORS: browser-based admin tools (synapse-admin and the like) call the API from
+another origin. Allowing any origin is safe here because credentials are a bearer
+header, never cookies, so a foreign page cannot borrow an operator's session.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from federation_sender.admin.errors import AdminError, Codes, error_response
+
+log = logging.getLogger(__name__)
+
+ADMIN_PREFIX = "/_synapse/admin/"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_CORS_HEADERS = {
+    "Access-Control-Allow-Origin": "*",
+    "Access-Control-Allow-Methods": "GET, POST, OPTIONS",
+    "Access-Control-Allow-Headers": "Authorization, Content-Type",
+}
+
+
+def token_matches(presented: str, expected: str) -> bool:
+    return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
+
+
+def make_auth_middleware(token: str) -> Middleware:
+    if not token:
+        raise ValueError("the admin token must not be empty")
+
+    @web.middleware
+    async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "OPTIONS" or not request.path.startswith(ADMIN_PREFIX):
+            return await handler(request)
+        header = request.headers.get("Authorization")
+        if header is None:
+            raise AdminError(401, Codes.MISSING_TOKEN, "Missing access token.")
+        scheme, _, presented = header.partition(" ")
+        if scheme.lower() != "bearer" or not presented:
+            raise AdminError(401, Codes.MISSING_TOKEN, "Invalid Authorization header.")
+        if not token_matches(presented.strip(), token):
+            raise AdminError(401, Codes.UNKNOWN_TOKEN, "Unrecognised access token.")
+        return await handler(request)
+
+    return auth_middleware
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Outermost: turn every failure into JSON and add CORS headers to API replies."""
+    if request.method == "OPTIONS" and request.path.startswith(ADMIN_PREFIX):
+        return web.Response(status=204, headers=_CORS_HEADERS)
+    try:
+        response = await handler(request)
+    except AdminError as e:
+        response = e.response()
+    except web.HTTPMethodNotAllowed:
+        response = error_response(405, Codes.UNRECOGNIZED, "Unrecognized request")
+    except web.HTTPNotFound:
+        response = error_response(404, Codes.UNRECOGNIZED, "Unrecognized request")
+    except web.HTTPException as e:
+        if e.status < 400:
+            raise
+        response = error_response(e.status, Codes.UNKNOWN, e.reason)
+    except Exception:
+        # The top of a request: log with context and answer 500 rather than drop it.
+        log.exception("admin request %s %s failed", request.method, request.path)
+        response = error_response(500, Codes.UNKNOWN, "Internal server error")
+    if request.path.startswith(ADMIN_PREFIX) and not response.prepared:
+        response.headers.update(_CORS_HEADERS)
+    return response
