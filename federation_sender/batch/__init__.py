@@ -1,0 +1,34 @@
+"""Spark batch jobs over the worker's database: backfill, audit, health report.
+
+Theory of operation
+-------------------
+The worker keeps ``destination_rooms`` and ``destinations.last_successful_stream_ordering``
+up to date incrementally, one event at a time. These jobs recompute the same facts from
+the whole history, in bulk, on Spark (local mode by default, any cluster or Spark
+Connect with the same code):
+
+* ``backfill-destination-rooms`` rebuilds ``destination_rooms`` (adopting the worker on
+  an existing database, or repairing it);
+* ``audit`` compares what each destination should have received with the transaction
+  log and ``destination_rooms``, and with ``--repair`` rewinds catch-up so the worker
+  resends what was lost;
+* ``health-report`` summarises the transaction log per destination.
+
+Layout: :mod:`.transforms` holds every computation as a pure DataFrame function (tested
+on hand-built frames); :mod:`.io` does JDBC/Parquet reads and the staged, single-
+transaction apply; :mod:`.session` builds the SparkSession; one module per job
+(:mod:`.backfill`, :mod:`.audit`, :mod:`.health`) sequences reads, transforms and writes;
+:mod:`.cli` parses arguments. :mod:`.sql_baseline` is the same computations as plain SQL
+inside PostgreSQL, for the benchmark and as a cross-check.
+
+Invariants: a job reads a consistent prefix of the events stream (up to a high-water
+mark fixed at its start); it never overwrites a row the worker wrote for a newer event;
+its writes commit in one transaction or not at all; running it twice gives the same
+database.
+
+Failure modes: a run that dies before the apply transaction leaves an UNLOGGED
+``batch_staging_*`` table at worst (dropped on a normal failure; drop by hand after a
+kill -9). A repair only lowers positions, so the cost of a wrong repair is resending
+events the destination already has (receivers deduplicate by event id), never losing
+one.
+"""

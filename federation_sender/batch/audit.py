@@ -1,0 +1,95 @@
+"""``batch audit``: the anti-entropy check of what was sent against what should have been.
+
+Two kinds of finding:
+
+* *undelivered*: a (destination, room) whose latest event the destination should have
+  received was neither delivered (its id in a successful transaction to the destination)
+  nor superseded by a later event of the room delivered to it (catch-up sends the
+  room's latest extremities instead of every missed event). ``lost`` when the
+  destination's ``last_successful_stream_ordering`` is already past it, so catch-up
+  would never send it; ``pending`` while catch-up still has it ahead.
+* *mismatches*: ``destination_rooms`` rows that disagree with the events (see
+  :func:`~federation_sender.batch.transforms.diff_destination_rooms`).
+
+``--repair`` makes ``destination_rooms`` right and lowers each affected destination's
+``last_successful_stream_ordering`` below its earliest undelivered row, in one
+transaction; the worker's catch-up then does the sending. Exit status 1 when anything
+was lost or mismatched (also after a repair: audit again to see it clean), else 0;
+``pending`` rows are counted but are not a failure (a destination that is down has them).
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import functions as F
+
+from federation_sender.batch import transforms as t
+from federation_sender.batch.io import apply_changes, write_outputs
+from federation_sender.batch.job import JobContext, JobResult, counts_by, require_db, sample
+
+JOB = "audit"
+
+
+def run(ctx: JobContext, *, repair: bool) -> JobResult:
+    hwm = ctx.source.high_water_mark
+    with ctx.progress.step("read events, memberships, destinations, transaction log"):
+        events = ctx.source.table("events")
+        memberships = ctx.source.table("room_memberships")
+        actual = ctx.source.table("destination_rooms").filter(
+            F.col("stream_ordering") <= F.lit(hwm)
+        )
+        destinations = ctx.source.table("destinations")
+        txn_log = ctx.source.table("federation_transaction_log")
+        partial = ctx.source.table("partial_state_rooms").withColumn(
+            "partial_state", F.lit(True)
+        )
+    with ctx.progress.step("compute expected destination_rooms"):
+        expected = t.expected_destination_rooms(events, memberships, ctx.server_name).cache()
+        n_expected = expected.count()
+    with ctx.progress.step("find undelivered events"):
+        delivered = t.delivered_positions(txn_log, events)
+        missing = (
+            t.undelivered(expected, delivered, destinations)
+            .join(partial, "room_id", "left")
+            .withColumn("partial_state", F.coalesce(F.col("partial_state"), F.lit(False)))
+            .cache()
+        )
+        by_status = counts_by(missing, "status")
+    with ctx.progress.step("compare destination_rooms"):
+        diff = t.diff_destination_rooms(expected, actual).cache()
+        by_problem = counts_by(diff, "problem")
+    lost = by_status.get("lost", 0)
+    mismatched = sum(by_problem.values())
+    summary: dict[str, object] = {
+        "high_water_mark": hwm,
+        "expected_rows": n_expected,
+        "undelivered_lost": lost,
+        "undelivered_pending": by_status.get("pending", 0),
+        "undelivered_destinations": missing.select("destination").distinct().count(),
+        **{f"rows_{p}": by_problem.get(p, 0) for p in ("missing", "behind", "ahead", "stale")},
+        "repair": repair,
+    }
+    samples = {
+        "undelivered": sample(missing, ["status", "destination", "room_id"]),
+        "mismatches": sample(diff, ["destination", "room_id"]),
+    }
+    if ctx.output_dir is not None:
+        with ctx.progress.step(f"write findings to {ctx.output_dir}"):
+            write_outputs(missing, ctx.output_dir, "undelivered")
+            write_outputs(diff, ctx.output_dir, "mismatches")
+    if repair:
+        db = require_db(ctx, "audit --repair")
+        with ctx.progress.step("stage and apply repair"):
+            if mismatched or by_status:
+                res = apply_changes(
+                    db, t.destination_room_changes(diff), t.position_repairs(missing), hwm,
+                    "audit",
+                )
+                summary.update(
+                    upserted=res.upserted, deleted=res.deleted,
+                    positions_lowered=res.positions_lowered,
+                )
+            else:
+                summary.update(upserted=0, deleted=0, positions_lowered=0)
+    for df in (missing, diff, expected):
+        df.unpersist()
+    return JobResult(JOB, summary, samples, exit_status=1 if lost or mismatched else 0)

@@ -1,0 +1,58 @@
+"""``batch backfill-destination-rooms``: recompute ``destination_rooms`` from the events
+and the membership history, to adopt the worker on an existing database or to repair it.
+
+Every (destination, room) gets the latest local event the destination should have
+received (:func:`~federation_sender.batch.transforms.expected_destination_rooms`); rows
+that disagree are upserted, rows that should not exist are deleted, all in one
+transaction (:func:`~federation_sender.batch.io.apply_changes`). ``--dry-run`` reports
+the differences and writes nothing. ``destinations`` positions are not touched: use
+``audit --repair`` to make catch-up resend what was not delivered.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import functions as F
+
+from federation_sender.batch import transforms as t
+from federation_sender.batch.io import apply_changes, write_outputs
+from federation_sender.batch.job import JobContext, JobResult, counts_by, require_db, sample
+
+JOB = "backfill-destination-rooms"
+PROBLEMS = ("missing", "behind", "ahead", "stale")
+
+
+def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
+    hwm = ctx.source.high_water_mark
+    with ctx.progress.step("read events, memberships, destination_rooms"):
+        events = ctx.source.table("events")
+        memberships = ctx.source.table("room_memberships")
+        actual = ctx.source.table("destination_rooms").filter(
+            F.col("stream_ordering") <= F.lit(hwm)
+        )
+    with ctx.progress.step("compute expected destination_rooms"):
+        expected = t.expected_destination_rooms(events, memberships, ctx.server_name).cache()
+        n_expected = expected.count()
+    with ctx.progress.step("compare with destination_rooms"):
+        diff = t.diff_destination_rooms(expected, actual).cache()
+        by_problem = counts_by(diff, "problem")
+        samples = {"differences": sample(diff, ["destination", "room_id"])}
+    summary: dict[str, object] = {
+        "high_water_mark": hwm,
+        "expected_rows": n_expected,
+        **{p: by_problem.get(p, 0) for p in PROBLEMS},
+        "dry_run": dry_run,
+    }
+    if ctx.output_dir is not None:
+        with ctx.progress.step(f"write differences to {ctx.output_dir}"):
+            write_outputs(diff, ctx.output_dir, "differences")
+    if not dry_run:
+        db = require_db(ctx, JOB)
+        with ctx.progress.step("stage and apply"):
+            if sum(by_problem.values()):
+                res = apply_changes(db, t.destination_room_changes(diff), None, hwm, "backfill")
+                summary.update(upserted=res.upserted, deleted=res.deleted)
+            else:
+                summary.update(upserted=0, deleted=0)
+    diff.unpersist()
+    expected.unpersist()
+    return JobResult(JOB, summary, samples)

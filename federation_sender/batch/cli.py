@@ -1,0 +1,192 @@
+"""``federation-sender batch <job>``: argument parsing and dispatch of the Spark jobs.
+
+Jobs: ``backfill-destination-rooms`` (``--dry-run``), ``audit`` (``--repair``),
+``health-report`` (``--output``) and ``snapshot`` (copy the tables the jobs read to a
+Parquet directory, for ``--snapshot`` runs on a cluster). Exit status: 0 success,
+1 the job failed, 2 bad arguments or configuration, 4 the audit found lost or
+mismatched rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from federation_sender.batch import audit, backfill, health
+from federation_sender.batch.io import Database, JdbcSource, SnapshotSource, Source, write_snapshot
+from federation_sender.batch.job import JobContext, JobResult
+from federation_sender.batch.progress import Progress, format_summary
+from federation_sender.batch.session import SessionOptions, build_session
+from federation_sender.clock import Clock, SystemClock
+from federation_sender.config import Settings
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+EXIT_OK = 0
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_FINDINGS = 4
+
+JOBS = {
+    "backfill-destination-rooms": "recompute destination_rooms from events and memberships",
+    "audit": "anti-entropy check: undelivered events and wrong destination_rooms rows",
+    "health-report": "per-destination health as Parquet, CSV and an HTML report",
+    "snapshot": "copy the tables the jobs read into a Parquet directory",
+}
+
+
+def _common() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("-c", "--config", metavar="FILE", help="YAML configuration file")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--master", help="Spark master URL (default local[*]): "
+                       "spark://host:7077, yarn, k8s://..., local-cluster[N,C,MB]")
+    where.add_argument("--remote", help="Spark Connect URL, e.g. sc://host:15002")
+    p.add_argument("--database-url", help="PostgreSQL URL (default: database.url)")
+    p.add_argument("--jdbc-url", help="JDBC URL the executors use, when it differs "
+                   "(jdbc:postgresql://host:port/db)")
+    p.add_argument("--snapshot", metavar="DIR", help="read tables from this Parquet "
+                   "snapshot (see `batch snapshot`) instead of JDBC")
+    p.add_argument("--output", metavar="DIR", help="where to write results")
+    p.add_argument("--partitions", type=int, default=None, metavar="N",
+                   help="parallel JDBC range reads and shuffle partitions "
+                   "(default: 2 x cores in local mode)")
+    p.add_argument("--server-name", help="our server name (default: server_name)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--spark-progress", action="store_true",
+                   help="show Spark's stage progress bar")
+    return p
+
+
+def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    common = _common()
+    for name, text in JOBS.items():
+        p = jobs.add_parser(name, help=text, description=text, parents=[common])
+        if name == "backfill-destination-rooms":
+            p.add_argument("--dry-run", action="store_true",
+                           help="report the differences, change nothing")
+        if name == "audit":
+            p.add_argument("--repair", action="store_true", help="fix destination_rooms and "
+                           "rewind catch-up positions so the worker resends")
+
+
+def add_batch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Register ``batch <job>`` on the main CLI's sub-commands."""
+    p = subparsers.add_parser("batch", help="Spark batch jobs (backfill, audit, health report)",
+                              description=__doc__)
+    jobs = p.add_subparsers(dest="job", metavar="JOB")
+    jobs.required = True
+    add_job_parsers(jobs)
+
+
+def _usage(msg: str) -> int:
+    print(f"federation-sender batch: {msg}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def run_batch(args: argparse.Namespace, settings: Settings, *,
+              spark: SparkSession | None = None, clock: Clock | None = None,
+              out: TextIO | None = None) -> int:
+    """Run the job named by ``args.job``; returns the exit status. ``spark`` reuses a
+    running session (tests); otherwise one is built from ``--master``/``--remote`` and
+    stopped at the end."""
+    out = out if out is not None else sys.stdout
+    clock = clock if clock is not None else SystemClock()
+    job: str = args.job
+    server_name = args.server_name or settings.server_name
+    db_url = args.database_url or settings.database.url
+    db: Database | None = None
+    try:
+        db = Database.from_urls(db_url, args.jdbc_url)
+    except ValueError as e:
+        if not args.snapshot:
+            return _usage(str(e))
+    if job == "snapshot" and not args.output:
+        return _usage("snapshot needs --output DIR")
+    if args.partitions is not None and args.partitions < 1:
+        return _usage("--partitions must be at least 1")
+    owned = spark is None
+    if spark is None:
+        spark = build_session(SessionOptions(
+            master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
+            progress_bar=args.spark_progress,
+        ))
+    progress = Progress(job, clock, enabled=not args.quiet)
+    try:
+        result = _run(job, args, spark, db, server_name, progress, clock)
+    except Exception as e:  # top of the command: report and fail
+        print(f"federation-sender batch {job}: failed: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return EXIT_FAILED
+    finally:
+        if owned:
+            spark.stop()
+    _print(result, progress, out, as_json=args.json)
+    return result.exit_status
+
+
+def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database | None,
+         server_name: str, progress: Progress, clock: Clock) -> JobResult:
+    # Each JDBC partition is one database connection: cap the default.
+    partitions = args.partitions or min(
+        int(spark.conf.get("spark.sql.shuffle.partitions") or 4), 16
+    )
+    with progress.step("open source"):
+        source: Source
+        if args.snapshot:
+            source = SnapshotSource(spark, args.snapshot)
+        else:
+            assert db is not None
+            source = JdbcSource(spark, db, partitions)
+    output = Path(args.output) if args.output else None
+    ctx = JobContext(spark, source, db, server_name, progress, clock, output)
+    if job == "backfill-destination-rooms":
+        return backfill.run(ctx, dry_run=args.dry_run)
+    if job == "audit":
+        res = audit.run(ctx, repair=args.repair)
+        if res.exit_status:
+            res.exit_status = EXIT_FINDINGS
+        return res
+    if job == "health-report":
+        return health.run(ctx)
+    if job == "snapshot":
+        with progress.step(f"write snapshot to {args.output}"):
+            counts = write_snapshot(spark, source, str(args.output))
+        return JobResult(job, {"high_water_mark": source.high_water_mark,
+                               **{f"rows_{k}": v for k, v in counts.items()}})
+    raise AssertionError(job)  # pragma: no cover - argparse restricts the choices
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and v != v:
+        return None
+    if hasattr(v, "item"):  # numpy scalars from pandas
+        return _jsonable(v.item())
+    return v
+
+
+def _print(result: JobResult, progress: Progress, out: TextIO, *, as_json: bool) -> None:
+    if as_json:
+        doc = {
+            "job": result.job,
+            "exit_status": result.exit_status,
+            "summary": {k: _jsonable(v) for k, v in result.summary.items()},
+            "samples": {k: [{c: _jsonable(x) for c, x in row.items()} for row in rows]
+                        for k, rows in result.samples.items()},
+            "steps": [{"step": n, "seconds": round(s, 3)} for n, s in progress.steps],
+        }
+        print(json.dumps(doc, indent=2, default=str), file=out)
+        return
+    print(format_summary(result.job, result.summary, progress.steps, progress.elapsed_s),
+          file=out)
+    for name, rows in result.samples.items():
+        if not rows:
+            continue
+        print(f"  sample of {name}:", file=out)
+        for row in rows:
+            print("    " + ", ".join(f"{k}={_jsonable(v)}" for k, v in row.items()), file=out)

@@ -1,0 +1,299 @@
+"""Reading and writing for the batch jobs: JDBC reads partitioned on the stream
+ordering, Parquet snapshots, and the staging table + single upsert that applies results.
+
+Consistency
+-----------
+A job first fixes a *high-water mark* H, the highest ``events.stream_ordering`` when it
+starts, and only looks at events and memberships up to H. The worker keeps running
+meanwhile and writes ``destination_rooms`` rows for newer events; the apply step never
+overwrites or deletes a row whose stream ordering is past H, so a batch result can not
+undo the worker's newer writes.
+
+Apply
+-----
+Results are written by Spark (in parallel, from the executors) into a fresh UNLOGGED
+staging table, then applied in one PostgreSQL transaction: one ``INSERT … ON CONFLICT DO
+UPDATE`` for upserts, one ``DELETE`` for stale rows, one upsert of destination positions
+(only ever lowered, with ``LEAST``). A run that fails before that transaction commits
+changes nothing but the staging table, which is dropped on the way out; the result of a
+run is a function of the data, so running again is idempotent.
+
+Only PostgreSQL is supported: the jobs are for databases too big for the embedded SQLite.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from federation_sender.batch.session import JDBC_DRIVER
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+TABLE_COLUMNS: Mapping[str, tuple[str, ...]] = {
+    "events": ("stream_ordering", "event_id", "room_id", "sender", "outlier", "rejected"),
+    "room_memberships": (
+        "event_stream_ordering", "room_id", "user_id", "server_name", "membership",
+    ),
+    "destination_rooms": ("destination", "room_id", "stream_ordering"),
+    "destinations": ("destination", "last_successful_stream_ordering"),
+    "federation_transaction_log": (
+        "id", "destination", "status", "http_status", "started_ts", "duration_ms", "catchup",
+        "pdu_count", "max_stream_ordering", "pdu_event_ids",
+    ),
+    "partial_state_rooms": ("room_id",),
+}
+"""The columns each job reads (never ``events.json``: it is most of the table's bytes)."""
+
+PARTITION_COLUMNS: Mapping[str, str] = {
+    "events": "stream_ordering",
+    "room_memberships": "event_stream_ordering",
+    "federation_transaction_log": "id",
+    "destination_rooms": "stream_ordering",
+}
+"""Big tables are read in ``--partitions`` parallel range scans on these columns."""
+
+BOUNDED_BY_HIGH_WATER_MARK: Mapping[str, str] = {
+    "events": "stream_ordering",
+    "room_memberships": "event_stream_ordering",
+}
+
+SNAPSHOT_META = "_snapshot.json"
+
+
+@dataclass(frozen=True)
+class Database:
+    """Where the database is, for psycopg (``url``) and for Spark's JDBC reader."""
+
+    url: str
+    jdbc_url: str
+    user: str | None
+    password: str | None
+
+    @classmethod
+    def from_urls(cls, database_url: str, jdbc_url: str | None = None) -> Database:
+        """``database_url`` is a SQLAlchemy/libpq URL (``postgresql[+psycopg]://…``);
+        ``jdbc_url`` overrides the address Spark's executors use (``jdbc:postgresql://…``),
+        for clusters that reach the database by another name."""
+        u = make_url(database_url)
+        if u.get_backend_name() != "postgresql":
+            raise ValueError(f"batch jobs need PostgreSQL, not {u.get_backend_name()!r}")
+        plain = u.set(drivername="postgresql")
+        host = u.host or "localhost"
+        port = f":{u.port}" if u.port else ""
+        return cls(
+            url=plain.render_as_string(hide_password=False),
+            jdbc_url=jdbc_url or f"jdbc:postgresql://{host}{port}/{u.database or ''}",
+            user=u.username,
+            password=u.password,
+        )
+
+    def connect(self) -> psycopg.Connection[tuple[object, ...]]:
+        return psycopg.connect(self.url)
+
+    def jdbc_options(self) -> dict[str, str]:
+        opts = {"url": self.jdbc_url, "driver": JDBC_DRIVER}
+        if self.user:
+            opts["user"] = self.user
+        if self.password:
+            opts["password"] = self.password
+        return opts
+
+
+class Source(Protocol):
+    """Tables as DataFrames, bounded by one high-water mark."""
+
+    @property
+    def high_water_mark(self) -> int: ...
+
+    def table(self, name: str) -> DataFrame: ...
+
+
+class JdbcSource:
+    """Reads tables over JDBC; the big ones in ``partitions`` parallel range scans."""
+
+    def __init__(self, spark: SparkSession, db: Database, partitions: int) -> None:
+        self._spark = spark
+        self._db = db
+        self._partitions = max(1, partitions)
+        self._bounds: dict[str, tuple[int, int] | None] = {}
+        with db.connect() as conn:
+            row = conn.execute("SELECT max(stream_ordering) FROM events").fetchone()
+            self._hwm = int(row[0]) if row and row[0] is not None else 0  # type: ignore[call-overload]
+            for table, col in PARTITION_COLUMNS.items():
+                r = conn.execute(f"SELECT min({col}), max({col}) FROM {table}").fetchone()
+                if r is None or r[0] is None:
+                    self._bounds[table] = None
+                else:
+                    self._bounds[table] = (int(r[0]), int(r[1]))  # type: ignore[call-overload]
+
+    @property
+    def high_water_mark(self) -> int:
+        return self._hwm
+
+    def table(self, name: str) -> DataFrame:
+        from pyspark.sql import functions as F
+
+        reader = self._spark.read.format("jdbc").options(
+            **self._db.jdbc_options(), dbtable=name, fetchsize="10000"
+        )
+        bounds = self._bounds.get(name)
+        if bounds is not None and self._partitions > 1:
+            lo, hi = bounds
+            bound_col = BOUNDED_BY_HIGH_WATER_MARK.get(name)
+            if bound_col is not None:
+                hi = min(hi, self._hwm)
+            reader = reader.options(
+                partitionColumn=PARTITION_COLUMNS[name],
+                lowerBound=str(lo),
+                upperBound=str(max(hi, lo + 1)),
+                numPartitions=str(self._partitions),
+            )
+        df = reader.load().select(*TABLE_COLUMNS[name])
+        bound_col = BOUNDED_BY_HIGH_WATER_MARK.get(name)
+        if bound_col is not None:
+            df = df.filter(F.col(bound_col) <= F.lit(self._hwm))
+        return df
+
+
+class SnapshotSource:
+    """Reads a Parquet snapshot directory written by :func:`write_snapshot` (for cluster
+    runs, from storage every executor can read: HDFS, S3, a shared file system)."""
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self._spark = spark
+        self._path = path.rstrip("/")
+        meta = json.loads(_read_text(spark, f"{self._path}/{SNAPSHOT_META}"))
+        self._hwm = int(meta["high_water_mark"])
+
+    @property
+    def high_water_mark(self) -> int:
+        return self._hwm
+
+    def table(self, name: str) -> DataFrame:
+        return self._spark.read.parquet(f"{self._path}/{name}").select(*TABLE_COLUMNS[name])
+
+
+def _read_text(spark: SparkSession, path: str) -> str:
+    # Through Spark, so that hdfs:// and s3a:// snapshot locations work too.
+    rows = spark.read.text(path, wholetext=True).collect()
+    if not rows:
+        raise FileNotFoundError(path)
+    return str(rows[0][0])
+
+
+def write_snapshot(spark: SparkSession, source: Source, path: str) -> dict[str, int]:
+    """Write every table the jobs read as Parquet under ``path``; returns row counts."""
+    path = path.rstrip("/")
+    counts: dict[str, int] = {}
+    for name in TABLE_COLUMNS:
+        df = source.table(name)
+        df.write.mode("overwrite").parquet(f"{path}/{name}")
+        counts[name] = spark.read.parquet(f"{path}/{name}").count()
+    meta = json.dumps({"high_water_mark": source.high_water_mark, "rows": counts})
+    spark.createDataFrame([(meta,)], "value string").coalesce(1).write.mode("overwrite").text(
+        f"{path}/{SNAPSHOT_META}"
+    )
+    return counts
+
+
+@dataclass(frozen=True)
+class ApplyResult:
+    upserted: int
+    deleted: int
+    positions_lowered: int
+
+
+def apply_changes(
+    db: Database,
+    changes: DataFrame,
+    positions: DataFrame | None,
+    high_water_mark: int,
+    job: str,
+) -> ApplyResult:
+    """Stage ``changes`` (``destination``, ``room_id``, ``stream_ordering``, ``action``
+    upsert|delete) and ``positions`` (``destination``, ``position``), then apply them in
+    one transaction. See the module docstring."""
+    from pyspark.sql import functions as F
+
+    staging = f"batch_staging_{job.replace('-', '_')}_{uuid.uuid4().hex[:12]}"
+    with db.connect() as conn:
+        conn.execute(
+            f"CREATE UNLOGGED TABLE {staging} (destination text NOT NULL, room_id text, "
+            "stream_ordering bigint, action text NOT NULL)"
+        )
+    try:
+        staged = changes.select("destination", "room_id", "stream_ordering", "action")
+        if positions is not None:
+            staged = staged.unionByName(
+                positions.select(
+                    "destination",
+                    F.lit(None).cast("string").alias("room_id"),
+                    F.col("position").cast("long").alias("stream_ordering"),
+                    F.lit("position").alias("action"),
+                )
+            )
+        staged.write.format("jdbc").options(
+            **db.jdbc_options(), dbtable=staging, batchsize="10000"
+        ).mode("append").save()
+        return _apply_staged(db, staging, high_water_mark)
+    finally:
+        with db.connect() as conn:
+            conn.execute(f"DROP TABLE IF EXISTS {staging}")
+
+
+def _apply_staged(db: Database, staging: str, hwm: int) -> ApplyResult:
+    with db.connect() as conn, conn.transaction():
+        up = conn.execute(
+            f"""
+            INSERT INTO destination_rooms (destination, room_id, stream_ordering)
+            SELECT destination, room_id, stream_ordering FROM {staging}
+            WHERE action = 'upsert'
+            ON CONFLICT (destination, room_id) DO UPDATE
+            SET stream_ordering = EXCLUDED.stream_ordering
+            WHERE destination_rooms.stream_ordering <= %(hwm)s
+            """,
+            {"hwm": hwm},
+        ).rowcount
+        deleted = conn.execute(
+            f"""
+            DELETE FROM destination_rooms d USING {staging} s
+            WHERE s.action = 'delete' AND d.destination = s.destination
+              AND d.room_id = s.room_id AND d.stream_ordering <= %(hwm)s
+            """,
+            {"hwm": hwm},
+        ).rowcount
+        lowered = conn.execute(
+            f"""
+            INSERT INTO destinations (destination, last_successful_stream_ordering)
+            SELECT destination, stream_ordering FROM {staging} WHERE action = 'position'
+            ON CONFLICT (destination) DO UPDATE
+            SET last_successful_stream_ordering = LEAST(
+                destinations.last_successful_stream_ordering,
+                EXCLUDED.last_successful_stream_ordering)
+            WHERE destinations.last_successful_stream_ordering IS NULL
+               OR destinations.last_successful_stream_ordering
+                  > EXCLUDED.last_successful_stream_ordering
+            """
+        ).rowcount
+    return ApplyResult(upserted=up, deleted=deleted, positions_lowered=lowered)
+
+
+def write_outputs(df: DataFrame, out_dir: str | Path, name: str) -> int:
+    """Write a report-sized result on the driver as ``<out>/<name>.parquet`` and
+    ``<out>/<name>.csv`` (single files an operator can open; the driver's file system,
+    not the executors'). Returns the row count."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pdf: Any = df.toPandas()
+    pdf.to_parquet(out / f"{name}.parquet", index=False)
+    pdf.to_csv(out / f"{name}.csv", index=False)
+    return len(pdf)

@@ -1,0 +1,136 @@
+"""The health report as one self-contained HTML file: a table per destination and
+matplotlib charts embedded as base64 PNGs, so an operator can open or mail one file."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from datetime import UTC, datetime
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display; must precede pyplot
+import matplotlib.pyplot as plt
+
+TOP_N = 25
+
+_COLUMNS = [
+    ("destination", "Destination"),
+    ("transactions", "Txns"),
+    ("success_rate", "Success"),
+    ("latency_p50_ms", "p50 ms"),
+    ("latency_p95_ms", "p95 ms"),
+    ("latency_p99_ms", "p99 ms"),
+    ("backoff_ms", "Backing off"),
+    ("catchup_ms", "Catching up"),
+    ("lag_stream_positions", "Lag"),
+    ("outstanding_rooms", "Rooms behind"),
+]
+
+
+def _png(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
+    plt.close(fig)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _barh(labels: list[str], series: dict[str, list[float]], title: str, xlabel: str) -> str:
+    fig, ax = plt.subplots(figsize=(9, max(2.5, 0.3 * len(labels) + 1)))
+    height = 0.8 / max(1, len(series))
+    for i, (name, values) in enumerate(series.items()):
+        ax.barh([y + i * height for y in range(len(labels))], values, height=height, label=name)
+    ax.set_yticks([y + 0.4 - height / 2 for y in range(len(labels))], labels, fontsize=8)
+    ax.invert_yaxis()
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    if len(series) > 1:
+        ax.legend()
+    return _png(fig)
+
+
+def _timeline(hourly: Any) -> str:
+    fig, ax = plt.subplots(figsize=(9, 3))
+    if len(hourly):
+        pivot = hourly.pivot_table(index="hour_ts", columns="status", values="transactions",
+                                   aggfunc="sum", fill_value=0).sort_index()
+        hours: Any = [datetime.fromtimestamp(ms / 1000, UTC) for ms in pivot.index]
+        bottom = [0.0] * len(hours)
+        for status in pivot.columns:
+            vals = [float(v) for v in pivot[status]]
+            ax.bar(hours, vals, bottom=bottom, width=1 / 24, label=str(status))
+            bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.legend()
+    ax.set_title("Transactions per hour by outcome (UTC)")
+    fig.autofmt_xdate()
+    return _png(fig)
+
+
+def _cell(key: str, v: Any) -> str:
+    if v is None or (isinstance(v, float) and v != v):
+        return "-"
+    if key == "success_rate":
+        return f"{100 * float(v):.1f}%"
+    if key in ("backoff_ms", "catchup_ms"):
+        return f"{float(v) / 1000:,.0f} s"
+    if isinstance(v, float):
+        return f"{v:,.1f}"
+    if isinstance(v, int):
+        return f"{v:,}"
+    return html.escape(str(v))
+
+
+def render_html(health: Any, hourly: Any, generated_at_ms: int) -> str:
+    """``health`` and ``hourly`` are pandas frames of
+    :func:`~federation_sender.batch.transforms.destination_health` and
+    :func:`~federation_sender.batch.transforms.hourly_outcomes`."""
+    busiest = health.sort_values("transactions", ascending=False).head(TOP_N)
+    labels = [str(d) for d in busiest["destination"]]
+    charts: list[tuple[str, str]] = []
+    if labels:
+        charts.append(("Transactions", _barh(
+            labels,
+            {"succeeded": [float(x) for x in busiest["successes"]],
+             "failed": [float(x) for x in busiest["failures"]]},
+            f"Transactions (busiest {len(labels)})", "transactions")))
+        charts.append(("Latency", _barh(
+            labels,
+            {p: [float(x) if x == x and x is not None else 0.0 for x in busiest[f"latency_{p}_ms"]]
+             for p in ("p50", "p95", "p99")},
+            "Latency percentiles", "ms")))
+        laggiest = health.sort_values("lag_stream_positions", ascending=False).head(TOP_N)
+        charts.append(("Lag", _barh(
+            [str(d) for d in laggiest["destination"]],
+            {"lag": [float(x) for x in laggiest["lag_stream_positions"]]},
+            "Lag behind the events stream", "stream positions")))
+    charts.append(("Timeline", _timeline(hourly)))
+
+    head = "".join(f"<th>{html.escape(label)}</th>" for _, label in _COLUMNS)
+    body = "\n".join(
+        "<tr>" + "".join(f"<td>{_cell(k, row[k])}</td>" for k, _ in _COLUMNS) + "</tr>"
+        for row in health.sort_values("destination").to_dict("records")
+    )
+    total = int(health["transactions"].sum()) if len(health) else 0
+    ok = int(health["successes"].sum()) if len(health) else 0
+    when = datetime.fromtimestamp(generated_at_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
+    imgs = "\n".join(
+        f'<h2>{html.escape(title)}</h2><img alt="{html.escape(title)}" '
+        f'src="data:image/png;base64,{png}">'
+        for title, png in charts
+    )
+    rate = f"{100 * ok / total:.1f}%" if total else "-"
+    return f"""<!doctype html>
+<html><head><meta charset="utf-8"><title>Federation health report</title>
+<style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
+td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
+td:first-child{{text-align:left}}</style></head><body>
+<h1>Federation health report</h1>
+<p>Generated {when}. {len(health)} destinations, {total:,} transactions, {rate} succeeded.</p>
+{imgs}
+<h2>Per destination</h2>
+<table><thead><tr>{head}</tr></thead><tbody>
+{body}
+</tbody></table></body></html>
+"""

@@ -1,0 +1,356 @@
+"""Pure DataFrame transforms of the batch jobs: DataFrames in, DataFrames out, no I/O.
+
+Input frames carry the columns of the database tables they come from (see
+``federation_sender.storage.schema``), restricted to what the jobs read
+(:data:`federation_sender.batch.io.TABLE_COLUMNS`).
+
+Who should receive a local event
+--------------------------------
+A server is *joined* to room R at position S if one of its users' latest membership row
+with ``event_stream_ordering <= S`` is ``join``. The destinations of a local event E
+(stream ordering ``s``) are the servers joined just before E (position ``s - 1``) and those
+joined after it (position ``s``), minus our own server: a kicked or leaving server still
+receives its own kick or leave, a joining server receives its join.
+
+Each ``join`` row of a user opens an interval ``[start, end]`` where ``end`` is the stream
+ordering of that user's next membership row (open when there is none). The server is a
+destination of E exactly when one of its users' intervals has ``start <= s <= end``: the
+inclusive end is the "just before" half (the next row may be E itself), ``start <= s`` the
+"after" half. So the latest event a destination should have received in a room is, over its
+intervals there, the latest local event with ``start <= s <= end``: an *as-of* lookup that
+:func:`expected_destination_rooms` does with one sort per room (a running maximum over the
+union of events and interval ends) instead of a range join whose cost would grow with
+events x intervals.
+
+Skew: the as-of lookup partitions by room, so one very large room is one task; that is
+bounded by one room's history, which a single executor holds comfortably.
+"""
+
+from __future__ import annotations
+
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+from pyspark.sql import types as T
+
+# Sorts interval ends after events with the same stream ordering, so that an interval
+# ending at event E (E is the user's next membership event) includes E.
+_KIND_EVENT = 0
+_KIND_END = 1
+# Open interval ends sort after every real stream ordering.
+_OPEN_END = 2**62
+
+DESTINATION_ROOMS_SCHEMA = T.StructType(
+    [
+        T.StructField("destination", T.StringType(), False),
+        T.StructField("room_id", T.StringType(), False),
+        T.StructField("stream_ordering", T.LongType(), False),
+    ]
+)
+
+
+def server_of(user_id: Column) -> Column:
+    """The server part of a user id ``@local:server[:port]``: everything after the first
+    colon (server names may carry a port)."""
+    return F.regexp_extract(user_id, r"^[^:]*:(.*)$", 1)
+
+
+def local_events(events: DataFrame, server_name: str) -> DataFrame:
+    """The events this server sends: local sender, neither outlier nor rejected.
+
+    Columns: ``stream_ordering``, ``event_id``, ``room_id``.
+    """
+    return events.filter(
+        ~F.col("outlier")
+        & ~F.col("rejected")
+        & (server_of(F.col("sender")) == F.lit(server_name))
+    ).select("stream_ordering", "event_id", "room_id")
+
+
+def join_intervals(memberships: DataFrame, server_name: str) -> DataFrame:
+    """Each remote user's ``join`` rows as intervals ``[start_so, end_so]``.
+
+    ``end_so`` is the stream ordering of the same user's next membership row in the room,
+    null while the user is still joined. Columns: ``room_id``, ``destination``,
+    ``start_so``, ``end_so``.
+    """
+    per_user = Window.partitionBy("room_id", "user_id").orderBy("event_stream_ordering")
+    return (
+        memberships.withColumn("end_so", F.lead("event_stream_ordering").over(per_user))
+        .filter((F.col("membership") == "join") & (F.col("server_name") != F.lit(server_name)))
+        .select(
+            "room_id",
+            F.col("server_name").alias("destination"),
+            F.col("event_stream_ordering").alias("start_so"),
+            "end_so",
+        )
+    )
+
+
+def expected_destination_rooms(
+    events: DataFrame, memberships: DataFrame, server_name: str
+) -> DataFrame:
+    """For every (destination, room), the latest local event the destination should have
+    received: what ``destination_rooms`` must hold. See the module docstring.
+
+    Columns: ``destination``, ``room_id``, ``stream_ordering``.
+    """
+    evs = local_events(events, server_name).select(
+        "room_id",
+        F.col("stream_ordering").alias("so"),
+        F.lit(_KIND_EVENT).alias("kind"),
+        F.lit(None).cast("string").alias("destination"),
+        F.lit(None).cast("long").alias("start_so"),
+    )
+    ends = join_intervals(memberships, server_name).select(
+        "room_id",
+        F.coalesce(F.col("end_so"), F.lit(_OPEN_END).cast("long")).alias("so"),
+        F.lit(_KIND_END).alias("kind"),
+        "destination",
+        "start_so",
+    )
+    upto = (
+        Window.partitionBy("room_id")
+        .orderBy("so", "kind")
+        .rowsBetween(Window.unboundedPreceding, Window.currentRow)
+    )
+    latest = F.max(F.when(F.col("kind") == _KIND_EVENT, F.col("so"))).over(upto)
+    return (
+        evs.unionByName(ends)
+        .withColumn("latest_so", latest)
+        .filter((F.col("kind") == _KIND_END) & (F.col("latest_so") >= F.col("start_so")))
+        .groupBy("destination", "room_id")
+        .agg(F.max("latest_so").alias("stream_ordering"))
+    )
+
+
+def diff_destination_rooms(expected: DataFrame, actual: DataFrame) -> DataFrame:
+    """Rows where ``destination_rooms`` (``actual``) disagrees with ``expected``.
+
+    ``problem`` is ``missing`` (no row), ``behind`` (older than the latest event the
+    destination should have: catch-up may never send it), ``ahead`` (newer than any event
+    the destination should receive) or ``stale`` (a row for a room the destination should
+    have nothing from: a purged room, a server that never joined). Columns:
+    ``destination``, ``room_id``, ``expected_so``, ``actual_so``, ``problem``.
+    """
+    e = expected.select(
+        "destination", "room_id", F.col("stream_ordering").alias("expected_so")
+    )
+    a = actual.select("destination", "room_id", F.col("stream_ordering").alias("actual_so"))
+    problem = (
+        F.when(F.col("actual_so").isNull(), F.lit("missing"))
+        .when(F.col("expected_so").isNull(), F.lit("stale"))
+        .when(F.col("actual_so") < F.col("expected_so"), F.lit("behind"))
+        .otherwise(F.lit("ahead"))
+    )
+    return (
+        e.join(a, ["destination", "room_id"], "full_outer")
+        .filter(~F.col("expected_so").eqNullSafe(F.col("actual_so")))
+        .withColumn("problem", problem)
+    )
+
+
+def destination_room_changes(diff: DataFrame) -> DataFrame:
+    """The writes that make ``destination_rooms`` agree: ``upsert`` the expected stream
+    ordering, or ``delete`` a stale row. Columns: ``destination``, ``room_id``,
+    ``stream_ordering`` (null for deletes), ``action``."""
+    return diff.select(
+        "destination",
+        "room_id",
+        F.col("expected_so").alias("stream_ordering"),
+        F.when(F.col("problem") == "stale", F.lit("delete"))
+        .otherwise(F.lit("upsert"))
+        .alias("action"),
+    )
+
+
+def delivered_positions(txn_log: DataFrame, events: DataFrame) -> DataFrame:
+    """Per (destination, room), the highest stream ordering of an event that a successful
+    transaction carried to the destination. Catch-up sends forward extremities, which may
+    be remote events, so this joins with all events, not only local ones.
+
+    Columns: ``destination``, ``room_id``, ``delivered_so``.
+    """
+    sent = txn_log.filter(F.col("status") == "success").select(
+        "destination",
+        F.explode(F.from_json("pdu_event_ids", T.ArrayType(T.StringType()))).alias("event_id"),
+    )
+    return (
+        sent.join(events.select("event_id", "room_id", "stream_ordering"), "event_id")
+        .groupBy("destination", "room_id")
+        .agg(F.max("stream_ordering").alias("delivered_so"))
+    )
+
+
+def undelivered(
+    expected: DataFrame, delivered: DataFrame, destinations: DataFrame
+) -> DataFrame:
+    """(destination, room) pairs whose latest event was neither delivered nor superseded
+    by a later delivered event of the same room.
+
+    ``status`` is ``lost`` when the destination's ``last_successful_stream_ordering`` is
+    already at or past the event (catch-up will never look at it again) and ``pending``
+    when catch-up still has it ahead. Columns: ``destination``, ``room_id``,
+    ``stream_ordering``, ``delivered_so``, ``last_successful_stream_ordering``,
+    ``status``.
+    """
+    pos = destinations.select("destination", "last_successful_stream_ordering")
+    return (
+        expected.join(delivered, ["destination", "room_id"], "left")
+        .filter(
+            F.col("delivered_so").isNull() | (F.col("delivered_so") < F.col("stream_ordering"))
+        )
+        .join(pos, "destination", "left")
+        .withColumn(
+            "status",
+            F.when(
+                F.col("last_successful_stream_ordering") >= F.col("stream_ordering"),
+                F.lit("lost"),
+            ).otherwise(F.lit("pending")),
+        )
+        .select(
+            "destination",
+            "room_id",
+            "stream_ordering",
+            "delivered_so",
+            "last_successful_stream_ordering",
+            "status",
+        )
+    )
+
+
+def position_repairs(undelivered_rows: DataFrame) -> DataFrame:
+    """Per destination, the position catch-up must restart from so that it resends every
+    undelivered row: one below the earliest. Applied as ``LEAST(current, position)``, so it
+    only ever lowers. Columns: ``destination``, ``position``."""
+    return undelivered_rows.groupBy("destination").agg(
+        (F.min("stream_ordering") - 1).alias("position")
+    )
+
+
+def _all_destinations(*frames: DataFrame) -> DataFrame:
+    out = frames[0].select("destination")
+    for f in frames[1:]:
+        out = out.unionByName(f.select("destination"))
+    return out.distinct()
+
+
+def destination_health(
+    txn_log: DataFrame,
+    destinations: DataFrame,
+    destination_rooms: DataFrame,
+    horizon_ms: int,
+) -> DataFrame:
+    """One row per destination: traffic, success rate, latency, time backing off and
+    catching up, and lag.
+
+    * latency percentiles are exact (linear interpolation) over every attempt's
+      ``duration_ms``;
+    * ``backoff_ms``: for each run of consecutive failed attempts, from the first failure
+      to the next successful attempt (or ``horizon_ms`` while still failing);
+    * ``catchup_ms``: for each run of consecutive catch-up transactions, from the first
+      one's start to the end of the last one;
+    * ``lag_stream_positions``: the newest ``destination_rooms`` stream ordering minus
+      ``last_successful_stream_ordering`` (0 when caught up), ``outstanding_rooms`` the
+      rows catch-up still has to send.
+    """
+    ok = (F.col("status") == "success").cast("int")
+    log = txn_log.withColumn("ok", ok)
+    order = Window.partitionBy("destination").orderBy("started_ts", "id")
+    later = order.rowsBetween(1, Window.unboundedFollowing)
+    log = (
+        log.withColumn("successes_so_far", F.sum("ok").over(
+            order.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+        .withColumn("next_success_ts", F.min(F.when(F.col("ok") == 1, F.col("started_ts")))
+                    .over(later))
+        .withColumn("rn_all", F.row_number().over(order))
+        .withColumn("rn_flag", F.row_number().over(
+            Window.partitionBy("destination", "catchup").orderBy("started_ts", "id")))
+    )
+    backoff = (
+        log.filter(F.col("ok") == 0)
+        .groupBy("destination", "successes_so_far")
+        .agg(
+            (F.coalesce(F.first("next_success_ts"), F.lit(horizon_ms))
+             - F.min("started_ts")).alias("ms")
+        )
+        .groupBy("destination")
+        .agg(F.sum("ms").alias("backoff_ms"))
+    )
+    catchup = (
+        log.filter(F.col("catchup"))
+        .groupBy("destination", (F.col("rn_all") - F.col("rn_flag")).alias("island"))
+        .agg(
+            (F.max(F.col("started_ts") + F.col("duration_ms")) - F.min("started_ts")).alias("ms"),
+            F.count(F.lit(1)).alias("n"),
+        )
+        .groupBy("destination")
+        .agg(F.sum("ms").alias("catchup_ms"), F.sum("n").alias("catchup_transactions"))
+    )
+    traffic = log.groupBy("destination").agg(
+        F.count(F.lit(1)).alias("transactions"),
+        F.sum("ok").alias("successes"),
+        F.sum(F.when(F.col("ok") == 1, F.col("pdu_count")).otherwise(0)).alias("pdus_sent"),
+        F.expr("percentile(duration_ms, array(0.5, 0.95, 0.99))").alias("pct"),
+        F.min("started_ts").alias("first_ts"),
+        F.max("started_ts").alias("last_ts"),
+    )
+    rooms = destination_rooms.groupBy("destination").agg(
+        F.max("stream_ordering").alias("max_stream_ordering")
+    )
+    pos = destinations.select("destination", "last_successful_stream_ordering")
+    outstanding = (
+        destination_rooms.join(pos, "destination", "left")
+        .filter(F.col("stream_ordering")
+                > F.coalesce(F.col("last_successful_stream_ordering"), F.lit(-1)))
+        .groupBy("destination")
+        .agg(F.count(F.lit(1)).alias("outstanding_rooms"))
+    )
+    lag = F.greatest(
+        F.col("max_stream_ordering")
+        - F.coalesce(F.col("last_successful_stream_ordering"), F.lit(0)),
+        F.lit(0),
+    )
+    return (
+        _all_destinations(txn_log, destinations, destination_rooms)
+        .join(traffic, "destination", "left")
+        .join(backoff, "destination", "left")
+        .join(catchup, "destination", "left")
+        .join(rooms, "destination", "left")
+        .join(pos, "destination", "left")
+        .join(outstanding, "destination", "left")
+        .select(
+            "destination",
+            F.coalesce("transactions", F.lit(0)).cast("long").alias("transactions"),
+            F.coalesce("successes", F.lit(0)).cast("long").alias("successes"),
+            F.coalesce(F.col("transactions") - F.col("successes"), F.lit(0)).cast("long")
+            .alias("failures"),
+            (F.col("successes") / F.col("transactions")).alias("success_rate"),
+            F.coalesce("pdus_sent", F.lit(0)).cast("long").alias("pdus_sent"),
+            F.col("pct")[0].alias("latency_p50_ms"),
+            F.col("pct")[1].alias("latency_p95_ms"),
+            F.col("pct")[2].alias("latency_p99_ms"),
+            F.coalesce("backoff_ms", F.lit(0)).cast("long").alias("backoff_ms"),
+            F.coalesce("catchup_ms", F.lit(0)).cast("long").alias("catchup_ms"),
+            F.coalesce("catchup_transactions", F.lit(0)).cast("long")
+            .alias("catchup_transactions"),
+            "last_successful_stream_ordering",
+            "max_stream_ordering",
+            F.coalesce(lag, F.lit(0)).cast("long").alias("lag_stream_positions"),
+            F.coalesce("outstanding_rooms", F.lit(0)).cast("long").alias("outstanding_rooms"),
+            "first_ts",
+            "last_ts",
+        )
+    )
+
+
+def hourly_outcomes(txn_log: DataFrame) -> DataFrame:
+    """Transactions per hour and status across all destinations, for the timeline chart.
+    Columns: ``hour_ts`` (ms, start of the hour), ``status``, ``transactions``."""
+    hour_ms = 3_600_000
+    return (
+        txn_log.groupBy(
+            (F.floor(F.col("started_ts") / hour_ms) * hour_ms).cast("long").alias("hour_ts"),
+            "status",
+        )
+        .agg(F.count(F.lit(1)).alias("transactions"))
+    )
