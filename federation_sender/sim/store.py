@@ -1,0 +1,239 @@
+"""Persisting simulator batches through the real schema, as the main process would.
+
+:meth:`SimStore.persist` reserves stream ids for a :class:`~.model.Batch`, writes every
+row in one transaction with bulk inserts, then completes the ids through the
+:class:`~.publish.Publisher` so readers hear of them only once they are committed. If
+the transaction fails, the ids are completed with no rows (the stream must not stall)
+and the error propagates; the world model has then moved ahead of the database, so a
+caller should treat the run as failed rather than continue.
+
+Rows written:
+
+* ``events``: one per event, ``json`` the PDU, stream ordering in batch order;
+* ``room_memberships``: one per membership event (outliers too: a partial join's
+  state says who is in the room);
+* ``event_forward_extremities``: for each room with new non-outlier events, the room's
+  extremities after the last of them replace the old ones;
+* ``partial_state_rooms``: rooms added/removed;
+* ``device_federation_outbox``: one per to-device message, one ``to_device`` id each;
+* ``device_lists_outbound_pokes``: one per destination of a device change, one
+  ``device_lists`` id per change.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy import delete, insert
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from federation_sender.clock import Clock, time_ms
+from federation_sender.sim.model import Batch, DeviceListChange, SimEvent, ToDeviceMessage
+from federation_sender.sim.publish import DEVICE_LISTS, EVENTS, TO_DEVICE, JsonRow, Publisher
+from federation_sender.storage import schema
+from federation_sender.storage.engine import run_in_transaction
+
+T = TypeVar("T")
+_CHUNK = 500
+
+
+def _chunks(items: Sequence[T], n: int = _CHUNK) -> Iterator[Sequence[T]]:
+    for i in range(0, len(items), n):
+        yield items[i : i + n]
+
+
+def _compact(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedEvent:
+    stream_ordering: int
+    event: SimEvent
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedToDevice:
+    stream_id: int
+    message: ToDeviceMessage
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedDeviceChange:
+    stream_id: int
+    change: DeviceListChange
+
+
+@dataclass(slots=True)
+class PersistedBatch:
+    events: list[PersistedEvent] = field(default_factory=list)
+    to_device: list[PersistedToDevice] = field(default_factory=list)
+    device_changes: list[PersistedDeviceChange] = field(default_factory=list)
+
+
+def event_row(e: SimEvent) -> JsonRow:
+    """The ``events`` stream RDATA row (Synapse's ``EventsStreamEventRow``)."""
+    return [
+        "ev",
+        [e.event_id, e.room_id, e.type, e.state_key, None, None, e.membership, False, e.outlier],
+    ]
+
+
+class SimStore:
+    """Writes batches for the instance ``instance_name`` (the events' writer)."""
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        publisher: Publisher,
+        clock: Clock,
+        *,
+        instance_name: str = "master",
+    ) -> None:
+        self.engine = engine
+        self.publisher = publisher
+        self.clock = clock
+        self.instance_name = instance_name
+
+    async def persist(self, batch: Batch) -> PersistedBatch:
+        ev_ids = await self.publisher.reserve(EVENTS, len(batch.events)) if batch.events else []
+        td_ids = (
+            await self.publisher.reserve(TO_DEVICE, len(batch.to_device)) if batch.to_device else []
+        )
+        dl_ids = (
+            await self.publisher.reserve(DEVICE_LISTS, len(batch.device_changes))
+            if batch.device_changes
+            else []
+        )
+        out = PersistedBatch(
+            [PersistedEvent(i, e) for i, e in zip(ev_ids, batch.events, strict=True)],
+            [PersistedToDevice(i, m) for i, m in zip(td_ids, batch.to_device, strict=True)],
+            [
+                PersistedDeviceChange(i, c)
+                for i, c in zip(dl_ids, batch.device_changes, strict=True)
+            ],
+        )
+        try:
+            await run_in_transaction(self.engine, lambda conn: self._write(conn, batch, out))
+        except BaseException:
+            await self._complete(ev_ids, td_ids, dl_ids, None)
+            raise
+        await self._complete(ev_ids, td_ids, dl_ids, out)
+        return out
+
+    async def _complete(
+        self,
+        ev_ids: list[int],
+        td_ids: list[int],
+        dl_ids: list[int],
+        out: PersistedBatch | None,
+    ) -> None:
+        if ev_ids:
+            rows = {p.stream_ordering: [event_row(p.event)] for p in out.events} if out else {}
+            await self.publisher.complete(EVENTS, {i: rows.get(i, []) for i in ev_ids})
+        if td_ids:
+            td = {p.stream_id: [[p.message.destination]] for p in out.to_device} if out else {}
+            await self.publisher.complete(TO_DEVICE, {i: td.get(i, []) for i in td_ids})
+        if dl_ids:
+            dl = (
+                {p.stream_id: [[p.change.user_id, False, True]] for p in out.device_changes}
+                if out
+                else {}
+            )
+            await self.publisher.complete(DEVICE_LISTS, {i: dl.get(i, []) for i in dl_ids})
+
+    async def _write(self, conn: AsyncConnection, batch: Batch, out: PersistedBatch) -> None:
+        now_ms = time_ms(self.clock)
+        event_rows: list[dict[str, Any]] = [
+            {
+                "stream_ordering": p.stream_ordering,
+                "instance_name": self.instance_name,
+                "event_id": p.event.event_id,
+                "room_id": p.event.room_id,
+                "type": p.event.type,
+                "state_key": p.event.state_key,
+                "sender": p.event.sender,
+                "origin_server_ts": p.event.origin_server_ts,
+                "outlier": p.event.outlier,
+                "rejected": False,
+                "json": _compact(p.event.pdu),
+            }
+            for p in out.events
+        ]
+        member_rows: list[dict[str, Any]] = [
+            {
+                "event_id": p.event.event_id,
+                "event_stream_ordering": p.stream_ordering,
+                "room_id": p.event.room_id,
+                "user_id": p.event.state_key,
+                "server_name": p.event.target_server,
+                "sender": p.event.sender,
+                "membership": p.event.membership,
+            }
+            for p in out.events
+            if p.event.membership is not None
+        ]
+        extremities: dict[str, tuple[str, ...]] = {}
+        for p in out.events:
+            if not p.event.outlier:
+                extremities[p.event.room_id] = p.event.extremities_after
+        for chunk in _chunks(event_rows):
+            await conn.execute(insert(schema.events), list(chunk))
+        for chunk in _chunks(member_rows):
+            await conn.execute(insert(schema.room_memberships), list(chunk))
+        await self._replace_extremities(conn, extremities)
+        await self._partial_state(conn, batch)
+        outbox_rows: list[dict[str, Any]] = [
+            {
+                "destination": p.message.destination,
+                "stream_id": p.stream_id,
+                "queued_ts": now_ms,
+                "messages_json": _compact(p.message.content),
+                "sent_ts": None,
+            }
+            for p in out.to_device
+        ]
+        for chunk in _chunks(outbox_rows):
+            await conn.execute(insert(schema.device_federation_outbox), list(chunk))
+        poke_rows: list[dict[str, Any]] = [
+            {
+                "destination": dest,
+                "stream_id": p.stream_id,
+                "user_id": p.change.user_id,
+                "device_id": p.change.device_id,
+                "ts": now_ms,
+                "content_json": _compact(p.change.content),
+                "sent": False,
+            }
+            for p in out.device_changes
+            for dest in sorted(p.change.destinations)
+        ]
+        for chunk in _chunks(poke_rows):
+            await conn.execute(insert(schema.device_lists_outbound_pokes), list(chunk))
+
+    @staticmethod
+    async def _replace_extremities(
+        conn: AsyncConnection, extremities: dict[str, tuple[str, ...]]
+    ) -> None:
+        if not extremities:
+            return
+        fx = schema.event_forward_extremities
+        rooms = sorted(extremities)
+        for chunk in _chunks(rooms):
+            await conn.execute(delete(fx).where(fx.c.room_id.in_(chunk)))
+        rows: list[dict[str, Any]] = [
+            {"event_id": e, "room_id": r} for r in rooms for e in extremities[r]
+        ]
+        for rows_chunk in _chunks(rows):
+            await conn.execute(insert(fx), list(rows_chunk))
+
+    @staticmethod
+    async def _partial_state(conn: AsyncConnection, batch: Batch) -> None:
+        ps = schema.partial_state_rooms
+        if batch.partial_state_added:
+            await conn.execute(insert(ps), [{"room_id": r} for r in batch.partial_state_added])
+        for chunk in _chunks(batch.partial_state_removed):
+            await conn.execute(delete(ps).where(ps.c.room_id.in_(chunk)))
