@@ -244,11 +244,9 @@ class TcpReplicationServer:
         for peer in list(self.peers):
             peer.conn.close("server stopping")
             peer.write_now_and_close()
-        for task in list(self._handlers):
-            task.cancel()
-        for task in list(self._handlers):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # Closing each stream ends its handler's read loop; wait for them.
+        if self._handlers:
+            await asyncio.gather(*self._handlers, return_exceptions=True)
         if self._server is not None:
             await self._server.wait_closed()
             self._server = None

@@ -1,0 +1,290 @@
+"""The reader-side replication client the worker runs.
+
+Interface (wired in ``app.py``)::
+
+    client = ReplicationClient(
+        transport,                  # TcpTransport(host, port, clock=, client_name=,
+                                    #   expected_server_name=) or RedisTransport(url,
+                                    #   server_name, clock=, instance_name=)
+        instance_name="fed1",       # our name: NAME, FEDERATION_ACK, echo filter
+        store=position_store,       # PositionStore: load() / save(stream, instance, token)
+        fetchers={"events": f, ...},# StreamFetcher per stream, for gaps
+        handler=handler,            # ReplicationHandler, below
+        clock=clock, rng=random.Random(),
+    )
+    task = asyncio.create_task(client.run())   # forever; cancel to stop
+    client.send_federation_ack(token)           # or client.send(any client command)
+
+    class ReplicationHandler(Protocol):
+        async def on_rows(self, stream_name, instance_name, token, rows): ...
+        async def on_remote_server_up(self, server): ...
+
+``on_rows`` receives typed rows (``rows.py``) of one consumed stream from one
+writer: every row with a token in (previous position, ``token``]. ``rows`` is
+empty when the position moved without rows (a POSITION, or a gap that no
+fetcher could fill); ``token`` may be lower than before after a writer reset.
+Calls are sequential, in stream order; while a handler runs nothing else is
+read, which is the backpressure that lets a writer detect a stuck reader.
+
+Theory of operation. :meth:`ReplicationClient.run` loops forever: open a
+session, send ``REPLICATE`` (with the PSYNC offer: plain writers ignore it) and
+the last ``FEDERATION_ACK``, then dispatch received commands until the session
+ends; then sleep a capped, jittered exponential backoff (reset after a session
+that delivered anything) and start over. RDATA, POSITION and HISTORY go
+through :class:`StreamPositions`, which says what to deliver or to fetch.
+
+Persistence: positions are saved through the store after the handler has
+returned for every update of a received batch, so the persisted position only
+covers finished work. If the session ends in a protocol error the peer gets
+``ERROR <reason>``, nothing more is persisted, and the client reconnects. If
+the handler raises, in-memory positions roll back to the persisted ones and
+the client reconnects: the writer's POSITIONs then make it fetch the rest.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from federation_sender.clock import Clock
+from federation_sender.errors import FederationSenderError, ProtocolError
+from federation_sender.replication import commands as c
+from federation_sender.replication.positions import (
+    Fetch,
+    Key,
+    PositionStore,
+    StreamFetcher,
+    StreamPositions,
+    Update,
+    fetch_gap,
+)
+from federation_sender.replication.rows import ROW_PARSERS, Row
+from federation_sender.replication.transport import ConnectionLost, Session, Transport
+
+logger = logging.getLogger(__name__)
+
+
+class ReplicationHandler(Protocol):
+    async def on_rows(
+        self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
+    ) -> None: ...
+
+    async def on_remote_server_up(self, server: str) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Exponential reconnect delay, capped, with jitter in [50 %, 100 %]."""
+
+    initial_s: float = 0.5
+    max_s: float = 30.0
+    multiplier: float = 2.0
+
+    def delay_s(self, attempt: int, rng: random.Random) -> float:
+        base = min(self.max_s, self.initial_s * self.multiplier ** min(attempt, 64))
+        return base * rng.uniform(0.5, 1.0)
+
+
+DEFAULT_BACKOFF = Backoff()
+
+
+class ReplicationClient:
+    def __init__(
+        self,
+        transport: Transport,
+        *,
+        instance_name: str,
+        store: PositionStore,
+        fetchers: Mapping[str, StreamFetcher],
+        handler: ReplicationHandler,
+        clock: Clock,
+        rng: random.Random | None = None,
+        streams: Collection[str] | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
+    ) -> None:
+        self._transport = transport
+        self.instance_name = instance_name
+        self._store = store
+        self._fetchers = dict(fetchers)
+        self._handler = handler
+        self._clock = clock
+        self._rng = rng or random.Random()
+        self._parsers = {
+            name: parser
+            for name, parser in ROW_PARSERS.items()
+            if streams is None or name in streams
+        }
+        self._backoff = backoff
+        self._positions: StreamPositions | None = None
+        self._session: Session | None = None
+        self._last_federation_ack: int | None = None
+        self._dirty: dict[Key, int] = {}
+        self.connected = asyncio.Event()
+        self.sessions_opened = 0
+
+    @property
+    def positions(self) -> StreamPositions:
+        if self._positions is None:
+            raise RuntimeError("positions are loaded when run() starts")
+        return self._positions
+
+    # --- sending -------------------------------------------------------------------
+
+    def send(self, command: c.Command) -> bool:
+        """Send to the writer now; ``False`` (dropped) while disconnected."""
+        if self._session is None:
+            return False
+        self._session.send(command)
+        return True
+
+    def send_federation_ack(self, token: int) -> None:
+        """Acknowledge the federation stream; re-sent after every reconnect."""
+        self._last_federation_ack = token
+        self.send(c.FederationAckCommand(self.instance_name, token))
+
+    def send_remote_server_up(self, server: str) -> None:
+        self.send(c.RemoteServerUpCommand(server))
+
+    # --- the loop ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        if self._positions is None:
+            self._positions = StreamPositions(await self._store.load())
+        attempt = 0
+        while True:
+            delivered = await self._run_one_session()
+            attempt = 0 if delivered else attempt + 1
+            await self._clock.sleep(self._backoff.delay_s(attempt, self._rng))
+
+    async def _run_one_session(self) -> bool:
+        """One connection's life; returns whether it got as far as receiving."""
+        try:
+            session = await self._transport.open()
+        except ConnectionLost as e:
+            logger.info("replication: cannot connect to %s: %s", self._transport.description, e)
+            return False
+        self.sessions_opened += 1
+        received = False
+        try:
+            self._start(session)
+            while True:
+                batch = await session.receive()
+                received = True
+                await self._dispatch_batch(session, batch)
+        except (ConnectionLost, ProtocolError) as e:
+            logger.warning("replication session to %s ended: %s", self._transport.description, e)
+        except FederationSenderError as e:
+            logger.error("replication: local error, reconnecting: %s", e, exc_info=True)
+        except Exception:
+            # Top of the replication task: a handler bug must not kill replication.
+            logger.exception("replication: handler failed; rolling back and reconnecting")
+        finally:
+            # Whatever was not persisted is redelivered on the next session
+            # (at-least-once): in-memory positions restart from persisted ones.
+            self.positions.rollback_to_persisted()
+            self._session = None
+            self._dirty.clear()
+            self.connected.clear()
+            await session.close()
+        return received
+
+    def _start(self, session: Session) -> None:
+        self.positions.on_new_connection()
+        self._session = session
+        offer = None
+        if session.supports_psync:
+            have = tuple(
+                c.StreamHave(stream, instance, history, token)
+                for (stream, instance), token, history in self.positions.known()
+                if history is not None and stream in self._parsers
+            )
+            offer = c.PsyncOffer(have)
+        session.send(c.ReplicateCommand(offer))
+        if self._last_federation_ack is not None:
+            session.send(c.FederationAckCommand(self.instance_name, self._last_federation_ack))
+        self.connected.set()
+
+    # --- dispatch ------------------------------------------------------------------
+
+    async def _dispatch_batch(self, session: Session, batch: list[c.Command]) -> None:
+        positions = self.positions
+        parsers = self._parsers
+        me = self.instance_name
+        for command in batch:
+            if type(command) is c.RdataCommand:
+                parser = parsers.get(command.stream_name)
+                if parser is None or command.instance_name == me:
+                    continue
+                try:
+                    row = parser(command.row)
+                except ProtocolError as e:
+                    session.abort(str(e))
+                    raise
+                update = positions.on_rdata(
+                    command.stream_name, command.instance_name, command.token, row
+                )
+                if update is not None:
+                    await self._deliver(update)
+            else:
+                await self._dispatch_other(command)
+        await self._persist()
+
+    async def _dispatch_other(self, command: c.Command) -> None:
+        positions = self.positions
+        if isinstance(command, c.PositionCommand):
+            stream, instance = command.stream_name, command.instance_name
+            if stream not in self._parsers or instance == self.instance_name:
+                return
+            action = positions.on_position(stream, instance, command.prev_token, command.new_token)
+            if isinstance(action, Fetch):
+                await self._fill_gap(stream, instance, action)
+            elif action is not None:
+                await self._deliver(Update(stream, instance, action.token, ()))
+        elif isinstance(command, c.HistoryCommand):
+            if command.stream_name in self._parsers and positions.on_history(
+                command.stream_name, command.instance_name, command.history_id, command.start_token
+            ):
+                logger.info(
+                    "replication: %s/%s has a new history %s from %d",
+                    command.stream_name,
+                    command.instance_name,
+                    command.history_id,
+                    command.start_token,
+                )
+        elif isinstance(command, c.RemoteServerUpCommand):
+            await self._handler.on_remote_server_up(command.server)
+        elif isinstance(command, c.ErrorCommand):
+            logger.warning("replication peer reported error: %s", command.message)
+
+    async def _fill_gap(self, stream: str, instance: str, gap: Fetch) -> None:
+        fetcher = self._fetchers.get(stream)
+        if fetcher is None:
+            logger.warning(
+                "replication: %s/%s missed (%d, %d] and has no fetcher; skipping",
+                stream,
+                instance,
+                gap.from_token,
+                gap.upto_token,
+            )
+            self.positions.advance(stream, instance, gap.upto_token)
+            await self._deliver(Update(stream, instance, gap.upto_token, ()))
+            return
+        async for update in fetch_gap(fetcher, stream, instance, gap.from_token, gap.upto_token):
+            self.positions.advance(stream, instance, update.token)
+            await self._deliver(update)
+
+    async def _deliver(self, update: Update) -> None:
+        await self._handler.on_rows(
+            update.stream_name, update.instance_name, update.token, update.rows
+        )
+        self._dirty[(update.stream_name, update.instance_name)] = update.token
+
+    async def _persist(self) -> None:
+        dirty, self._dirty = self._dirty, {}
+        for (stream, instance), token in dirty.items():
+            await self._store.save(stream, instance, token)
+            self.positions.mark_persisted(stream, instance, token)

@@ -1,0 +1,127 @@
+"""Fakes for the replication subsystem, shipped as real code.
+
+* :class:`InMemoryPositionStore` implements ``positions.PositionStore``.
+* :class:`WriterDatabase` plays the database behind a :class:`ReplicationWriter`:
+  it records every row the writer completes, and :meth:`WriterDatabase.fetcher`
+  gives a ``StreamFetcher`` over those rows, so a reader can fill gaps.
+* :class:`RecordingHandler` implements ``client.ReplicationHandler`` and keeps
+  what it was given; it can be told to fail, to test rollback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from federation_sender.replication import commands as c
+from federation_sender.replication.rows import Row, parse_row
+from federation_sender.replication.server import ReplicationWriter
+
+
+class InMemoryPositionStore:
+    def __init__(self, initial: dict[tuple[str, str], int] | None = None) -> None:
+        self.positions: dict[tuple[str, str], int] = dict(initial or {})
+        self.saves = 0
+
+    async def load(self) -> dict[tuple[str, str], int]:
+        return dict(self.positions)
+
+    async def save(self, stream: str, instance: str, token: int) -> None:
+        self.saves += 1
+        self.positions[(stream, instance)] = token
+
+
+class _Fetcher:
+    def __init__(self, db: WriterDatabase, stream: str) -> None:
+        self._db = db
+        self._stream = stream
+        self.calls: list[tuple[str, int, int, int]] = []
+
+    async def fetch(
+        self, instance: str, from_token: int, upto_token: int, limit: int
+    ) -> tuple[list[tuple[int, Row]], int, bool]:
+        self.calls.append((instance, from_token, upto_token, limit))
+        rows = [
+            (token, row)
+            for token, row in self._db.rows.get((self._stream, instance), [])
+            if from_token < token <= upto_token
+        ]
+        if len(rows) <= limit:
+            return rows, upto_token, False
+        # Never split a token across batches: cut after the last complete token.
+        cut = rows[limit - 1][0]
+        rows = [r for r in rows if r[0] <= cut]
+        return rows, cut, True
+
+
+class WriterDatabase:
+    """Every row a writer has completed, as a database would hold them."""
+
+    def __init__(self, writer: ReplicationWriter | None = None) -> None:
+        self.rows: dict[tuple[str, str], list[tuple[int, Row]]] = {}
+        self._batch: list[c.RdataCommand] = []
+        self.fetchers: dict[str, _Fetcher] = {}
+        if writer is not None:
+            writer.subscribe(self, self.record)
+
+    def record(self, commands: Sequence[c.Command]) -> None:
+        for command in commands:
+            if isinstance(command, c.RdataCommand):
+                row = parse_row(command.stream_name, command.row)
+                key = (command.stream_name, command.instance_name)
+                if command.token is None:
+                    self._batch.append(command)
+                    continue
+                for pending in self._batch:
+                    self.rows.setdefault(key, []).append(
+                        (command.token, parse_row(pending.stream_name, pending.row))
+                    )
+                self._batch.clear()
+                self.rows.setdefault(key, []).append((command.token, row))
+
+    def truncate_after(self, stream: str, instance: str, token: int) -> None:
+        """A restore from an older backup: rows after ``token`` are gone."""
+        key = (stream, instance)
+        self.rows[key] = [r for r in self.rows.get(key, []) if r[0] <= token]
+
+    def fetcher(self, stream: str) -> _Fetcher:
+        return self.fetchers.setdefault(stream, _Fetcher(self, stream))
+
+
+class RecordingHandler:
+    def __init__(self) -> None:
+        self.updates: list[tuple[str, str, int, tuple[Row, ...]]] = []
+        self.servers_up: list[str] = []
+        self.fail_next = 0
+        self.changed = asyncio.Event()
+
+    async def on_rows(
+        self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
+    ) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise RuntimeError("handler told to fail")
+        self.updates.append((stream_name, instance_name, token, tuple(rows)))
+        self.changed.set()
+
+    async def on_remote_server_up(self, server: str) -> None:
+        self.servers_up.append(server)
+        self.changed.set()
+
+    def rows(self, stream: str) -> list[Row]:
+        return [row for s, _, _, rows in self.updates if s == stream for row in rows]
+
+    def last_token(self, stream: str, instance: str = "master") -> int | None:
+        tokens = [t for s, i, t, _ in self.updates if s == stream and i == instance]
+        return tokens[-1] if tokens else None
+
+    async def wait_for(self, predicate: object, timeout_s: float = 5.0) -> None:
+        """Wait (real time, for network tests) until ``predicate()`` is true."""
+        assert callable(predicate)
+
+        async def _wait() -> None:
+            while not predicate():
+                self.changed.clear()
+                await self.changed.wait()
+
+        await asyncio.wait_for(_wait(), timeout_s)
