@@ -1,0 +1,163 @@
+"""Structured logs: context fields from contextvars, text or JSON, secrets redacted.
+
+``with log_context(destination=d, txn_id=t):`` makes every record logged inside it
+(including in tasks created inside it, which copy the context) carry those fields.
+:class:`ContextFilter` copies them onto each record; the formatters render them and
+then pass the whole rendered line, exception text included, through
+:func:`redact`, so a secret cannot leak through a traceback or a ``repr``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import sys
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from types import MappingProxyType
+from typing import IO, Any
+
+from federation_sender.config import TelemetrySettings
+
+_EMPTY: Mapping[str, Any] = MappingProxyType({})
+_context: ContextVar[Mapping[str, Any]] = ContextVar("federation_sender_log_context",
+                                                     default=_EMPTY)
+
+CONTEXT_KEYS_FIRST = ("destination", "txn_id")
+"""Rendered first, and always present in JSON (null when unset)."""
+
+REDACTED = "<redacted>"
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # Authorization: Bearer <token>
+    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 " + REDACTED),
+    # X-Matrix auth header signature: sig="..."
+    (re.compile(r"(?i)\b(sig)\s*=\s*\"?[A-Za-z0-9+/=_-]+\"?"), r'\1="' + REDACTED + '"'),
+    # key/value secrets in JSON, repr or query strings: token=..., "password": "..."
+    (re.compile(r"(?i)(\b(?:access_token|token|password|secret|signing_key|private_key)"
+                r"[\"']?\s*[:=]\s*[\"']?)[^\"'\s,&}]+"), r"\1" + REDACTED),
+    # Synapse signing key file lines: "ed25519 a_AbCd <base64 seed>"
+    (re.compile(r"(\bed25519\s+[A-Za-z0-9_]+\s+)[A-Za-z0-9+/]{32,}={0,2}"), r"\1" + REDACTED),
+)
+
+
+def redact(text: str, secrets: Iterable[str] = ()) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, REDACTED)
+    for pattern, repl in _PATTERNS:
+        text = pattern.sub(repl, text)
+    return text
+
+
+@contextmanager
+def log_context(**fields: Any) -> Iterator[None]:
+    """Add fields to every log record within the block; ``None`` values are dropped."""
+    merged = {**_context.get(), **{k: v for k, v in fields.items() if v is not None}}
+    token = _context.set(MappingProxyType(merged))
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def current_log_context() -> Mapping[str, Any]:
+    return _context.get()
+
+
+class ContextFilter(logging.Filter):
+    """Attach the current log context to the record as ``record.context``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        ctx = dict(_context.get())
+        extra = getattr(record, "context", None)
+        if isinstance(extra, Mapping):
+            ctx.update(extra)
+        record.context = ctx
+        return True
+
+
+def _ordered(ctx: Mapping[str, Any]) -> list[tuple[str, Any]]:
+    first = [(k, ctx[k]) for k in CONTEXT_KEYS_FIRST if k in ctx]
+    return first + sorted((k, v) for k, v in ctx.items() if k not in CONTEXT_KEYS_FIRST)
+
+
+class _RedactingFormatter(logging.Formatter):
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self.secrets = tuple(s for s in secrets if s)
+
+    def _context_of(self, record: logging.LogRecord) -> Mapping[str, Any]:
+        ctx = getattr(record, "context", None)
+        return ctx if isinstance(ctx, Mapping) else _context.get()
+
+    @staticmethod
+    def _timestamp(record: logging.LogRecord) -> str:
+        stamp = datetime.fromtimestamp(record.created, UTC)
+        return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class TextFormatter(_RedactingFormatter):
+    """``2024-01-01T00:00:00.000Z INFO name [destination=d txn_id=t] message``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ctx = self._context_of(record)
+        fields = " ".join(f"{k}={v}" for k, v in _ordered(ctx))
+        line = f"{self._timestamp(record)} {record.levelname} {record.name}"
+        if fields:
+            line += f" [{fields}]"
+        line += " " + record.getMessage()
+        if record.exc_info:
+            line += "\n" + self.formatException(record.exc_info)
+        if record.stack_info:
+            line += "\n" + self.formatStack(record.stack_info)
+        return redact(line, self.secrets)
+
+
+class JsonFormatter(_RedactingFormatter):
+    """One JSON object per line: ts, level, logger, message, destination, txn_id,
+    any other context fields, and exc_info when present."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        ctx = self._context_of(record)
+        out: dict[str, Any] = {
+            "ts": self._timestamp(record),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        for key in CONTEXT_KEYS_FIRST:
+            out[key] = ctx.get(key)
+        for key, value in _ordered(ctx):
+            out.setdefault(key, value)
+        if record.exc_info:
+            out["exc_info"] = self.formatException(record.exc_info)
+        return redact(json.dumps(out, default=str, ensure_ascii=False), self.secrets)
+
+
+_HANDLER_NAME = "federation_sender"
+
+
+def setup_logging(settings: TelemetrySettings, *, stream: IO[str] | None = None,
+                  secrets: Iterable[str] = ()) -> logging.Handler:
+    """Configure the root logger: one handler (replacing one installed earlier by this
+    function), the configured level and format. ``secrets`` (the admin token, for
+    example) are redacted wherever they appear."""
+    root = logging.getLogger()
+    for existing in list(root.handlers):
+        if existing.get_name() == _HANDLER_NAME:
+            root.removeHandler(existing)
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    handler.set_name(_HANDLER_NAME)
+    handler.addFilter(ContextFilter())
+    formatter = JsonFormatter(secrets) if settings.log_format == "json" else TextFormatter(
+        secrets)
+    handler.setFormatter(formatter)
+    root.addHandler(handler)
+    root.setLevel(settings.log_level)
+    # Per-request access lines would drown the federation lines; errors still show.
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    return handler

@@ -1,0 +1,226 @@
+"""Prometheus metrics over a registry passed in (tests use a fresh one each).
+
+Per-destination labels are deliberately absent: with 100k destinations they would
+explode the series count. Per-destination detail is in the admin API instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.gc_collector import GCCollector
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector
+
+from federation_sender.admin.server import RunningServer, start_http_server
+from federation_sender.telemetry import names as n
+
+log = logging.getLogger(__name__)
+
+TRANSACTION_DURATION_BUCKETS_S = (
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueSnapshot:
+    """Whole-queue figures, computed by the queue manager at scrape time."""
+
+    pending_destinations: int = 0
+    """Destinations with something queued or in flight (Synapse: transmission loop running)."""
+    pending_pdus: int = 0
+    pending_edus: int = 0
+    backing_off: int = 0
+    catching_up: int = 0
+    in_flight_transactions: int = 0
+    oldest_in_flight_age_s: float = 0.0
+
+
+_SNAPSHOT_GAUGES: tuple[tuple[str, str, str], ...] = (
+    (n.PENDING_DESTINATIONS, "pending_destinations",
+     "Destinations with PDUs or EDUs queued or a transaction in flight"),
+    (n.PENDING_PDUS, "pending_pdus", "PDUs queued in memory for all destinations"),
+    (n.PENDING_EDUS, "pending_edus", "EDUs queued in memory for all destinations"),
+    (n.DESTINATIONS_BACKING_OFF, "backing_off", "Destinations waiting out a backoff"),
+    (n.DESTINATIONS_CATCHING_UP, "catching_up", "Destinations in catch-up mode"),
+    (n.IN_FLIGHT_TRANSACTIONS, "in_flight_transactions", "Transactions awaiting a response"),
+    (n.OLDEST_IN_FLIGHT_AGE, "oldest_in_flight_age_s",
+     "Age of the oldest in-flight transaction (0 when none)"),
+)
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self) -> None:
+        self.source: Callable[[], QueueSnapshot] | None = None
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(name, doc) for name, _, doc in _SNAPSHOT_GAUGES]
+
+    def collect(self) -> Iterable[Metric]:
+        if self.source is None:
+            return []
+        try:
+            snap = self.source()
+        except Exception:
+            # A scrape must not fail because one source did; log and omit.
+            log.exception("queue snapshot for metrics failed")
+            return []
+        out = []
+        for name, attr, doc in _SNAPSHOT_GAUGES:
+            family = GaugeMetricFamily(name, doc)
+            family.add_metric([], float(getattr(snap, attr)))
+            out.append(family)
+        return out
+
+
+def new_registry(*, process_metrics: bool = True) -> CollectorRegistry:
+    """A fresh registry, with the standard process/platform/GC collectors if asked."""
+    registry = CollectorRegistry()
+    if process_metrics:
+        ProcessCollector(registry=registry)
+        PlatformCollector(registry=registry)
+        GCCollector(registry=registry)
+    return registry
+
+
+class Metrics:
+    """Typed recording methods; one instance per registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        r = registry
+        self._sent_txns = Counter(n.SENT_TRANSACTIONS, "Transactions sent successfully",
+                                  registry=r)
+        self._sent_pdus = Counter(n.SENT_PDUS, "PDUs sent, counted per destination",
+                                  registry=r)
+        self._sent_edus = Counter(n.SENT_EDUS, "EDUs sent", registry=r)
+        self._sent_edus_by_type = Counter(n.SENT_EDUS_BY_TYPE, "EDUs sent, by EDU type",
+                                          ["type"], registry=r)
+        self._attempts = Counter(n.TRANSACTION_ATTEMPTS, "Transaction attempts by outcome",
+                                 ["outcome"], registry=r)
+        self._duration = Histogram(n.TRANSACTION_DURATION,
+                                   "Time from sending a transaction to its outcome",
+                                   ["outcome"], buckets=TRANSACTION_DURATION_BUCKETS_S,
+                                   registry=r)
+        self._dropped = Counter(n.DROPPED_ITEMS, "Queued items dropped, by kind and reason",
+                                ["kind", "reason"], registry=r)
+        self._repl_pos = Gauge(n.REPLICATION_POSITION, "Processed position per stream/writer",
+                               ["stream", "instance"], registry=r)
+        self._repl_lag = Gauge(n.REPLICATION_LAG,
+                               "Stream ids the writer is ahead of our processed position",
+                               ["stream", "instance"], registry=r)
+        self._repl_batches = Counter(n.REPLICATION_BATCHES, "Replication batches applied",
+                                     ["stream"], registry=r)
+        self._repl_rows = Counter(n.REPLICATION_ROWS, "Replication rows applied", ["stream"],
+                                  registry=r)
+        self._lag_ms = Gauge(n.EVENT_PROCESSING_LAG_MS,
+                             "Milliseconds between an event's persistence and its processing",
+                             ["name"], registry=r)
+        self._lag_s = Gauge(n.EVENT_PROCESSING_LAG_S,
+                            "Seconds between an event's persistence and its processing",
+                            registry=r)
+        self._positions = Gauge(n.EVENT_PROCESSING_POSITIONS, "Last processed stream ordering",
+                                ["name"], registry=r)
+        self._last_ts = Gauge(n.EVENT_PROCESSING_LAST_TS,
+                              "Persistence time (ms) of the last processed event", ["name"],
+                              registry=r)
+        self._catchup_steps = Counter(n.CATCHUP_STEPS, "Catch-up steps by outcome",
+                                      ["outcome"], registry=r)
+        self._live_instances = Gauge(n.SHARD_LIVE_INSTANCES,
+                                     "Live federation sender instances seen by this one",
+                                     registry=r)
+        self._leases_held = Gauge(n.SHARD_LEASES_HELD, "Destination leases held", registry=r)
+        self._snapshot = _SnapshotCollector()
+        r.register(self._snapshot)
+        for outcome in n.TRANSACTION_OUTCOMES:
+            self._attempts.labels(outcome)  # export zeros so rate() works from the start
+
+    def set_snapshot_source(self, source: Callable[[], QueueSnapshot] | None) -> None:
+        """Gauges of whole-queue state come from ``source()`` at each scrape."""
+        self._snapshot.source = source
+
+    def transaction_finished(
+        self,
+        destination: str,
+        outcome: str,
+        pdu_count: int,
+        edu_counts_by_type: Mapping[str, int],
+        duration_s: float,
+    ) -> None:
+        """Record one transaction attempt. ``destination`` is accepted for symmetry
+        with the span and log line but is not a label (cardinality)."""
+        if outcome not in n.TRANSACTION_OUTCOMES:
+            raise ValueError(f"unknown transaction outcome {outcome!r}")
+        self._attempts.labels(outcome).inc()
+        self._duration.labels(outcome).observe(max(0.0, duration_s))
+        if outcome != "success":
+            return
+        self._sent_txns.inc()
+        if pdu_count:
+            self._sent_pdus.inc(pdu_count)
+        total_edus = 0
+        for edu_type, count in edu_counts_by_type.items():
+            if count:
+                self._sent_edus_by_type.labels(edu_type).inc(count)
+                total_edus += count
+        if total_edus:
+            self._sent_edus.inc(total_edus)
+
+    def item_dropped(self, kind: str, reason: str, count: int = 1) -> None:
+        """``kind``: ``pdu`` or an EDU type; ``reason``: e.g. ``too_large``,
+        ``max_failures``, ``catchup`` (queue dropped for catch-up)."""
+        self._dropped.labels(kind, reason).inc(count)
+
+    def replication_position(self, stream: str, instance: str, token: int, lag: int) -> None:
+        self._repl_pos.labels(stream, instance).set(token)
+        self._repl_lag.labels(stream, instance).set(max(0, lag))
+
+    def replication_batch(self, stream: str, rows: int) -> None:
+        self._repl_batches.labels(stream).inc()
+        if rows:
+            self._repl_rows.labels(stream).inc(rows)
+
+    def event_processing_lag(self, seconds: float, *, position: int | None = None,
+                             last_ts_ms: int | None = None) -> None:
+        """Lag of the event reader behind persistence (seconds; exported in ms too,
+        under Synapse's name)."""
+        seconds = max(0.0, seconds)
+        self._lag_s.set(seconds)
+        self._lag_ms.labels(n.EVENT_PROCESSING_NAME).set(seconds * 1000.0)
+        if position is not None:
+            self._positions.labels(n.EVENT_PROCESSING_NAME).set(position)
+        if last_ts_ms is not None:
+            self._last_ts.labels(n.EVENT_PROCESSING_NAME).set(last_ts_ms)
+
+    def catchup_step(self, outcome: str) -> None:
+        self._catchup_steps.labels(outcome).inc()
+
+    def shard_membership(self, live_instances: int, leases_held: int) -> None:
+        self._live_instances.set(live_instances)
+        self._leases_held.set(leases_held)
+
+
+def metrics_app(registry: CollectorRegistry) -> web.Application:
+    """``GET /metrics`` (and Synapse's ``/_synapse/metrics``) in text exposition format."""
+
+    async def scrape(request: web.Request) -> web.Response:
+        body = generate_latest(registry)
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    app = web.Application()
+    app.router.add_get("/metrics", scrape)
+    app.router.add_get("/_synapse/metrics", scrape)
+    return app
+
+
+async def start_metrics_server(bind: str, port: int,
+                               registry: CollectorRegistry) -> RunningServer:
+    """Serve the registry; ``await server.stop()`` to stop. ``port=0`` picks a port."""
+    return await start_http_server(metrics_app(registry), bind, port)

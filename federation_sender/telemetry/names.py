@@ -1,0 +1,65 @@
+"""Every metric, span and span-attribute name, in one place, so they stay stable.
+
+Metric names reuse Synapse's where the concept is the same (operators' dashboards and
+alerts keep working); the rest are prefixed ``federation_sender_``. Counter names are
+given without the ``_total`` suffix, which the exposition adds.
+"""
+
+from __future__ import annotations
+
+# --- metrics: Synapse's names ---------------------------------------------------------
+PENDING_DESTINATIONS = "synapse_federation_transaction_queue_pending_destinations"
+PENDING_PDUS = "synapse_federation_transaction_queue_pending_pdus"
+PENDING_EDUS = "synapse_federation_transaction_queue_pending_edus"
+SENT_TRANSACTIONS = "synapse_federation_client_sent_transactions"
+SENT_PDUS = "synapse_federation_client_sent_pdu_destinations"
+"""PDUs sent, counted once per destination (Synapse's meaning)."""
+SENT_EDUS = "synapse_federation_client_sent_edus"
+SENT_EDUS_BY_TYPE = "synapse_federation_client_sent_edus_by_type"
+EVENT_PROCESSING_LAG_MS = "synapse_event_processing_lag"
+"""Milliseconds, as in Synapse, with label ``name="federation_sender"``."""
+EVENT_PROCESSING_POSITIONS = "synapse_event_processing_positions"
+EVENT_PROCESSING_LAST_TS = "synapse_event_processing_last_ts"
+EVENT_PROCESSING_NAME = "federation_sender"
+
+# --- metrics: ours ----------------------------------------------------------------------
+TRANSACTION_ATTEMPTS = "federation_sender_transaction_attempts"
+TRANSACTION_DURATION = "federation_sender_transaction_duration_seconds"
+DROPPED_ITEMS = "federation_sender_dropped_items"
+DESTINATIONS_BACKING_OFF = "federation_sender_destinations_backing_off"
+DESTINATIONS_CATCHING_UP = "federation_sender_destinations_catching_up"
+IN_FLIGHT_TRANSACTIONS = "federation_sender_in_flight_transactions"
+OLDEST_IN_FLIGHT_AGE = "federation_sender_oldest_in_flight_transaction_age_seconds"
+REPLICATION_POSITION = "federation_sender_replication_position"
+REPLICATION_LAG = "federation_sender_replication_lag"
+"""Stream ids (tokens) the writer is ahead of what this worker has processed."""
+REPLICATION_BATCHES = "federation_sender_replication_batches"
+REPLICATION_ROWS = "federation_sender_replication_rows"
+EVENT_PROCESSING_LAG_S = "federation_sender_event_processing_lag_seconds"
+CATCHUP_STEPS = "federation_sender_catchup_steps"
+SHARD_LIVE_INSTANCES = "federation_sender_shard_live_instances"
+SHARD_LEASES_HELD = "federation_sender_shard_leases_held"
+
+TRANSACTION_OUTCOMES = ("success", "transient", "permanent", "too_large", "error")
+"""``error``: the attempt raised locally before an outcome was known."""
+
+# --- spans --------------------------------------------------------------------------------
+SPAN_TRANSACTION = "federation.transaction"
+SPAN_CATCHUP_STEP = "federation.catchup_step"
+SPAN_REPLICATION_BATCH = "replication.batch"
+
+# --- span attributes ------------------------------------------------------------------------
+ATTR_DESTINATION = "matrix.destination"
+ATTR_TXN_ID = "matrix.txn_id"
+ATTR_PDU_COUNT = "matrix.pdu_count"
+ATTR_EDU_COUNT = "matrix.edu_count"
+ATTR_CATCHUP = "federation.catchup"
+ATTR_OUTCOME = "federation.outcome"
+ATTR_HTTP_STATUS = "http.response.status_code"
+ATTR_ROOMS = "federation.catchup.rooms"
+ATTR_EVENTS = "federation.catchup.events"
+ATTR_STREAM = "replication.stream"
+ATTR_INSTANCE = "replication.instance"
+ATTR_TOKEN = "replication.token"
+ATTR_ROWS = "replication.rows"
+ATTR_SERVICE_INSTANCE = "service.instance.id"

@@ -1,0 +1,140 @@
+"""OpenTelemetry tracing: provider setup from config, and one helper per span kind.
+
+The provider is *not* installed globally: :class:`Tracing` wraps the provider it is
+given (or a no-op one), so tests and several workers in one process stay isolated.
+The composition root may still call ``opentelemetry.trace.set_tracer_provider``.
+
+Spans (names in :mod:`.names`): one per transaction attempt, per catch-up step and per
+replication batch. The transaction and catch-up helpers also enter
+:func:`~federation_sender.telemetry.logging.log_context`, so every log line written
+inside them carries the destination (and txn id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
+from opentelemetry.trace import Span, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from federation_sender.config import TelemetrySettings
+from federation_sender.errors import ConfigError
+from federation_sender.telemetry import names as n
+from federation_sender.telemetry.logging import log_context
+
+SERVICE_NAME = "federation-sender"
+
+
+def setup_tracing(
+    settings: TelemetrySettings,
+    *,
+    instance_name: str | None = None,
+    exporter: SpanExporter | None = None,
+) -> TracerProvider | None:
+    """Build a provider for ``settings.tracing_exporter``: ``none`` gives ``None``;
+    ``console`` prints spans as they end; ``otlp`` batches them to
+    ``settings.otlp_endpoint`` (OTLP/HTTP protobuf). ``exporter`` overrides the
+    configured one with synchronous export (tests pass an in-memory exporter)."""
+    if exporter is None and settings.tracing_exporter == "none":
+        return None
+    attrs: dict[str, str] = {"service.name": SERVICE_NAME}
+    if instance_name:
+        attrs[n.ATTR_SERVICE_INSTANCE] = instance_name
+    provider = TracerProvider(resource=Resource.create(attrs))
+    if exporter is not None:
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    elif settings.tracing_exporter == "console":
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
+    elif settings.tracing_exporter == "otlp":
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError as e:  # pragma: no cover - depends on the install
+            raise ConfigError("telemetry.tracing_exporter",
+                              "'otlp' only with opentelemetry-exporter-otlp-proto-http "
+                              "installed", "otlp") from e
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.otlp_endpoint)))
+    return provider
+
+
+@dataclass
+class TransactionSpan:
+    """Handle for a transaction attempt's span; call :meth:`finish` with the outcome."""
+
+    span: Span
+    outcome: str | None = None
+
+    def finish(self, outcome: str, *, http_status: int | None = None,
+               error: str | None = None) -> None:
+        self.outcome = outcome
+        self.span.set_attribute(n.ATTR_OUTCOME, outcome)
+        if http_status is not None:
+            self.span.set_attribute(n.ATTR_HTTP_STATUS, http_status)
+        if outcome == "success":
+            self.span.set_status(Status(StatusCode.OK))
+        else:
+            self.span.set_status(Status(StatusCode.ERROR, error or outcome))
+
+
+class Tracing:
+    """Span helpers over one provider (``None``: every span is a cheap no-op)."""
+
+    def __init__(self, provider: TracerProvider | None) -> None:
+        self.provider = provider
+        source: trace.TracerProvider = provider or trace.NoOpTracerProvider()
+        self._tracer = source.get_tracer("federation_sender")
+
+    @contextmanager
+    def transaction_attempt(self, destination: str, txn_id: str, *, pdu_count: int,
+                            edu_count: int, catchup: bool = False
+                            ) -> Iterator[TransactionSpan]:
+        """Span one attempt. An exception escaping the block marks outcome ``error``
+        (unless :meth:`TransactionSpan.finish` already set one) and is recorded."""
+        attrs: dict[str, AttributeValue] = {n.ATTR_DESTINATION: destination, n.ATTR_TXN_ID: txn_id,
+                 n.ATTR_PDU_COUNT: pdu_count, n.ATTR_EDU_COUNT: edu_count,
+                 n.ATTR_CATCHUP: catchup}
+        with log_context(destination=destination, txn_id=txn_id), \
+                self._tracer.start_as_current_span(
+                    n.SPAN_TRANSACTION, attributes=attrs, record_exception=False,
+                    set_status_on_exception=False) as span:
+            handle = TransactionSpan(span)
+            try:
+                yield handle
+            except BaseException as e:
+                span.record_exception(e)
+                if handle.outcome is None:
+                    handle.finish("error", error=type(e).__name__)
+                raise
+
+    @contextmanager
+    def catchup_step(self, destination: str, *, rooms: int = 0) -> Iterator[Span]:
+        """Span one catch-up step; set :data:`names.ATTR_EVENTS` etc. on the span."""
+        with log_context(destination=destination), self._tracer.start_as_current_span(
+                n.SPAN_CATCHUP_STEP,
+                attributes={n.ATTR_DESTINATION: destination, n.ATTR_ROOMS: rooms}) as span:
+            yield span
+
+    @contextmanager
+    def replication_batch(self, stream: str, instance: str, token: int, rows: int
+                          ) -> Iterator[Span]:
+        with self._tracer.start_as_current_span(
+                n.SPAN_REPLICATION_BATCH,
+                attributes={n.ATTR_STREAM: stream, n.ATTR_INSTANCE: instance,
+                            n.ATTR_TOKEN: token, n.ATTR_ROWS: rows}) as span:
+            yield span
+
+    def shutdown(self) -> None:
+        """Flush and stop exporters."""
+        if self.provider is not None:
+            self.provider.shutdown()

@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+from federation_sender.config import TelemetrySettings
+from federation_sender.telemetry.logging import (
+    REDACTED,
+    log_context,
+    redact,
+    setup_logging,
+)
+
+log = logging.getLogger("federation_sender.queue.test")
+
+
+@pytest.fixture
+def restore_root() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+def configure(fmt: str, *secrets: str) -> io.StringIO:
+    out = io.StringIO()
+    setup_logging(TelemetrySettings(log_format=fmt, log_level="DEBUG"),  # type: ignore[arg-type]
+                  stream=out, secrets=secrets)
+    return out
+
+
+def test_text_lines_carry_destination_and_txn(restore_root: None) -> None:
+    out = configure("text")
+    with log_context(destination="a.org"):
+        log.info("queued %d pdus", 3)
+        with log_context(txn_id="t1", room_id="!r:x"):
+            log.warning("sending")
+    log.info("outside")
+    lines = out.getvalue().splitlines()
+    assert lines[0].endswith("INFO federation_sender.queue.test [destination=a.org] queued 3 pdus")
+    assert "[destination=a.org txn_id=t1 room_id=!r:x] sending" in lines[1]
+    assert lines[2].endswith("federation_sender.queue.test outside")
+
+
+def test_json_lines(restore_root: None) -> None:
+    out = configure("json")
+    with log_context(destination="b.org", txn_id="t2"):
+        try:
+            raise ValueError("broken")
+        except ValueError:
+            log.exception("attempt failed")
+    log.info("plain")
+    first, second = (json.loads(line) for line in out.getvalue().splitlines())
+    assert first["destination"] == "b.org" and first["txn_id"] == "t2"
+    assert first["level"] == "ERROR" and first["message"] == "attempt failed"
+    assert "ValueError: broken" in first["exc_info"]
+    assert first["ts"].endswith("Z")
+    assert second["destination"] is None and second["txn_id"] is None
+
+
+async def test_context_is_inherited_by_tasks_and_isolated_between_them(
+        restore_root: None) -> None:
+    out = configure("json")
+
+    async def send(dest: str) -> None:
+        with log_context(destination=dest):
+            await asyncio.sleep(0)
+            log.info("tick")
+            await asyncio.sleep(0)
+            log.info("tock")
+
+    with log_context(txn_id="shared"):
+        await asyncio.gather(send("x.org"), send("y.org"))
+    records = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert sorted(r["destination"] for r in records) == ["x.org", "x.org", "y.org", "y.org"]
+    assert {r["txn_id"] for r in records} == {"shared"}
+
+
+@pytest.mark.parametrize("text, secret", [
+    ("Authorization: Bearer syt_abc.DEF-123", "syt_abc.DEF-123"),
+    ('X-Matrix origin="a.org",destination="b.org",key="ed25519:k",sig="QmFzZTY0c2ln"',
+     "QmFzZTY0c2ln"),
+    ("GET /x?access_token=abcdef&limit=1", "abcdef"),
+    ('{"password": "hunter2", "next_token": "5"}', "hunter2"),
+    ("ed25519 a_AbCd ZGVhZGJlZWZkZWFkYmVlZmRlYWRiZWVmZGVhZGJlZWY=", "ZGVhZGJlZWZk"),
+    ("token=sekrit", "sekrit"),
+])
+def test_redaction_patterns(text: str, secret: str) -> None:
+    cleaned = redact(text)
+    assert secret not in cleaned
+    assert REDACTED in cleaned
+
+
+def test_redaction_keeps_harmless_text() -> None:
+    text = 'next_token=5 txn_id=17 destination=a.org "signatures" ok'
+    assert redact(text) == text
+
+
+def test_registered_secrets_and_tracebacks_are_redacted(restore_root: None) -> None:
+    out = configure("text", "admin-token-XYZ")
+    log.info("config loaded: %r", {"admin": {"token_file": "admin-token-XYZ"}})
+    try:
+        raise RuntimeError("header was Bearer zzz-top-secret")
+    except RuntimeError:
+        log.exception("boom")
+    text = out.getvalue()
+    assert "admin-token-XYZ" not in text
+    assert "zzz-top-secret" not in text
+    assert text.count(REDACTED) >= 2
+
+
+def test_setup_is_idempotent(restore_root: None) -> None:
+    configure("text")
+    configure("json")
+    ours = [h for h in logging.getLogger().handlers if h.get_name() == "federation_sender"]
+    assert len(ours) == 1
