@@ -1,0 +1,101 @@
+"""Backoff policy: a pure object deciding how long to leave a failing destination alone.
+
+Synapse's schedule, every number configurable: the first failure backs off
+``initial_s`` (10 minutes); each further failure multiplies the interval by
+``multiplier`` (2) and a jitter factor drawn uniformly from [``jitter_min``,
+``jitter_max``] (0.8 to 1.4); the interval is capped at ``max_s`` (7 days). Success resets.
+Once the interval exceeds ``catchup_threshold_s`` (1 hour) the queue gives up its
+in-memory items and relies on catch-up instead.
+
+The policy never reads the clock or a global random source: ``now_ms`` and an
+``random.Random`` are passed in, so tests pin every value.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from federation_sender.config import QueueSettings
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffState:
+    """Mirrors the ``destinations`` columns (all milliseconds)."""
+
+    retry_last_ts_ms: int = 0
+    retry_interval_ms: int = 0
+    failure_ts_ms: int | None = None
+
+    @property
+    def backing_off(self) -> bool:
+        return self.retry_interval_ms > 0
+
+    @property
+    def retry_at_ms(self) -> int | None:
+        """When the next attempt may happen; None when not backing off."""
+        if self.retry_interval_ms <= 0:
+            return None
+        return self.retry_last_ts_ms + self.retry_interval_ms
+
+    def active_at(self, now_ms: int) -> bool:
+        at = self.retry_at_ms
+        return at is not None and now_ms < at
+
+
+RESET = BackoffState()
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffPolicy:
+    initial_s: float = 600.0
+    multiplier: float = 2.0
+    jitter_min: float = 0.8
+    jitter_max: float = 1.4
+    max_s: float = 7 * 24 * 3600.0
+    catchup_threshold_s: float = 3600.0
+
+    @classmethod
+    def from_settings(cls, q: QueueSettings) -> BackoffPolicy:
+        return cls(
+            initial_s=q.backoff_initial_s,
+            multiplier=q.backoff_multiplier,
+            jitter_min=q.backoff_jitter_min,
+            jitter_max=q.backoff_jitter_max,
+            max_s=q.backoff_max_s,
+            catchup_threshold_s=q.catchup_threshold_s,
+        )
+
+    def on_failure(
+        self,
+        state: BackoffState,
+        now_ms: int,
+        rng: random.Random,
+        min_interval_s: float | None = None,
+    ) -> BackoffState:
+        """The state after one more failed attempt at ``now_ms``.
+
+        ``min_interval_s`` (a peer's ``Retry-After``) raises the interval, never lowers
+        it."""
+        if state.retry_interval_ms <= 0:
+            interval = self.initial_s * 1000.0
+        else:
+            interval = (
+                state.retry_interval_ms
+                * self.multiplier
+                * rng.uniform(self.jitter_min, self.jitter_max)
+            )
+        interval = min(interval, self.max_s * 1000.0)
+        if min_interval_s is not None:
+            interval = max(interval, min_interval_s * 1000.0)
+        failure_ts = state.failure_ts_ms if state.failure_ts_ms is not None else now_ms
+        return BackoffState(
+            retry_last_ts_ms=now_ms, retry_interval_ms=int(interval), failure_ts_ms=failure_ts
+        )
+
+    def on_success(self, state: BackoffState) -> BackoffState:
+        return RESET
+
+    def should_catch_up(self, state: BackoffState) -> bool:
+        """Past the threshold the in-memory queue is dropped for catch-up."""
+        return state.retry_interval_ms > self.catchup_threshold_s * 1000.0

@@ -1,0 +1,189 @@
+"""Building transactions from pending items: pure, deterministic, no I/O.
+
+A transaction carries at most ``max_pdus`` PDUs and ``max_edus`` EDUs and its estimated
+body stays under ``max_bytes`` (an item larger than the budget on its own still goes,
+alone, so it can be refused with 413 and dropped rather than stall the queue). EDUs go
+in this order: presence, receipts, to-device (leaving slots for device-list updates),
+device lists, other EDUs, keyed EDUs.
+
+:meth:`Batch.split` halves a batch; the queue uses it on 413 and to isolate the item a
+destination keeps refusing.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, replace
+
+from federation_sender.config import QueueSettings
+from federation_sender.queue.items import (
+    EduItem,
+    EduKind,
+    JsonDict,
+    PduItem,
+    PendingItems,
+    make_edu,
+)
+
+TXN_OVERHEAD_BYTES = 160
+"""origin, origin_server_ts, the two array brackets and keys."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    max_pdus: int = 50
+    max_edus: int = 100
+    max_bytes: int = 4_000_000
+    device_list_reserve: int = 10
+    """EDU slots kept from to-device messages while device-list updates wait."""
+
+    @classmethod
+    def from_settings(cls, q: QueueSettings) -> Limits:
+        return cls(
+            max_pdus=q.max_pdus_per_txn,
+            max_edus=q.max_edus_per_txn,
+            max_bytes=q.max_txn_bytes,
+            device_list_reserve=max(1, q.max_edus_per_txn // 10),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """The content of one transaction, frozen until it is delivered or split."""
+
+    pdus: tuple[PduItem, ...]
+    edus: tuple[EduItem, ...]
+    catchup: bool = False
+    catchup_position: int | None = None
+    """On success, ``last_successful_stream_ordering`` advances to this (catch-up)."""
+    catchup_prune: tuple[tuple[str, int], ...] = ()
+    """``destination_rooms`` rows to delete on success (rooms the destination left)."""
+
+    @property
+    def size_bytes(self) -> int:
+        return (
+            TXN_OVERHEAD_BYTES
+            + sum(p.size + 1 for p in self.pdus)
+            + sum(e.size + 1 for e in self.edus)
+        )
+
+    @property
+    def item_count(self) -> int:
+        return len(self.pdus) + len(self.edus)
+
+    def __bool__(self) -> bool:
+        return self.item_count > 0
+
+    @property
+    def max_stream_ordering(self) -> int | None:
+        return max((p.stream_ordering for p in self.pdus), default=None)
+
+    def pdu_json(self) -> list[JsonDict]:
+        return [p.pdu for p in self.pdus]
+
+    def edu_json(self) -> list[JsonDict]:
+        return [e.as_json() for e in self.edus]
+
+    def split(self) -> tuple[Batch, Batch]:
+        """Two non-empty halves by item count (PDUs first), order kept. The catch-up
+        position and pruning ride on the second half so they apply only once both
+        halves are through. Requires at least two items."""
+        if self.item_count < 2:
+            raise ValueError("cannot split a batch of fewer than two items")
+        items: list[PduItem | EduItem] = [*self.pdus, *self.edus]
+        mid = len(items) // 2
+        first, second = items[:mid], items[mid:]
+
+        def make(part: list[PduItem | EduItem], last: bool) -> Batch:
+            return Batch(
+                pdus=tuple(i for i in part if isinstance(i, PduItem)),
+                edus=tuple(i for i in part if isinstance(i, EduItem)),
+                catchup=self.catchup,
+                catchup_position=self.catchup_position if last else None,
+                catchup_prune=self.catchup_prune if last else (),
+            )
+
+        return make(first, False), make(second, True)
+
+    def without(self, uid: int) -> Batch:
+        return replace(
+            self,
+            pdus=tuple(p for p in self.pdus if p.uid != uid),
+            edus=tuple(e for e in self.edus if e.uid != uid),
+        )
+
+
+class _Budget:
+    def __init__(self, limits: Limits, used_bytes: int = TXN_OVERHEAD_BYTES) -> None:
+        self.limits = limits
+        self.used = used_bytes
+        self.items = 0
+
+    def fits(self, size: int) -> bool:
+        # The first item always fits: an oversized item goes alone.
+        return self.items == 0 or self.used + size + 1 <= self.limits.max_bytes
+
+    def add(self, size: int) -> None:
+        self.used += size + 1
+        self.items += 1
+
+
+def take_batch(pending: PendingItems, limits: Limits) -> Batch:
+    """Remove and return the next transaction's content from ``pending``."""
+    budget = _Budget(limits)
+    pdus: list[PduItem] = []
+    while pending.pdus and len(pdus) < limits.max_pdus and budget.fits(pending.pdus[0].size):
+        p = pending.pdus.popleft()
+        budget.add(p.size)
+        pdus.append(p)
+    edus = take_edus(pending, limits, budget)
+    return Batch(tuple(pdus), tuple(edus))
+
+
+def take_edus(
+    pending: PendingItems, limits: Limits, budget: _Budget | None = None
+) -> list[EduItem]:
+    """EDUs in transaction order; used alone for catch-up transactions."""
+    budget = budget or _Budget(limits)
+    edus: list[EduItem] = []
+    room = limits.max_edus
+
+    if pending.presence and room > 0:
+        edu = make_edu(EduKind.PRESENCE, "m.presence", {"push": list(pending.presence.values())})
+        if budget.fits(edu.size):
+            pending.presence.clear()
+            budget.add(edu.size)
+            edus.append(edu)
+            room -= 1
+    if pending.receipts and room > 0:
+        edu = make_edu(EduKind.RECEIPT, "m.receipt", dict(pending.receipts))
+        if budget.fits(edu.size):
+            pending.receipts.clear()
+            budget.add(edu.size)
+            edus.append(edu)
+            room -= 1
+
+    reserve = min(len(pending.device_lists), limits.device_list_reserve)
+    _drain(pending.to_device, max(0, room - reserve), budget, edus)
+    room = limits.max_edus - len(edus)
+    room = _drain(pending.device_lists, room, budget, edus)
+    room = _drain(pending.other, room, budget, edus)
+    keyed = pending.keyed
+    while keyed and room > 0:
+        k, edu = next(iter(keyed.items()))
+        if not budget.fits(edu.size):
+            break
+        del keyed[k]
+        budget.add(edu.size)
+        edus.append(edu)
+        room -= 1
+    return edus
+
+
+def _drain(q: deque[EduItem], room: int, budget: _Budget, out: list[EduItem]) -> int:
+    while q and room > 0 and budget.fits(q[0].size):
+        e = q.popleft()
+        budget.add(e.size)
+        out.append(e)
+        room -= 1
+    return room

@@ -1,0 +1,139 @@
+"""Catch-up planning: which PDUs to send for the ``destination_rooms`` rows a
+destination is behind on. Pure; the queue's shell loads the inputs.
+
+For each row (room R, stream ordering S) past the destination's
+``last_successful_stream_ordering`` P:
+
+* a short gap (at most ``max_gap_events`` events of R in (P, S]) is replayed in order,
+  oldest first: our own, non-outlier, non-rejected events that the destination was in
+  the room for (or that are its own membership change, e.g. its kick);
+* a long gap sends R's forward extremities the destination was in the room for, so it
+  can backfill the rest itself; in a partial-state room, or when no extremity
+  qualifies, the event at S itself;
+* a row whose room the destination is no longer in, or whose events were purged, is
+  pruned once handled, so catch-up can never spin on it.
+
+Rooms are packed into transactions (``rooms_per_txn``, adapted by the queue: doubled
+after a fast answer, back to one after a slow one) within the PDU and byte limits; a
+transaction advances the position to the row of the last room it completes.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from federation_sender.queue.batching import Batch, Limits
+from federation_sender.queue.items import PduItem
+from federation_sender.storage.events import EventRow
+from federation_sender.storage.rooms import MembershipRow, server_joined_at
+
+
+def server_of(user_id: str) -> str:
+    return user_id.split(":", 1)[1] if ":" in user_id else ""
+
+
+def is_sendable(e: EventRow, server_name: str) -> bool:
+    """Originates here and is not out-of-band (nor rejected)."""
+    return not e.outlier and not e.rejected and server_of(e.sender) == server_name
+
+
+def is_membership_of(e: EventRow, destination: str) -> bool:
+    return e.type == "m.room.member" and e.state_key is not None and (
+        server_of(e.state_key) == destination
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class RoomInput:
+    room_id: str
+    row_stream_ordering: int
+    missed: Sequence[EventRow]
+    """The room's events in (P, S], oldest first, at most ``max_gap_events + 1``."""
+    extremities: Sequence[EventRow]
+    partial_state: bool
+    history: Sequence[MembershipRow]
+    """The destination's membership rows in the room, oldest first."""
+    row_event: EventRow | None
+    """The event at S, if it still exists."""
+
+
+@dataclass(frozen=True, slots=True)
+class RoomPlan:
+    room_id: str
+    row_stream_ordering: int
+    events: tuple[EventRow, ...]
+    prune: bool
+    mode: str
+    """``gap``, ``extremities``, ``event`` or ``none``: for logs and tests."""
+
+
+def plan_room(inp: RoomInput, destination: str, server_name: str, max_gap_events: int) -> RoomPlan:
+    def visible(e: EventRow) -> bool:
+        return server_joined_at(inp.history, e.stream_ordering) or is_membership_of(
+            e, destination
+        )
+
+    still_in_room = server_joined_at(inp.history, None)
+    events: tuple[EventRow, ...]
+    if len(inp.missed) <= max_gap_events and inp.missed:
+        events = tuple(e for e in inp.missed if is_sendable(e, server_name) and visible(e))
+        mode = "gap"
+    else:
+        events = ()
+        mode = "none"
+        if not inp.partial_state:
+            events = tuple(e for e in inp.extremities if visible(e))
+            mode = "extremities"
+        if not events and inp.row_event is not None and not inp.row_event.outlier:
+            events = (inp.row_event,)
+            mode = "event"
+        if not events:
+            mode = "none"
+    prune = not still_in_room or inp.row_event is None or not events
+    return RoomPlan(inp.room_id, inp.row_stream_ordering, events, prune, mode)
+
+
+def pdu_item(e: EventRow) -> PduItem:
+    return PduItem(e.stream_ordering, e.event_id, e.room_id, json.loads(e.json), len(e.json))
+
+
+def pack_next(plans: deque[RoomPlan], rooms_per_txn: int, limits: Limits) -> Batch:
+    """Pop the next catch-up batch off ``plans`` (ascending by row; not empty).
+
+    Up to ``rooms_per_txn`` rooms within the PDU and byte limits. A room with more events
+    than one transaction holds sends its leading chunk alone, without advancing the
+    position, and stays at the head with the rest."""
+    pdus: list[PduItem] = []
+    prune: list[tuple[str, int]] = []
+    position: int | None = None
+    size = 0
+    rooms = 0
+    while plans and rooms < max(1, rooms_per_txn):
+        plan = plans[0]
+        items = [pdu_item(e) for e in plan.events]
+        if len(items) > limits.max_pdus:
+            if rooms:
+                break
+            chunk = items[: limits.max_pdus]
+            plans[0] = RoomPlan(
+                plan.room_id,
+                plan.row_stream_ordering,
+                plan.events[limits.max_pdus :],
+                plan.prune,
+                plan.mode,
+            )
+            return Batch(tuple(chunk), (), True, None, ())
+        isize = sum(i.size for i in items)
+        if rooms and (len(pdus) + len(items) > limits.max_pdus or size + isize > limits.max_bytes):
+            break
+        plans.popleft()
+        pdus.extend(items)
+        size += isize
+        rooms += 1
+        position = plan.row_stream_ordering
+        if plan.prune:
+            prune.append((plan.room_id, plan.row_stream_ordering))
+    return Batch(tuple(pdus), (), True, position, tuple(prune))

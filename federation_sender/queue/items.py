@@ -1,0 +1,131 @@
+"""What a destination queue holds: PDUs and EDUs waiting for a transaction.
+
+Memory is proportional to what is pending: presence is one entry per user (latest
+wins), receipts are merged per room/type/user, keyed EDUs clobber by ``(type, key)``
+(typing per room), and outbox EDUs are only a window read from the database. Volatile
+items (everything except outbox rows) are dropped when the queue falls back to
+catch-up; outbox rows stay in the database until a 200 and are read again.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+from collections import deque
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+JsonDict = dict[str, Any]
+
+_uids = itertools.count(1)
+
+
+def json_size(obj: object) -> int:
+    return len(json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+class EduKind(enum.IntEnum):
+    """Also the order of EDUs inside a transaction."""
+
+    PRESENCE = 0
+    RECEIPT = 1
+    TO_DEVICE = 2
+    DEVICE_LIST = 3
+    OTHER = 4
+    KEYED = 5
+
+
+@dataclass(frozen=True, slots=True)
+class PduItem:
+    stream_ordering: int
+    event_id: str
+    room_id: str
+    pdu: JsonDict
+    size: int
+    uid: int = field(default_factory=lambda: next(_uids))
+
+
+@dataclass(frozen=True, slots=True)
+class EduItem:
+    kind: EduKind
+    edu_type: str
+    content: JsonDict
+    size: int
+    outbox_key: tuple[int, str, str] | None = None
+    """(stream_id, user_id, device_id) for device lists, (stream_id, "", "") for to-device."""
+    uid: int = field(default_factory=lambda: next(_uids))
+
+    def as_json(self) -> JsonDict:
+        return {"edu_type": self.edu_type, "content": self.content}
+
+
+def make_edu(kind: EduKind, edu_type: str, content: JsonDict,
+             outbox_key: tuple[int, str, str] | None = None) -> EduItem:
+    return EduItem(kind, edu_type, content, json_size(content) + len(edu_type) + 30, outbox_key)
+
+
+@dataclass(slots=True)
+class PendingItems:
+    pdus: deque[PduItem] = field(default_factory=deque)
+    presence: dict[str, JsonDict] = field(default_factory=dict)
+    receipts: dict[str, dict[str, dict[str, JsonDict]]] = field(default_factory=dict)
+    keyed: dict[tuple[str, Hashable], EduItem] = field(default_factory=dict)
+    other: deque[EduItem] = field(default_factory=deque)
+    to_device: deque[EduItem] = field(default_factory=deque)
+    device_lists: deque[EduItem] = field(default_factory=deque)
+
+    def add_pdu(self, item: PduItem) -> None:
+        self.pdus.append(item)
+
+    def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
+        if key is None:
+            self.other.append(make_edu(EduKind.OTHER, edu_type, content))
+            return
+        k = (edu_type, key)
+        self.keyed.pop(k, None)  # re-insert: a clobbered EDU moves to the back
+        self.keyed[k] = make_edu(EduKind.KEYED, edu_type, content)
+
+    def add_presence(self, states: Iterable[JsonDict]) -> None:
+        for st in states:
+            user = str(st.get("user_id", ""))
+            self.presence[user] = st
+
+    def add_receipt(self, room_id: str, receipt_type: str, user_id: str, data: JsonDict) -> None:
+        self.receipts.setdefault(room_id, {}).setdefault(receipt_type, {})[user_id] = data
+
+    def drop_volatile(self) -> int:
+        """Drop everything that is not durable elsewhere; returns how many items."""
+        n = self.pdu_count + self.volatile_edu_count
+        self.pdus.clear()
+        self.presence.clear()
+        self.receipts.clear()
+        self.keyed.clear()
+        self.other.clear()
+        self.to_device.clear()
+        self.device_lists.clear()
+        return n
+
+    @property
+    def pdu_count(self) -> int:
+        return len(self.pdus)
+
+    @property
+    def volatile_edu_count(self) -> int:
+        return (
+            (1 if self.presence else 0)
+            + (1 if self.receipts else 0)
+            + len(self.keyed)
+            + len(self.other)
+        )
+
+    @property
+    def edu_count(self) -> int:
+        return self.volatile_edu_count + len(self.to_device) + len(self.device_lists)
+
+    def __bool__(self) -> bool:
+        return bool(self.pdus) or self.edu_count > 0
+
+    def min_stream_ordering(self) -> int | None:
+        return min((p.stream_ordering for p in self.pdus), default=None)

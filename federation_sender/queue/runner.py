@@ -1,0 +1,237 @@
+"""The asyncio shell around one :class:`DestinationCore`: reads the database, sends
+transactions, sleeps, persists. It decides nothing itself.
+
+The loop exits (and the manager forgets the queue) when the core has been empty for
+``idle_ttl_s``, or when it would back off for longer than that with nothing held in
+memory: everything it needs later is in the database, and the wake-up sweep recreates
+it. ``wake`` cuts any wait short (new work, REMOTE_SERVER_UP, shutdown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import Counter
+from dataclasses import dataclass
+
+from federation_sender.clock import Clock, time_ms
+from federation_sender.queue.core import (
+    DestinationCore,
+    Effects,
+    FrozenTxn,
+    Idle,
+    NeedCatchup,
+    NeedOutbox,
+    Send,
+    Wait,
+)
+from federation_sender.queue.observer import QueueObserver
+from federation_sender.queue.store import QueueStore, log_row_for
+from federation_sender.queue.timing import DeadlineExceeded, wait_or_timeout, with_deadline
+from federation_sender.transport.result import (
+    Outcome,
+    SendResult,
+    Transaction,
+    TransactionSender,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerConfig:
+    server_name: str
+    instance_name: str
+    attempt_deadline_s: float
+    idle_ttl_s: float
+    catchup_rooms_per_batch: int
+    catchup_max_gap_events: int
+    outbox_read_limit: int
+
+
+class DestinationRunner:
+    def __init__(
+        self,
+        core: DestinationCore,
+        store: QueueStore,
+        sender: TransactionSender,
+        txn_slots: asyncio.Semaphore,
+        db_slots: asyncio.Semaphore,
+        clock: Clock,
+        observer: QueueObserver,
+        config: RunnerConfig,
+    ) -> None:
+        self.core = core
+        self.destination = core.destination
+        self.store = store
+        self.sender = sender
+        self.txn_slots = txn_slots
+        self.db_slots = db_slots
+        self.clock = clock
+        self.observer = observer
+        self.config = config
+        self.wake = asyncio.Event()
+        self.in_flight_since: float | None = None
+        self.loaded = False
+        self.stopping = False
+        self.finished = False
+
+    def poke(self) -> None:
+        self.wake.set()
+
+    async def run(self) -> None:
+        c = self.core
+        if not self.loaded:
+            async with self.db_slots:
+                backoff, last = await self.store.load_destination(self.destination)
+            c.load(backoff, last)
+            self.loaded = True
+        while not self.stopping:
+            self.wake.clear()
+            now = time_ms(self.clock)
+            step = c.next_step(now)
+            if isinstance(step, Send):
+                await self._send(step.txn)
+            elif isinstance(step, NeedOutbox):
+                async with self.db_slots:
+                    td, dl, exhausted = await self.store.read_outbox(
+                        self.destination,
+                        step.to_device_after,
+                        step.device_lists_after,
+                        self.config.outbox_read_limit,
+                    )
+                c.add_outbox(td, dl, exhausted)
+            elif isinstance(step, NeedCatchup):
+                async with self.db_slots:
+                    plans = await self.store.plan_catchup(
+                        self.destination,
+                        self.config.server_name,
+                        step.after,
+                        self.config.catchup_rooms_per_batch,
+                        self.config.catchup_max_gap_events,
+                    )
+                if plans:
+                    c.offer_catchup(plans)
+                    self.observer.catchup_progress(
+                        self.destination, len(plans), sum(len(p.events) for p in plans)
+                    )
+                else:
+                    c.catchup_finished()
+            elif isinstance(step, Wait):
+                wait_s = max(0.0, (step.until_ms - now) / 1000.0)
+                if (
+                    wait_s > self.config.idle_ttl_s
+                    and c.catching_up
+                    and not c.pending
+                    and c.current is None
+                ):
+                    # Nothing in memory: the wake-up sweep brings us back when due.
+                    return
+                await wait_or_timeout(self.clock, self.wake, wait_s)
+            elif isinstance(step, Idle):
+                if c.stopped:
+                    return
+                woken = await wait_or_timeout(self.clock, self.wake, self.config.idle_ttl_s)
+                if not woken and c.is_empty():
+                    return
+
+    async def _send(self, txn: FrozenTxn) -> None:
+        c = self.core
+        batch = txn.batch
+        started_ms = time_ms(self.clock)
+        if not batch:
+            # A catch-up batch whose rooms had nothing to send: advance locally.
+            result = SendResult(Outcome.SUCCESS)
+        else:
+            request = Transaction(
+                destination=self.destination,
+                txn_id=txn.txn_id,
+                pdus=batch.pdu_json(),
+                edus=batch.edu_json(),
+            )
+            async with self.txn_slots:
+                t0 = self.clock.monotonic_s()
+                self.in_flight_since = t0
+                try:
+                    result = await with_deadline(
+                        self.clock,
+                        self.sender.send_transaction(request),
+                        self.config.attempt_deadline_s,
+                    )
+                except DeadlineExceeded as e:
+                    result = SendResult(
+                        Outcome.TRANSIENT, error=str(e), duration_s=self.clock.monotonic_s() - t0
+                    )
+                finally:
+                    self.in_flight_since = None
+            if result.duration_s <= 0:
+                result = SendResult(
+                    outcome=result.outcome,
+                    status=result.status,
+                    error=result.error,
+                    errcode=result.errcode,
+                    retry_after_s=result.retry_after_s,
+                    pdu_errors=result.pdu_errors,
+                    request_bytes=result.request_bytes,
+                    duration_s=self.clock.monotonic_s() - t0,
+                )
+        now = time_ms(self.clock)
+        eff = c.on_result(txn, result, now)
+        log_row = None
+        if batch:
+            log_row = log_row_for(
+                txn_id=txn.txn_id,
+                destination=self.destination,
+                instance_name=self.config.instance_name,
+                pdu_event_ids=[p.event_id for p in batch.pdus],
+                edu_count=len(batch.edus),
+                request_bytes=result.request_bytes or batch.size_bytes,
+                status=result.outcome.value,
+                http_status=result.status,
+                started_ts=started_ms,
+                duration_ms=int(result.duration_s * 1000),
+                catchup=batch.catchup,
+                max_stream_ordering=batch.max_stream_ordering,
+                error=result.error or None,
+            )
+        async with self.db_slots:
+            await self.store.persist(self.destination, eff, log_row, now)
+        if batch:
+            self.observer.transaction_sent(
+                self.destination,
+                txn.txn_id,
+                result.outcome,
+                result.status,
+                len(batch.pdus),
+                len(batch.edus),
+                Counter(e.edu_type for e in batch.edus),
+                result.request_bytes or batch.size_bytes,
+                result.duration_s,
+                batch.catchup,
+            )
+        self._report(eff, result)
+
+    def _report(self, eff: Effects, result: SendResult) -> None:
+        d = self.destination
+        if eff.backoff is not None:
+            self.observer.backoff_changed(d, eff.backoff.retry_interval_ms / 1000.0)
+            if eff.backoff.retry_interval_ms:
+                log.info(
+                    "destination %s failed (%s); backing off %.0fs",
+                    d,
+                    result.error or result.outcome.value,
+                    eff.backoff.retry_interval_ms / 1000.0,
+                )
+        for item, reason in eff.dropped:
+            kind = "pdu" if hasattr(item, "event_id") else getattr(item, "edu_type", "edu")
+            ident = getattr(item, "event_id", None) or kind
+            log.warning("dropping %s %s for %s: %s (last error: %s)",
+                        kind, ident, d, reason, result.error or result.status)
+            self.observer.item_dropped(d, kind, reason)
+        if eff.entered_catchup:
+            log.info("destination %s enters catch-up, %d items dropped from memory",
+                     d, eff.dropped_for_catchup)
+            self.observer.catchup_entered(d, eff.dropped_for_catchup)
+        if result.pdu_errors:
+            log.info("destination %s rejected %d PDUs in a 200: %s", d, len(result.pdu_errors),
+                     dict(list(result.pdu_errors.items())[:5]))

@@ -1,0 +1,216 @@
+"""The queue engine's database access, one method per unit of work.
+
+Each method is one database transaction (retried on transient errors by
+:func:`run_in_transaction`); everything a transaction result implies (backoff, position,
+outbox rows, pruning, the log row) is written atomically.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from federation_sender.queue.backoff import BackoffState
+from federation_sender.queue.catchup import RoomInput, RoomPlan, plan_room
+from federation_sender.queue.core import Effects
+from federation_sender.storage import destinations as dst
+from federation_sender.storage import events as ev
+from federation_sender.storage import outboxes as ob
+from federation_sender.storage import positions as pos
+from federation_sender.storage import rooms as rm
+from federation_sender.storage import txlog
+from federation_sender.storage.engine import run_in_transaction
+
+JsonDict = dict[str, object]
+
+
+class QueueStore:
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.engine = engine
+
+    async def load_destination(self, destination: str) -> tuple[BackoffState, int | None]:
+        async def fn(conn: AsyncConnection) -> dst.DestinationRow | None:
+            return await dst.get_destination(conn, destination)
+
+        row = await run_in_transaction(self.engine, fn)
+        if row is None:
+            return BackoffState(), None
+        return (
+            BackoffState(
+                retry_last_ts_ms=row.retry_last_ts or 0,
+                retry_interval_ms=row.retry_interval or 0,
+                failure_ts_ms=row.failure_ts,
+            ),
+            row.last_successful_stream_ordering,
+        )
+
+    async def persist(
+        self,
+        destination: str,
+        eff: Effects,
+        log_row: txlog.TxnLogRow | None,
+        now_ms: int,
+    ) -> None:
+        async def fn(conn: AsyncConnection) -> None:
+            if eff.backoff is not None:
+                b = eff.backoff
+                await dst.set_retry_timings(
+                    conn, destination, b.failure_ts_ms, b.retry_last_ts_ms, b.retry_interval_ms
+                )
+            if eff.last_successful is not None:
+                await dst.set_last_successful_stream_ordering(
+                    conn, destination, eff.last_successful
+                )
+            await ob.mark_to_device_sent(conn, destination, eff.to_device_sent, now_ms)
+            await ob.mark_device_lists_sent(conn, destination, eff.device_lists_sent)
+            if eff.prune:
+                await dst.delete_destination_rooms(conn, destination, eff.prune)
+            if log_row is not None:
+                await txlog.log_transactions(conn, [log_row])
+
+        if (
+            eff.backoff is None
+            and eff.last_successful is None
+            and not eff.to_device_sent
+            and not eff.device_lists_sent
+            and not eff.prune
+            and log_row is None
+        ):
+            return
+        await run_in_transaction(self.engine, fn)
+
+    async def read_outbox(
+        self, destination: str, to_device_after: int, device_lists_after: int, limit: int
+    ) -> tuple[list[tuple[int, JsonDict]], list[tuple[int, str, str, JsonDict]], bool]:
+        async def fn(
+            conn: AsyncConnection,
+        ) -> tuple[list[ob.ToDeviceRow], list[ob.DeviceListRow]]:
+            a = await ob.unsent_to_device(conn, destination, to_device_after, limit)
+            b = await ob.unsent_device_lists(conn, destination, device_lists_after, limit)
+            return a, b
+
+        td, dl = await run_in_transaction(self.engine, fn)
+        to_device = [(r.stream_id, _load(r.messages_json)) for r in td]
+        device_lists: list[tuple[int, str, str, JsonDict]] = []
+        for r in dl:
+            content = _load(r.content_json)
+            content.setdefault("user_id", r.user_id)
+            content.setdefault("device_id", r.device_id)
+            content.setdefault("stream_id", r.stream_id)
+            device_lists.append((r.stream_id, r.user_id, r.device_id, content))
+        return to_device, device_lists, len(td) < limit and len(dl) < limit
+
+    async def plan_catchup(
+        self,
+        destination: str,
+        server_name: str,
+        after: int,
+        rooms_limit: int,
+        max_gap_events: int,
+    ) -> list[RoomPlan]:
+        """Plans for the ``rooms_limit`` oldest rows past ``after`` (empty: caught up)."""
+
+        async def fn(conn: AsyncConnection) -> list[RoomPlan]:
+            rows = await dst.catchup_rows(conn, destination, after, rooms_limit)
+            if not rows:
+                return []
+            room_ids = [r for r, _ in rows]
+            upto = max(so for _, so in rows)
+            missed = await ev.room_events_between(conn, room_ids, after, upto, max_gap_events + 1)
+            row_so = dict(rows)
+            for room, evs in missed.items():
+                missed[room] = [e for e in evs if e.stream_ordering <= row_so[room]]
+            long_gap = [r for r in room_ids if len(missed.get(r, ())) > max_gap_events]
+            partial = await ev.partial_state(conn, room_ids)
+            extremities = await ev.forward_extremities(
+                conn, [r for r in long_gap if r not in partial]
+            )
+            history = await rm.server_membership_history(conn, destination, room_ids)
+            row_events = await ev.events_at(conn, [so for _, so in rows])
+            return [
+                plan_room(
+                    RoomInput(
+                        room_id=room,
+                        row_stream_ordering=so,
+                        missed=missed.get(room, []),
+                        extremities=extremities.get(room, []),
+                        partial_state=room in partial,
+                        history=history.get(room, []),
+                        row_event=row_events.get(so),
+                    ),
+                    destination,
+                    server_name,
+                    max_gap_events,
+                )
+                for room, so in rows
+            ]
+
+        return await run_in_transaction(self.engine, fn)
+
+    async def clear_retry(self, destination: str) -> bool:
+        async def fn(conn: AsyncConnection) -> bool:
+            return await dst.clear_retry(conn, destination)
+
+        return await run_in_transaction(self.engine, fn)
+
+    async def load_position(self, stream: str, instance: str) -> int | None:
+        async def fn(conn: AsyncConnection) -> int | None:
+            return await pos.load_position(conn, stream, instance)
+
+        return await run_in_transaction(self.engine, fn)
+
+    async def save_position(self, stream: str, instance: str, stream_id: int) -> None:
+        async def fn(conn: AsyncConnection) -> None:
+            await pos.save_position(conn, stream, instance, stream_id)
+
+        await run_in_transaction(self.engine, fn)
+
+    async def wakeup_page(self, after: str | None, limit: int, now_ms: int) -> list[str]:
+        async def fn(conn: AsyncConnection) -> list[str]:
+            return await dst.destinations_with_outstanding_work(conn, after, limit, now_ms)
+
+        return await run_in_transaction(self.engine, fn)
+
+
+def _load(text: str) -> JsonDict:
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {"value": v}
+
+
+def log_row_for(
+    *,
+    txn_id: str,
+    destination: str,
+    instance_name: str,
+    pdu_event_ids: Sequence[str],
+    edu_count: int,
+    request_bytes: int,
+    status: str,
+    http_status: int | None,
+    started_ts: int,
+    duration_ms: int,
+    catchup: bool,
+    max_stream_ordering: int | None,
+    error: str | None,
+) -> txlog.TxnLogRow:
+    return txlog.TxnLogRow(
+        txn_id=txn_id,
+        destination=destination,
+        instance_name=instance_name,
+        pdu_count=len(pdu_event_ids),
+        edu_count=edu_count,
+        request_bytes=request_bytes,
+        status=status,
+        http_status=http_status,
+        started_ts=started_ts,
+        duration_ms=duration_ms,
+        catchup=catchup,
+        max_stream_ordering=max_stream_ordering,
+        pdu_event_ids=tuple(pdu_event_ids),
+        error=error,
+    )

@@ -1,0 +1,231 @@
+"""``destinations`` (backoff, catch-up position) and ``destination_rooms``.
+
+Invariants kept here rather than in callers:
+
+* ``retry_interval`` never moves backwards except through an explicit reset to 0 (two
+  writers racing cannot shorten a backoff).
+* ``last_successful_stream_ordering`` and ``destination_rooms.stream_ordering`` only
+  move forwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import and_, delete, exists, false, func, or_, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from federation_sender.storage.schema import (
+    destination_rooms as dr,
+)
+from federation_sender.storage.schema import (
+    destinations as d,
+)
+from federation_sender.storage.schema import (
+    device_federation_outbox as tdo,
+)
+from federation_sender.storage.schema import (
+    device_lists_outbound_pokes as dlp,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class DestinationRow:
+    destination: str
+    retry_last_ts: int | None
+    retry_interval: int | None
+    failure_ts: int | None
+    last_successful_stream_ordering: int | None
+
+
+def _insert(conn: AsyncConnection):  # type: ignore[no-untyped-def]
+    return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
+
+
+async def upsert_destination_rooms(
+    conn: AsyncConnection, rows: Sequence[tuple[str, str, int]]
+) -> None:
+    """Record (destination, room_id, stream_ordering); creates missing destinations.
+
+    For one (destination, room) the highest stream ordering wins."""
+    if not rows:
+        return
+    best: dict[tuple[str, str], int] = {}
+    for dest, room, so in rows:
+        k = (dest, room)
+        if best.get(k, -1) < so:
+            best[k] = so
+    ins = _insert(conn)
+    dests = sorted({k[0] for k in best})
+    await conn.execute(
+        ins(d).on_conflict_do_nothing(index_elements=["destination"]),
+        [{"destination": x} for x in dests],
+    )
+    stmt = ins(dr)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["destination", "room_id"],
+        set_={"stream_ordering": stmt.excluded.stream_ordering},
+        where=dr.c.stream_ordering < stmt.excluded.stream_ordering,
+    )
+    await conn.execute(
+        stmt,
+        [
+            {"destination": k[0], "room_id": k[1], "stream_ordering": so}
+            for k, so in sorted(best.items())
+        ],
+    )
+
+
+def _drow(r: Sequence[object]) -> DestinationRow:
+    def opt(v: object) -> int | None:
+        return None if v is None else int(v)  # type: ignore[call-overload]
+
+    return DestinationRow(str(r[0]), opt(r[1]), opt(r[2]), opt(r[3]), opt(r[4]))
+
+
+_DCOLS = (
+    d.c.destination,
+    d.c.retry_last_ts,
+    d.c.retry_interval,
+    d.c.failure_ts,
+    d.c.last_successful_stream_ordering,
+)
+
+
+async def get_destination(conn: AsyncConnection, destination: str) -> DestinationRow | None:
+    r = (await conn.execute(select(*_DCOLS).where(d.c.destination == destination))).first()
+    return None if r is None else _drow(tuple(r))
+
+
+async def get_destinations(
+    conn: AsyncConnection, names: Collection[str]
+) -> dict[str, DestinationRow]:
+    if not names:
+        return {}
+    res = await conn.execute(select(*_DCOLS).where(d.c.destination.in_(list(names))))
+    return {row.destination: row for row in (_drow(tuple(r)) for r in res)}
+
+
+async def set_retry_timings(
+    conn: AsyncConnection,
+    destination: str,
+    failure_ts: int | None,
+    retry_last_ts: int,
+    retry_interval: int,
+) -> None:
+    """Persist backoff. ``retry_interval == 0`` resets; otherwise the stored interval is
+    only replaced by a longer one."""
+    ins = _insert(conn)
+    stmt = ins(d).values(
+        destination=destination,
+        failure_ts=failure_ts,
+        retry_last_ts=retry_last_ts,
+        retry_interval=retry_interval,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["destination"],
+        set_={
+            "failure_ts": stmt.excluded.failure_ts,
+            "retry_last_ts": stmt.excluded.retry_last_ts,
+            "retry_interval": stmt.excluded.retry_interval,
+        },
+        where=or_(
+            d.c.retry_interval.is_(None),
+            d.c.retry_interval < stmt.excluded.retry_interval,
+            stmt.excluded.retry_interval == 0,
+        ),
+    )
+    await conn.execute(stmt)
+
+
+async def set_last_successful_stream_ordering(
+    conn: AsyncConnection, destination: str, stream_ordering: int
+) -> None:
+    ins = _insert(conn)
+    stmt = ins(d).values(destination=destination, last_successful_stream_ordering=stream_ordering)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["destination"],
+        set_={"last_successful_stream_ordering": stmt.excluded.last_successful_stream_ordering},
+        where=or_(
+            d.c.last_successful_stream_ordering.is_(None),
+            d.c.last_successful_stream_ordering
+            < stmt.excluded.last_successful_stream_ordering,
+        ),
+    )
+    await conn.execute(stmt)
+
+
+async def catchup_rows(
+    conn: AsyncConnection, destination: str, after: int, limit: int
+) -> list[tuple[str, int]]:
+    """The ``limit`` oldest (room_id, stream_ordering) rows past ``after``."""
+    res = await conn.execute(
+        select(dr.c.room_id, dr.c.stream_ordering)
+        .where(dr.c.destination == destination, dr.c.stream_ordering > after)
+        .order_by(dr.c.stream_ordering, dr.c.room_id)
+        .limit(limit)
+    )
+    return [(str(r[0]), int(r[1])) for r in res]
+
+
+async def delete_destination_rooms(
+    conn: AsyncConnection, destination: str, rows: Sequence[tuple[str, int]]
+) -> None:
+    """Prune rows, each only if it still has the given stream ordering (a newer event
+    for the room since planning keeps the row)."""
+    for room, so in rows:
+        await conn.execute(
+            delete(dr).where(
+                dr.c.destination == destination,
+                dr.c.room_id == room,
+                dr.c.stream_ordering == so,
+            )
+        )
+
+
+async def destinations_with_outstanding_work(
+    conn: AsyncConnection, after: str | None, limit: int, now_ms: int
+) -> list[str]:
+    """Keyset page (by name) of destinations not backing off at ``now_ms`` that have
+    ``destination_rooms`` past their position or unsent outbox rows."""
+    behind = exists().where(
+        dr.c.destination == d.c.destination,
+        dr.c.stream_ordering > func.coalesce(d.c.last_successful_stream_ordering, -1),
+    )
+    to_device = exists().where(tdo.c.destination == d.c.destination, tdo.c.sent_ts.is_(None))
+    dev_lists = exists().where(dlp.c.destination == d.c.destination, dlp.c.sent == false())
+    not_backing_off = or_(
+        d.c.retry_interval.is_(None),
+        d.c.retry_interval == 0,
+        d.c.retry_last_ts.is_(None),
+        d.c.retry_last_ts + d.c.retry_interval <= now_ms,
+    )
+    cond = and_(not_backing_off, or_(behind, to_device, dev_lists))
+    if after is not None:
+        cond = and_(cond, d.c.destination > after)
+    res = await conn.execute(
+        select(d.c.destination).where(cond).order_by(d.c.destination).limit(limit)
+    )
+    return [str(r[0]) for r in res]
+
+
+async def ensure_destinations(conn: AsyncConnection, names: Collection[str]) -> None:
+    if not names:
+        return
+    ins = _insert(conn)
+    await conn.execute(
+        ins(d).on_conflict_do_nothing(index_elements=["destination"]),
+        [{"destination": x} for x in sorted(names)],
+    )
+
+
+async def clear_retry(conn: AsyncConnection, destination: str) -> bool:
+    """Reset backoff; True if the destination was backing off."""
+    res = await conn.execute(
+        update(d)
+        .where(d.c.destination == destination, d.c.retry_interval > 0)
+        .values(retry_interval=0, failure_ts=None, retry_last_ts=0)
+    )
+    return bool(res.rowcount)

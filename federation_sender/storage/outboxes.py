@@ -1,0 +1,117 @@
+"""The durable EDU outboxes, read per destination by stream id.
+
+* ``device_federation_outbox``: one to-device EDU per row (``messages_json`` is the EDU
+  content of an ``m.direct_to_device`` EDU); ``sent_ts`` is set once delivered.
+* ``device_lists_outbound_pokes``: one ``m.device_list_update`` per row (content from
+  ``content_json`` plus ``user_id``, ``device_id`` and ``stream_id``); ``sent`` is set once
+  delivered.
+
+Rows are only marked sent after the remote answered 200, so a crash re-sends them
+(to-device messages carry ``message_id`` for the receiver to deduplicate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sqlalchemy import and_, select, true, tuple_, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from federation_sender.storage.schema import device_federation_outbox as tdo
+from federation_sender.storage.schema import device_lists_outbound_pokes as dlp
+
+
+@dataclass(frozen=True, slots=True)
+class ToDeviceRow:
+    stream_id: int
+    messages_json: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceListRow:
+    stream_id: int
+    user_id: str
+    device_id: str
+    content_json: str
+
+
+async def unsent_to_device(
+    conn: AsyncConnection, destination: str, after: int, limit: int
+) -> list[ToDeviceRow]:
+    res = await conn.execute(
+        select(tdo.c.stream_id, tdo.c.messages_json)
+        .where(
+            tdo.c.destination == destination,
+            tdo.c.stream_id > after,
+            tdo.c.sent_ts.is_(None),
+        )
+        .order_by(tdo.c.stream_id)
+        .limit(limit)
+    )
+    return [ToDeviceRow(int(r[0]), str(r[1])) for r in res]
+
+
+async def unsent_device_lists(
+    conn: AsyncConnection, destination: str, after: int, limit: int
+) -> list[DeviceListRow]:
+    res = await conn.execute(
+        select(dlp.c.stream_id, dlp.c.user_id, dlp.c.device_id, dlp.c.content_json)
+        .where(
+            dlp.c.destination == destination,
+            dlp.c.sent.is_(False),
+            dlp.c.stream_id > after,
+        )
+        .order_by(dlp.c.stream_id, dlp.c.user_id, dlp.c.device_id)
+        .limit(limit)
+    )
+    return [DeviceListRow(int(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in res]
+
+
+async def mark_to_device_sent(
+    conn: AsyncConnection, destination: str, stream_ids: Collection[int], now_ms: int
+) -> None:
+    if not stream_ids:
+        return
+    await conn.execute(
+        update(tdo)
+        .where(tdo.c.destination == destination, tdo.c.stream_id.in_(sorted(stream_ids)))
+        .values(sent_ts=now_ms)
+    )
+
+
+async def mark_device_lists_sent(
+    conn: AsyncConnection, destination: str, keys: Collection[tuple[int, str, str]]
+) -> None:
+    if not keys:
+        return
+    await conn.execute(
+        update(dlp)
+        .where(
+            and_(
+                dlp.c.destination == destination,
+                tuple_(dlp.c.stream_id, dlp.c.user_id, dlp.c.device_id).in_(sorted(keys)),
+            )
+        )
+        .values(sent=true())
+    )
+
+
+async def has_unsent(conn: AsyncConnection, destination: str) -> bool:
+    a = (
+        await conn.execute(
+            select(tdo.c.stream_id)
+            .where(tdo.c.destination == destination, tdo.c.sent_ts.is_(None))
+            .limit(1)
+        )
+    ).first()
+    if a is not None:
+        return True
+    b = (
+        await conn.execute(
+            select(dlp.c.stream_id)
+            .where(dlp.c.destination == destination, dlp.c.sent.is_(False))
+            .limit(1)
+        )
+    ).first()
+    return b is not None

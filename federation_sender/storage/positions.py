@@ -1,0 +1,53 @@
+"""Persisted stream positions (``stream_positions``): what this worker has processed.
+
+The queue engine keeps two rows per worker instance, keyed by its own instance name:
+``federation_sender.events`` (events fanned out) and ``federation_sender.federation``
+(federation-stream EDUs queued and acknowledged). Saving never moves a position
+backwards, so a late writer cannot undo a newer save.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from federation_sender.storage.schema import stream_positions
+
+EVENTS_STREAM = "federation_sender.events"
+FEDERATION_STREAM = "federation_sender.federation"
+
+
+async def load_position(conn: AsyncConnection, stream_name: str, instance_name: str) -> int | None:
+    row = (
+        await conn.execute(
+            select(stream_positions.c.stream_id).where(
+                stream_positions.c.stream_name == stream_name,
+                stream_positions.c.instance_name == instance_name,
+            )
+        )
+    ).first()
+    return None if row is None else int(row[0])
+
+
+async def save_position(
+    conn: AsyncConnection, stream_name: str, instance_name: str, stream_id: int
+) -> None:
+    """Upsert the position; a lower ``stream_id`` than the stored one is ignored."""
+    res = await conn.execute(
+        update(stream_positions)
+        .where(
+            stream_positions.c.stream_name == stream_name,
+            stream_positions.c.instance_name == instance_name,
+        )
+        .values(stream_id=stream_id)
+        .where(stream_positions.c.stream_id < stream_id)
+    )
+    if res.rowcount:
+        return
+    existing = await load_position(conn, stream_name, instance_name)
+    if existing is None:
+        await conn.execute(
+            stream_positions.insert().values(
+                stream_name=stream_name, instance_name=instance_name, stream_id=stream_id
+            )
+        )

@@ -1,0 +1,195 @@
+"""Which servers are in a room at a stream position (``room_memberships``).
+
+"Servers in room R at stream position S": for each user of R, the latest membership row
+with ``event_stream_ordering <= S``; a server is in the room if any of its users' latest
+row is ``join``.
+
+The fan-out asks this once per event, always at increasing positions per room, so
+:class:`RoomHostsCache` keeps, per room, the membership state at the last position it
+reached and rolls it forward with the rows in between (one query per batch of events
+for all rooms in the batch). Positions behind the cached one fall back to replaying the
+room's history from the database. Catch-up asks the reverse question (was server D in
+the room at position S) through :func:`server_membership_history` and
+:func:`server_joined_at`, which read only D's rows.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import OrderedDict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from federation_sender.storage.schema import room_memberships as rm
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipRow:
+    stream_ordering: int
+    user_id: str
+    server_name: str
+    membership: str
+
+
+@dataclass(slots=True)
+class MembershipState:
+    """Membership of one room at ``position``; pure, rolled forward by :meth:`apply`."""
+
+    position: int = -1
+    users: dict[str, tuple[str, str]] = field(default_factory=dict)
+    """user_id -> (server_name, membership)"""
+    joined_count: dict[str, int] = field(default_factory=dict)
+    _snapshot: frozenset[str] | None = None
+
+    def apply(self, row: MembershipRow) -> None:
+        prev = self.users.get(row.user_id)
+        if prev is not None and prev[1] == "join":
+            n = self.joined_count[prev[0]] - 1
+            if n:
+                self.joined_count[prev[0]] = n
+            else:
+                del self.joined_count[prev[0]]
+        self.users[row.user_id] = (row.server_name, row.membership)
+        if row.membership == "join":
+            self.joined_count[row.server_name] = self.joined_count.get(row.server_name, 0) + 1
+        self.position = max(self.position, row.stream_ordering)
+        self._snapshot = None
+
+    def joined_servers(self) -> frozenset[str]:
+        if self._snapshot is None:
+            self._snapshot = frozenset(self.joined_count)
+        return self._snapshot
+
+
+def _mrow(r: Sequence[object]) -> MembershipRow:
+    return MembershipRow(int(r[0]), str(r[1]), str(r[2]), str(r[3]))  # type: ignore[call-overload]
+
+
+_MCOLS = (rm.c.event_stream_ordering, rm.c.user_id, rm.c.server_name, rm.c.membership)
+
+
+async def _rows(
+    conn: AsyncConnection, room_ids: Collection[str], after: int, upto: int
+) -> dict[str, list[MembershipRow]]:
+    out: dict[str, list[MembershipRow]] = {r: [] for r in room_ids}
+    if not room_ids:
+        return out
+    res = await conn.execute(
+        select(rm.c.room_id, *_MCOLS)
+        .where(
+            rm.c.room_id.in_(list(room_ids)),
+            rm.c.event_stream_ordering > after,
+            rm.c.event_stream_ordering <= upto,
+        )
+        .order_by(rm.c.event_stream_ordering)
+    )
+    for r in res:
+        out[str(r[0])].append(_mrow(tuple(r)[1:]))
+    return out
+
+
+async def joined_servers_at(conn: AsyncConnection, room_id: str, position: int) -> frozenset[str]:
+    """Uncached answer, replaying the room's history up to ``position``."""
+    state = MembershipState()
+    for row in (await _rows(conn, [room_id], -1, position))[room_id]:
+        state.apply(row)
+    return state.joined_servers()
+
+
+class RoomHostsCache:
+    """Per-room membership state rolled forward with the fan-out; LRU-bounded."""
+
+    def __init__(self, max_rooms: int = 10_000) -> None:
+        self._max_rooms = max_rooms
+        self._rooms: OrderedDict[str, MembershipState] = OrderedDict()
+        self.hits = 0
+        self.misses = 0
+
+    async def hosts_for_events(
+        self, conn: AsyncConnection, positions: Mapping[str, Sequence[int]]
+    ) -> dict[str, list[frozenset[str]]]:
+        """For each room, the joined servers *after* each of the given positions
+        (ascending per room). At most two queries whatever the number of rooms."""
+        cached: dict[str, int] = {}
+        fresh: list[str] = []
+        out: dict[str, list[frozenset[str]]] = {}
+        for room, sos in positions.items():
+            if not sos:
+                out[room] = []
+                continue
+            st = self._rooms.get(room)
+            if st is not None and st.position <= sos[0]:
+                cached[room] = st.position
+                self._rooms.move_to_end(room)
+                self.hits += 1
+            else:
+                fresh.append(room)
+                self.misses += 1
+        upto = max((sos[-1] for sos in positions.values() if sos), default=-1)
+        new_rows: dict[str, list[MembershipRow]] = {}
+        if cached:
+            new_rows.update(await _rows(conn, list(cached), min(cached.values()), upto))
+        if fresh:
+            new_rows.update(await _rows(conn, fresh, -1, upto))
+        for room, sos in positions.items():
+            if not sos:
+                continue
+            st = self._rooms.get(room) if room in cached else MembershipState()
+            assert st is not None
+            rows = [r for r in new_rows.get(room, ()) if r.stream_ordering > st.position]
+            answers: list[frozenset[str]] = []
+            i = 0
+            for so in sos:
+                while i < len(rows) and rows[i].stream_ordering <= so:
+                    st.apply(rows[i])
+                    i += 1
+                answers.append(st.joined_servers())
+            st.position = max(st.position, sos[-1])
+            # Rows past the last asked position stay unapplied; the state stays valid at
+            # ``sos[-1]`` because rows are only applied up to it.
+            out[room] = answers
+            self._remember(room, st)
+        return out
+
+    def _remember(self, room: str, st: MembershipState) -> None:
+        self._rooms[room] = st
+        self._rooms.move_to_end(room)
+        while len(self._rooms) > self._max_rooms:
+            self._rooms.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._rooms)
+
+
+async def server_membership_history(
+    conn: AsyncConnection, server_name: str, room_ids: Collection[str]
+) -> dict[str, list[MembershipRow]]:
+    """Membership rows of ``server_name``'s users in each room, oldest first."""
+    out: dict[str, list[MembershipRow]] = {r: [] for r in room_ids}
+    if not room_ids:
+        return out
+    res = await conn.execute(
+        select(rm.c.room_id, *_MCOLS)
+        .where(rm.c.room_id.in_(list(room_ids)), rm.c.server_name == server_name)
+        .order_by(rm.c.event_stream_ordering)
+    )
+    for r in res:
+        out[str(r[0])].append(_mrow(tuple(r)[1:]))
+    return out
+
+
+def server_joined_at(history: Iterable[MembershipRow], position: int | None) -> bool:
+    """Whether any of the server's users was joined after ``position`` (None: now).
+
+    ``history`` must be ascending by stream ordering (as returned above)."""
+    rows = list(history)
+    if position is not None:
+        cut = bisect.bisect_right([r.stream_ordering for r in rows], position)
+        rows = rows[:cut]
+    latest: dict[str, str] = {}
+    for r in rows:
+        latest[r.user_id] = r.membership
+    return any(m == "join" for m in latest.values())
