@@ -1,0 +1,240 @@
+"""End-to-end: the dashboard in headless Chromium (Debian's package, driven through
+Selenium with Debian's chromedriver, nothing downloaded) against an admin server on
+loopback with simulated destinations. Saves ``artifacts/dashboard*.png``."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from admin_helpers import TOKEN
+from aiohttp import ClientSession
+
+from federation_sender.admin.app import build_admin_app, dashboard_page
+from federation_sender.admin.server import start_http_server
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.migrate import upgrade
+from federation_sender.testing.admin_fakes import FakeQueueControl, seed_destinations
+from federation_sender.testing.clock import FakeClock
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
+SEEDED = 60
+
+
+async def test_dashboard_is_served_with_a_strict_csp(tmp_path: Path) -> None:
+    body, csp = dashboard_page()
+    assert b"<script>" in body
+    assert "default-src 'none'" in csp and "'unsafe-inline'" not in csp
+    assert "connect-src 'self'" in csp and "sha256-" in csp
+    # No external resources: every URL-ish attribute is relative.
+    text = body.decode()
+    assert "http://" not in text and "https://" not in text and "//" not in text.split(
+        "<script>")[0].replace("<!--", "")
+    eng = create_engine(f"sqlite:///{tmp_path}/d.db")
+    try:
+        app = build_admin_app(engine=eng, token=TOKEN, queues=FakeQueueControl(),
+                              clock=FakeClock())
+        server = await start_http_server(app, "127.0.0.1", 0)
+        try:
+            async with ClientSession() as s, s.get(server.url + "/dashboard") as resp:
+                assert resp.status == 200
+                assert resp.headers["Content-Security-Policy"] == csp
+                assert resp.headers["Cache-Control"] == "no-store"
+        finally:
+            await server.stop()
+    finally:
+        await eng.dispose()
+
+
+def _ensure_chromium() -> None:
+    if os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER):
+        return
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        pytest.skip("chromium/chromium-driver missing and cannot be installed")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", "chromium", "chromium-driver"]
+    if subprocess.run(cmd, env=env, capture_output=True, timeout=900).returncode != 0:
+        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=300)
+        subprocess.run(cmd, env=env, capture_output=True, timeout=900, check=True)
+
+
+@dataclass
+class Served:
+    url: str
+    queues: FakeQueueControl
+    names: list[str]
+    _stop: Any = field(repr=False, default=None)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """The admin app on its own loop in a thread: Selenium's calls block."""
+    db = tmp_path_factory.mktemp("dash") / "admin.db"
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def main() -> None:
+        engine = create_engine(f"sqlite:///{db}")
+        await upgrade(engine)
+        clock = FakeClock()
+        queues = FakeQueueControl(engine)
+        names = await seed_destinations(engine, clock, SEEDED, queues=queues)
+        app = build_admin_app(engine=engine, token=TOKEN, queues=queues, clock=clock)
+        server = await start_http_server(app, "127.0.0.1", 0)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        box["served"] = Served(server.url, queues, names,
+                               lambda: loop.call_soon_threadsafe(stop.set))
+        ready.set()
+        await stop.wait()
+        await server.stop()
+        await engine.dispose()
+
+    thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+    thread.start()
+    assert ready.wait(30), "admin server did not start"
+    yield box["served"]
+    box["served"]._stop()
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    webdriver = pytest.importorskip("selenium.webdriver")
+    from selenium.webdriver.chrome.service import Service
+
+    _ensure_chromium()
+    os.environ.setdefault("SE_OFFLINE", "true")  # never let Selenium Manager download
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                 "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run", "--window-size=1400,1000"):
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(20)
+    yield driver
+    driver.quit()
+
+
+def _wait(driver: Any, predicate: Any, timeout: float = 10.0) -> Any:
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # Live refresh re-renders the table, so elements found a moment ago may be gone.
+    return WebDriverWait(driver, timeout, poll_frequency=0.05,
+                         ignored_exceptions=[StaleElementReferenceException]).until(predicate)
+
+
+def _rows(driver: Any) -> list[str]:
+    return list(driver.execute_script(
+        "return [...document.querySelectorAll('#dest-table tbody tr[data-destination]')]"
+        ".map(r => r.dataset.destination)"))
+
+
+def _row_text(driver: Any, name: str) -> str:
+    return str(driver.execute_script(
+        "const r = [...document.querySelectorAll('#dest-table tbody tr')]"
+        ".find(r => r.dataset.destination === arguments[0]); return r ? r.innerText : '';",
+        name))
+
+
+def test_dashboard_end_to_end(served: Served, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    d = browser
+    d.get(served.url + "/dashboard")
+
+    # A wrong token is refused and the form comes back with the reason.
+    _wait(d, lambda d: d.find_element(By.ID, "login").is_displayed())
+    d.find_element(By.ID, "token-input").send_keys("wrong")
+    d.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    _wait(d, lambda d: "refused" in d.find_element(By.ID, "login-error").text)
+
+    d.find_element(By.ID, "token-input").send_keys(TOKEN)
+    d.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+
+    # The list renders: first page of 50, sorted, with live states and pagination.
+    _wait(d, lambda d: len(_rows(d)) == 50)
+    assert _rows(d) == sorted(served.names)[:50]
+    assert f"of {SEEDED}" in d.find_element(By.ID, "page-info").text
+    assert "Destinations: 60" in d.find_element(By.ID, "stats").text
+    busy = next(n for n in served.names if n.startswith("busy"))
+    assert "sending" in _row_text(d, busy)
+    d.find_element(By.ID, "next").click()
+    _wait(d, lambda d: len(_rows(d)) == SEEDED - 50)
+    d.find_element(By.ID, "prev").click()
+    _wait(d, lambda d: len(_rows(d)) == 50)
+
+    # The token never appears in the URL; it lives in sessionStorage only.
+    assert TOKEN not in d.current_url
+    assert d.execute_script(
+        "return sessionStorage.getItem('federation_sender_admin_token')") == TOKEN
+
+    # Sorting by a column header flips the order.
+    d.find_element(By.CSS_SELECTOR, 'th[data-sort="destination"] button').click()
+    _wait(d, lambda d: _rows(d)[:1] == [sorted(served.names)[-1]])
+
+    # Search filters (server-side, case-insensitive substring).
+    d.find_element(By.ID, "search").send_keys("FAILING")
+    failing = sorted((n for n in served.names if n.startswith("failing")), reverse=True)
+    _wait(d, lambda d: _rows(d) == failing)
+    d.save_screenshot(str(ARTIFACTS / "dashboard-search.png"))
+
+    # Detail view with rooms and transactions; reset with confirmation.
+    target = failing[0]
+    d.find_element(By.CSS_SELECTOR, f'button[data-destination="{target}"]').click()
+    _wait(d, lambda d: d.find_element(By.ID, "detail").is_displayed()
+          and d.find_element(By.ID, "detail-title").text == target)
+    _wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#room-table tbody tr")) == 3)
+    _wait(d, lambda d: len(d.find_elements(By.CSS_SELECTOR, "#txn-table tbody tr")) == 3)
+    assert "connection refused" in d.find_element(By.ID, "txn-table").text
+    assert "backing off" in d.find_element(By.ID, "detail-fields").text
+    reset = d.find_element(By.ID, "reset-btn")
+    assert reset.is_enabled()
+    reset.click()
+    _wait(d, lambda d: d.find_element(By.ID, "confirm").is_displayed())
+    d.find_element(By.ID, "confirm-cancel").click()
+    assert served.queues.resets == []
+    reset.click()
+    _wait(d, lambda d: d.find_element(By.ID, "confirm").is_displayed())
+    d.save_screenshot(str(ARTIFACTS / "dashboard-confirm.png"))
+    d.find_element(By.ID, "confirm-ok").click()
+    _wait(d, lambda d: "reset" in d.find_element(By.ID, "status").text)
+    assert served.queues.resets == [target]
+    _wait(d, lambda d: not d.find_element(By.ID, "reset-btn").is_enabled())
+    _wait(d, lambda d: "backing off" not in _row_text(d, target))
+    d.save_screenshot(str(ARTIFACTS / "dashboard.png"))
+
+    # No CSP violations or script errors on the way.
+    errors = [e for e in d.get_log("browser") if e["level"] == "SEVERE"
+              and "401" not in e["message"]]
+    assert errors == []
+
+
+def test_live_refresh_picks_up_changes(served: Served, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.get(served.url + "/dashboard")  # token still in this tab's sessionStorage
+    _wait(d, lambda d: len(_rows(d)) > 0)
+    name = sorted(served.names)[0]
+    served.queues.set_state(name, "sending", pending_pdus=4242, pending_edus=7)
+    _wait(d, lambda d: "4242" in _row_text(d, name), timeout=12)
+    # Forgetting the token returns to the form and clears storage.
+    d.find_element(By.ID, "signout").click()
+    _wait(d, lambda d: d.find_element(By.ID, "login").is_displayed())
+    assert d.execute_script(
+        "return sessionStorage.getItem('federation_sender_admin_token')") is None
