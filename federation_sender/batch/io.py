@@ -182,6 +182,21 @@ class SnapshotSource:
         return self._spark.read.parquet(f"{self._path}/{name}").select(*TABLE_COLUMNS[name])
 
 
+class DataFrameSource:
+    """Tables given as DataFrames (tests, notebooks, callers that read elsewhere)."""
+
+    def __init__(self, tables: Mapping[str, DataFrame], high_water_mark: int) -> None:
+        self._tables = dict(tables)
+        self._hwm = high_water_mark
+
+    @property
+    def high_water_mark(self) -> int:
+        return self._hwm
+
+    def table(self, name: str) -> DataFrame:
+        return self._tables[name].select(*TABLE_COLUMNS[name])
+
+
 def _read_text(spark: SparkSession, path: str) -> str:
     # Through Spark, so that hdfs:// and s3a:// snapshot locations work too.
     rows = spark.read.text(path, wholetext=True).collect()
