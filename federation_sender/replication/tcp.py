@@ -38,6 +38,7 @@ from federation_sender.replication.transport import ConnectionLost, close_stream
 logger = logging.getLogger(__name__)
 
 READ_CHUNK = 65536
+CLOSE_GRACE_S = 5.0
 
 
 async def _run_timer(conn: ReplicationConnection, clock: Clock, flush: Callable[[], None]) -> None:
@@ -171,6 +172,7 @@ class _ServerPeer:
         self.psync = False
         self.wake = asyncio.Event()
         self._clock = clock
+        self._aborter: asyncio.Task[None] | None = None
 
     def on_broadcast(self, commands: Sequence[c.Command]) -> None:
         conn = self.conn
@@ -187,11 +189,25 @@ class _ServerPeer:
         self.wake.set()
 
     def write_now_and_close(self) -> None:
+        """Queue what is left (the ERROR) and close; abort if not flushed in time.
+
+        A congested reader may never read again, and then a plain close would
+        wait for the flush forever and keep the handler's read loop alive.
+        """
         data = self.conn.data_to_send()
         if not self.writer.is_closing():
             if data:
                 self.writer.write(data)
             self.writer.close()
+            self._aborter = asyncio.create_task(self._abort_later())
+
+    async def _abort_later(self) -> None:
+        await self._clock.sleep(CLOSE_GRACE_S)
+        self.writer.transport.abort()
+
+    def cancel_abort(self) -> None:
+        if self._aborter is not None:
+            self._aborter.cancel()
 
     async def run_flusher(self) -> None:
         while True:
@@ -295,7 +311,8 @@ class TcpReplicationServer:
                 with contextlib.suppress(asyncio.CancelledError, OSError, ConnectionError):
                     await task
             peer.write_now_and_close()
-            await close_stream_writer(writer, self._clock)
+            await close_stream_writer(writer, self._clock, CLOSE_GRACE_S)
+            peer.cancel_abort()
 
     def _on_command(self, peer: _ServerPeer, command: c.Command) -> None:
         if isinstance(command, c.ReplicateCommand):

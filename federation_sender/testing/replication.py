@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Sequence
 
 from federation_sender.replication import commands as c
@@ -122,6 +123,9 @@ class RecordingHandler:
         async def _wait() -> None:
             while not predicate():
                 self.changed.clear()
-                await self.changed.wait()
+                # Wake on a delivery, or re-check soon: some state (histories,
+                # positions moved without rows) changes without a delivery.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), 0.01)
 
         await asyncio.wait_for(_wait(), timeout_s)

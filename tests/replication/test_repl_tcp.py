@@ -1,0 +1,328 @@
+"""Client and server over real loopback TCP: delivery, reconnects mid-batch, writer
+restarts, bad input, keepalive on a fake clock, congestion. Network waits are bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from federation_sender.clock import SystemClock
+from federation_sender.replication.client import Backoff, ReplicationClient
+from federation_sender.replication.connection import Limits
+from federation_sender.replication.rows import EventRow, ToDeviceRow, TypingRow
+from federation_sender.replication.server import ReplicationWriter
+from federation_sender.replication.tcp import TcpReplicationServer, TcpTransport
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.replication import (
+    InMemoryPositionStore,
+    RecordingHandler,
+    WriterDatabase,
+)
+
+FAST = Backoff(initial_s=0.01, max_s=0.05)
+WAIT_S = 10.0
+
+
+def event(i: int) -> EventRow:
+    return EventRow(f"$e{i}", "!r:hs", "m.room.message", None, None, None, None, False, False)
+
+
+@dataclass
+class Reader:
+    client: ReplicationClient
+    handler: RecordingHandler
+    store: InMemoryPositionStore
+    task: asyncio.Task[None]
+
+
+@contextlib.asynccontextmanager
+async def reader(
+    port: int,
+    db: WriterDatabase | None = None,
+    *,
+    clock: SystemClock | FakeClock | None = None,
+    store: InMemoryPositionStore | None = None,
+    name: str = "fed1",
+) -> AsyncIterator[Reader]:
+    clock = clock or SystemClock()
+    store = store or InMemoryPositionStore()
+    handler = RecordingHandler()
+    fetchers = {} if db is None else {s: db.fetcher(s) for s in ("events", "to_device")}
+    client = ReplicationClient(
+        TcpTransport("127.0.0.1", port, clock=clock, client_name=name, expected_server_name="hs"),
+        instance_name=name,
+        store=store,
+        fetchers=fetchers,
+        handler=handler,
+        clock=clock,
+        rng=random.Random(1),
+        backoff=FAST,
+    )
+    task = asyncio.create_task(client.run())
+    try:
+        yield Reader(client, handler, store, task)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+@contextlib.asynccontextmanager
+async def serving(
+    writer: ReplicationWriter, port: int = 0, **kw: object
+) -> AsyncIterator[TcpReplicationServer]:
+    server = TcpReplicationServer(writer, clock=SystemClock(), port=port, **kw)  # type: ignore[arg-type]
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
+
+
+def new_writer(*, events_at: int = 0, events_history: str = "ev-h1") -> ReplicationWriter:
+    w = ReplicationWriter("hs")
+    w.add_stream("events", current=events_at, history_id=events_history)
+    w.add_stream("typing")  # in memory: a new history on every start
+    w.add_stream("to_device")
+    w.add_stream("push_rules")  # not consumed: skipped by the reader
+    return w
+
+
+async def test_rows_flow_and_positions_persist() -> None:
+    w = new_writer()
+    async with serving(w) as server, reader(server.port) as r:
+        await asyncio.wait_for(r.client.connected.wait(), WAIT_S)
+        await r.handler.wait_for(lambda: r.client.positions.get("events", "master") == 0)
+        for i in range(1, 51):
+            w.publish("events", event(i))
+        w.publish("to_device", ToDeviceRow("a.example"), ToDeviceRow("b.example"))
+        w.publish("push_rules", ["@u:hs"])
+        w.publish("typing", TypingRow("!r:hs", ("@u:hs",)))
+        await r.handler.wait_for(lambda: len(r.handler.rows("typing")) == 1)
+        assert r.handler.rows("events") == [event(i) for i in range(1, 51)]
+        assert r.handler.rows("to_device") == [ToDeviceRow("a.example"), ToDeviceRow("b.example")]
+        assert r.store.positions[("events", "master")] == 50
+        assert ("push_rules", "master") not in r.store.positions
+
+
+async def test_federation_ack_and_remote_server_up() -> None:
+    w = new_writer()
+    async with serving(w) as server, reader(server.port) as a, reader(server.port, name="b") as b:
+        for x in (a, b):
+            await asyncio.wait_for(x.client.connected.wait(), WAIT_S)
+        await asyncio.sleep(0.05)
+        a.client.send_federation_ack(7)
+        a.client.send_remote_server_up("remote.example")
+        await b.handler.wait_for(lambda: b.handler.servers_up == ["remote.example"])
+        assert w.federation_acks == {"fed1": 7}
+        assert a.handler.servers_up == []  # not echoed to its origin
+
+
+async def test_reconnect_mid_stream_loses_nothing() -> None:
+    w = new_writer()
+    db = WriterDatabase(w)
+    async with serving(w) as server, reader(server.port, db) as r:
+        await r.handler.wait_for(lambda: r.client.positions.get("events", "master") == 0)
+        for round_ in range(5):
+            for i in range(round_ * 200 + 1, round_ * 200 + 201):
+                w.publish("events", event(i))
+                if i % 77 == 0:
+                    for peer in list(server.peers):
+                        peer.writer.transport.abort()  # cut mid-stream
+        await r.handler.wait_for(lambda: r.client.positions.get("events", "master") == 1000)
+        rows = r.handler.rows("events")
+        assert sorted(set(rows), key=lambda e: int(e.event_id[2:])) == [
+            event(i) for i in range(1, 1001)
+        ]
+        assert r.client.sessions_opened > 1
+        assert r.store.positions[("events", "master")] == 1000
+
+
+async def _raw_server(
+    script: list[list[bytes]],
+) -> tuple[asyncio.Server, asyncio.Queue[tuple[int, bytes]]]:
+    """Connection n gets script[n] and then stays open; what it receives is queued."""
+    received: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+    count = 0
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        nonlocal count
+        n, count = count, count + 1
+        for chunk in script[min(n, len(script) - 1)]:
+            w.write(chunk)
+        with contextlib.suppress(ConnectionError):
+            while line := await r.readline():
+                await received.put((n, line))
+        w.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, received
+
+
+async def _until(received: asyncio.Queue[tuple[int, bytes]], pred: object) -> tuple[int, bytes]:
+    assert callable(pred)
+    while True:
+        item = await asyncio.wait_for(received.get(), WAIT_S)
+        if pred(item):
+            return item
+
+
+async def test_partial_batch_then_reconnect_fetches_from_the_database() -> None:
+    db = WriterDatabase()
+    rows = [ToDeviceRow("a"), ToDeviceRow("b"), ToDeviceRow("c")]
+    db.rows[("to_device", "master")] = [(1, rows[0]), (1, rows[1]), (1, rows[2])]
+    first = [
+        b"SERVER hs\nPOSITION to_device master 0 0\n",
+        b'RDATA to_device master batch ["a"]\nRDATA to_device master batch ["b"]\n',
+        b"ERROR server stopping\n",
+    ]
+    second = [b"SERVER hs\nPOSITION to_device master 1 1\n"]
+    script = [first, second]
+    state = {"n": 0}
+    received: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+
+    async def handle(rd: asyncio.StreamReader, wr: asyncio.StreamWriter) -> None:
+        n = state["n"]
+        state["n"] += 1
+        for chunk in script[min(n, 1)]:
+            wr.write(chunk)
+        await wr.drain()
+        if n == 0:
+            await asyncio.sleep(0.1)
+            wr.close()  # drop the connection mid-batch
+            return
+        with contextlib.suppress(ConnectionError):
+            while line := await rd.readline():
+                await received.put((n, line))
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with reader(port, db) as r:
+            await r.handler.wait_for(lambda: r.handler.rows("to_device") == rows)
+            assert r.store.positions[("to_device", "master")] == 1
+            assert r.client.sessions_opened == 2
+    finally:
+        server.close()
+
+
+BAD_INPUTS = [
+    (b"RDATA to_device master 6 [123]\n", b"invalid to_device row"),
+    (b"FROBNICATE 1\n", b"unknown command"),
+    (b"REPLICATE\n", b"not allowed"),
+    (b"PING " + b"x" * 17000 + b"\n", b"too long"),
+    (b"RDATA to_device master 6 [\xff]\n", b"UTF-8"),
+]
+
+
+@pytest.mark.parametrize(("bad", "reason"), BAD_INPUTS)
+async def test_bad_input_gets_error_keeps_position_and_reconnects(
+    bad: bytes, reason: bytes
+) -> None:
+    script = [[b"SERVER hs\nPOSITION to_device master 5 5\n", bad]]
+    server, received = await _raw_server(script)
+    port = server.sockets[0].getsockname()[1]
+    store = InMemoryPositionStore({("to_device", "master"): 5})
+    try:
+        async with reader(port, store=store) as r:
+            n, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
+            assert reason in line
+            await _until(received, lambda item: item[0] > n)  # reconnected
+            assert store.positions == {("to_device", "master"): 5}
+            assert not r.task.done()
+    finally:
+        server.close()
+
+
+async def test_server_name_mismatch_is_refused() -> None:
+    server, received = await _raw_server([[b"SERVER impostor\n"]])
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with reader(port):
+            _, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
+            assert b"impostor" in line
+    finally:
+        server.close()
+
+
+async def test_keepalive_and_timeout_on_a_fake_clock() -> None:
+    server, received = await _raw_server([[b"SERVER hs\nPING 1\n"]])
+    port = server.sockets[0].getsockname()[1]
+    clock = FakeClock()
+    try:
+        async with reader(port, clock=clock) as r:
+            await _until(received, lambda item: item[1].startswith(b"REPLICATE"))
+            await asyncio.wait_for(r.client.connected.wait(), WAIT_S)
+            await asyncio.sleep(0.05)  # let the PING from the server arrive
+            await clock.advance_and_settle(5)
+            _, line = await _until(received, lambda item: item[1].startswith(b"PING"))
+            for _ in range(4):
+                await clock.advance_and_settle(5)
+            assert received.empty() or not (await received.get())[1].startswith(b"ERROR")
+            await clock.advance_and_settle(5)  # 25 s since the server's PING
+            _, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
+            assert line == b"ERROR ping timeout\n"
+    finally:
+        server.close()
+
+
+async def test_congested_reader_is_disconnected() -> None:
+    w = new_writer()
+    async with serving(w, limits=Limits(max_outbound=50)) as server:
+        rd, wr = await asyncio.open_connection("127.0.0.1", server.port)
+        wr.write(b"NAME stuck\nREPLICATE\n")
+        await wr.drain()
+        await asyncio.sleep(0.05)
+        big = "x" * 8000
+        for _ in range(3000):  # ~24 MB, far beyond the socket buffers
+            w.publish("to_device", ToDeviceRow(big))
+            await asyncio.sleep(0)
+        data = await asyncio.wait_for(rd.read(), WAIT_S)
+        assert data.rstrip(b"\n").rsplit(b"\n", 1)[-1] == b"ERROR Failed to keep up"
+        assert len(data) < 12_000_000  # most of the 24 MB was dropped, not delivered
+        wr.close()
+        for _ in range(100):
+            if not server.peers:
+                break
+            await asyncio.sleep(0.01)
+        assert not server.peers
+
+
+async def test_writer_restart_resets_in_memory_streams_without_dropping_rows() -> None:
+    w1 = new_writer()
+    db = WriterDatabase(w1)
+    async with serving(w1) as server:
+        port = server.port
+        async with reader(port, db) as r:
+            await r.handler.wait_for(lambda: r.client.positions.get("typing", "master") == 0)
+            for i in range(1, 21):
+                w1.publish("events", event(i))
+                w1.publish("typing", TypingRow("!r:hs", (f"@u{i}:hs",)))
+            await r.handler.wait_for(lambda: r.client.positions.get("typing", "master") == 20)
+            await server.close()
+            # The main process restarts: events continue in the same history (from
+            # the database); typing is in memory and starts again at 0.
+            w2 = new_writer(events_at=20)
+            db2 = WriterDatabase(w2)
+            db.rows.update(db2.rows)
+            db2.rows = db.rows
+            async with serving(w2, port=port):
+                await r.handler.wait_for(
+                    lambda: (
+                        r.client.positions.history("typing", "master")
+                        == w2.streams["typing"].history_id
+                    )
+                )
+                w2.publish("typing", TypingRow("!r:hs", ("@new:hs",)))
+                w2.publish("events", event(21))
+                await r.handler.wait_for(lambda: len(r.handler.rows("events")) == 21)
+                await r.handler.wait_for(
+                    lambda: TypingRow("!r:hs", ("@new:hs",)) in r.handler.rows("typing")
+                )
+                assert r.client.positions.get("typing", "master") == 1
+                assert r.client.positions.get("events", "master") == 21
