@@ -61,7 +61,9 @@ class Wait:
 @dataclass(frozen=True, slots=True)
 class NeedCatchup:
     after: int
-    """Read ``destination_rooms`` rows past this position."""
+    """The episode's base position: gaps are replayed from here."""
+    cursor: tuple[int, str]
+    """Read ``destination_rooms`` rows past this (stream_ordering, room_id) keyset."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +144,8 @@ class DestinationCore:
         self.current: FrozenTxn | None = None
         self.work: deque[Batch] = deque()
         self.catchup_plans: deque[RoomPlan] = deque()
+        self.catchup_cursor: tuple[int, str] = (-1, "")
+        self.catchup_room_floor: dict[str, int] = {}
         self.rooms_per_txn = 1
         self.max_rooms_per_txn = max_rooms_per_txn
         self.fast_answer_s = fast_answer_s
@@ -160,6 +164,7 @@ class DestinationCore:
     def load(self, backoff: BackoffState, last_successful: int | None) -> None:
         self.backoff = backoff
         self.last_successful = -1 if last_successful is None else last_successful
+        self._reset_episode()
 
     def add_pdu(self, item: PduItem) -> None:
         if self.catching_up:
@@ -227,7 +232,7 @@ class DestinationCore:
             return NeedOutbox(self.to_device_cursor, self.device_list_cursor)
         if not self.work and self.catching_up and not self.catchup_plans:
             self.sm.to(DestinationState.CATCHING_UP)
-            return NeedCatchup(self.last_successful)
+            return NeedCatchup(self.last_successful, self.catchup_cursor)
         batch: Batch | None = None
         if not self.work and self.catchup_plans:
             self.work.append(pack_next(self.catchup_plans, self.rooms_per_txn, self.limits))
@@ -277,19 +282,45 @@ class DestinationCore:
     # --- catch-up -------------------------------------------------------------------------
 
     def offer_catchup(self, plans: Sequence[RoomPlan]) -> None:
-        """The shell planned these from ``destination_rooms``; send them in order."""
-        self.catchup_plans.extend(plans)
+        """The shell planned these from ``destination_rooms`` past the cursor; send them
+        in order. Events of a room already handled in this episode are not resent."""
+        for plan in plans:
+            floor = self.catchup_room_floor.get(plan.room_id)
+            if floor is not None:
+                plan = RoomPlan(
+                    plan.room_id,
+                    plan.row_stream_ordering,
+                    tuple(e for e in plan.events if e.stream_ordering > floor),
+                    plan.prune,
+                    plan.mode,
+                )
+            self.catchup_room_floor[plan.room_id] = plan.row_stream_ordering
+            self.catchup_cursor = max(
+                self.catchup_cursor, (plan.row_stream_ordering, plan.room_id)
+            )
+            self.catchup_plans.append(plan)
         self._catchup_recheck = False
 
-    def catchup_finished(self) -> None:
-        """The shell found no rows past ``last_successful``."""
-        if self.catchup_last_skipped > self.last_successful and not self._catchup_recheck:
+    def catchup_finished(self) -> Effects:
+        """The shell found no rows past the cursor and everything planned was delivered:
+        the position moves to the last row handled and catch-up mode ends."""
+        eff = Effects()
+        if self.catchup_last_skipped > self.catchup_cursor[0] and not self._catchup_recheck:
             # An event arrived while the rows were being read: look once more.
             self._catchup_recheck = True
-            return
+            return eff
         self._catchup_recheck = False
         self.catching_up = False
         self.catchup_last_skipped = -1
+        if self.catchup_cursor[0] > self.last_successful:
+            self.last_successful = self.catchup_cursor[0]
+            eff.last_successful = self.last_successful
+        self._reset_episode()
+        return eff
+
+    def _reset_episode(self) -> None:
+        self.catchup_cursor = (self.last_successful, "")
+        self.catchup_room_floor = {}
 
     def _enter_catchup(self, eff: Effects) -> None:
         eff.entered_catchup = not self.catching_up
@@ -304,6 +335,7 @@ class DestinationCore:
         self.item_failures.clear()
         self.current = None
         self.catching_up = True
+        self._reset_episode()
         self.to_device_cursor = -1
         self.device_list_cursor = -1
         self.outbox_dirty = True
@@ -341,7 +373,9 @@ class DestinationCore:
                     self.rooms_per_txn = min(self.max_rooms_per_txn, self.rooms_per_txn * 2)
                 else:
                     self.rooms_per_txn = 1
-                target = batch.catchup_position
+                # Catch-up moves the position only when the episode ends: until then
+                # rooms not yet handled may hold missed events below any row handled.
+                target = None
             else:
                 target = batch.max_stream_ordering
                 held = self._min_held_stream_ordering()
@@ -404,14 +438,7 @@ class DestinationCore:
             self.item_failures.pop(_failure_key(item), None)
         # A dropped outbox row is marked sent so it cannot poison the queue again.
         _outbox_keys(batch.edus, eff)
-        if batch.catchup_position is not None or batch.catchup_prune:
-            # Keep catch-up moving past a dropped PDU.
-            eff.prune.extend(batch.catchup_prune)
-            if batch.catchup_position is not None and (
-                batch.catchup_position > self.last_successful
-            ):
-                self.last_successful = batch.catchup_position
-                eff.last_successful = batch.catchup_position
+        eff.prune.extend(batch.catchup_prune)
 
     # --- operator actions ------------------------------------------------------------------
 

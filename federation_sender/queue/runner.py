@@ -107,6 +107,7 @@ class DestinationRunner:
                         self.destination,
                         self.config.server_name,
                         step.after,
+                        step.cursor,
                         self.config.catchup_rooms_per_batch,
                         self.config.catchup_max_gap_events,
                     )
@@ -116,7 +117,10 @@ class DestinationRunner:
                         self.destination, len(plans), sum(len(p.events) for p in plans)
                     )
                 else:
-                    c.catchup_finished()
+                    eff = c.catchup_finished()
+                    if eff.last_successful is not None:
+                        async with self.db_slots:
+                            await self.store.persist(self.destination, eff, None, now)
             elif isinstance(step, Wait):
                 wait_s = max(0.0, (step.until_ms - now) / 1000.0)
                 if (

@@ -107,13 +107,15 @@ class QueueStore:
         destination: str,
         server_name: str,
         after: int,
+        cursor: tuple[int, str],
         rooms_limit: int,
         max_gap_events: int,
     ) -> list[RoomPlan]:
-        """Plans for the ``rooms_limit`` oldest rows past ``after`` (empty: caught up)."""
+        """Plans for the ``rooms_limit`` oldest rows past ``cursor``, replaying gaps from
+        ``after`` (the episode's base position). Empty: caught up."""
 
         async def fn(conn: AsyncConnection) -> list[RoomPlan]:
-            rows = await dst.catchup_rows(conn, destination, after, rooms_limit)
+            rows = await dst.catchup_rows(conn, destination, cursor[0], rooms_limit, cursor[1])
             if not rows:
                 return []
             room_ids = [r for r, _ in rows]

@@ -158,12 +158,19 @@ async def set_last_successful_stream_ordering(
 
 
 async def catchup_rows(
-    conn: AsyncConnection, destination: str, after: int, limit: int
+    conn: AsyncConnection, destination: str, after: int, limit: int, after_room: str = ""
 ) -> list[tuple[str, int]]:
-    """The ``limit`` oldest (room_id, stream_ordering) rows past ``after``."""
+    """The ``limit`` oldest (room_id, stream_ordering) rows past the keyset
+    (``after``, ``after_room``), ordered by (stream_ordering, room_id)."""
     res = await conn.execute(
         select(dr.c.room_id, dr.c.stream_ordering)
-        .where(dr.c.destination == destination, dr.c.stream_ordering > after)
+        .where(
+            dr.c.destination == destination,
+            or_(
+                dr.c.stream_ordering > after,
+                and_(dr.c.stream_ordering == after, dr.c.room_id > after_room),
+            ),
+        )
         .order_by(dr.c.stream_ordering, dr.c.room_id)
         .limit(limit)
     )

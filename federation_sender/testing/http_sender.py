@@ -1,0 +1,127 @@
+"""A minimal real :class:`TransactionSender`: PUTs unsigned JSON to loopback fake
+homeservers. For tests and benchmarks until the real federation client is wired.
+
+``urls`` maps a destination to a base URL (or one base URL serves every destination,
+told apart by the ``Host`` header). Every attempt has a timeout; failures are classified
+as the real client does: 200 success, 413 too large, 400/401/403/404/410 permanent,
+anything else (429, 5xx, timeouts, connection errors) transient.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+
+import aiohttp
+
+from federation_sender.clock import Clock, time_ms
+from federation_sender.transport.result import Outcome, SendResult, Transaction
+
+PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 410})
+
+
+class HttpTransactionSender:
+    def __init__(
+        self,
+        urls: Mapping[str, str] | Callable[[str], str] | str,
+        origin: str,
+        clock: Clock,
+        *,
+        timeout_s: float = 30.0,
+        connection_limit: int = 1000,
+    ) -> None:
+        if isinstance(urls, str):
+            base = urls
+            self._url: Callable[[str], str] = lambda _d: base
+        elif isinstance(urls, Mapping):
+            mapping = dict(urls)
+            self._url = mapping.__getitem__
+        else:
+            self._url = urls
+        self.origin = origin
+        self.clock = clock
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._limit = connection_limit
+        self._session: aiohttp.ClientSession | None = None
+        self.sent = 0
+
+    def _get_session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=0),
+                timeout=self.timeout,
+            )
+        return self._session
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @staticmethod
+    def body(origin: str, ts_ms: int, txn: Transaction) -> bytes:
+        return json.dumps(
+            {
+                "origin": origin,
+                "origin_server_ts": ts_ms,
+                "pdus": list(txn.pdus),
+                "edus": list(txn.edus),
+            },
+            separators=(",", ":"),
+        ).encode()
+
+    async def send_transaction(self, txn: Transaction) -> SendResult:
+        body = self.body(self.origin, time_ms(self.clock), txn)
+        url = f"{self._url(txn.destination)}/_matrix/federation/v1/send/{txn.txn_id}"
+        t0 = self.clock.monotonic_s()
+        self.sent += 1
+        try:
+            async with self._get_session().put(
+                url,
+                data=body,
+                headers={
+                    "Content-Type": "application/json",
+                    "Host": txn.destination,
+                    "X-Destination": txn.destination,
+                },
+            ) as resp:
+                payload = await resp.read()
+                status = resp.status
+        except (TimeoutError, asyncio.TimeoutError):  # noqa: UP041 - aiohttp raises either
+            return SendResult(Outcome.TRANSIENT, error="timeout", request_bytes=len(body),
+                              duration_s=self.clock.monotonic_s() - t0)
+        except aiohttp.ClientError as e:
+            return SendResult(Outcome.TRANSIENT, error=f"connection: {type(e).__name__}",
+                              request_bytes=len(body), duration_s=self.clock.monotonic_s() - t0)
+        duration = self.clock.monotonic_s() - t0
+        try:
+            parsed = json.loads(payload) if payload else {}
+        except ValueError:
+            parsed = {}
+        if not isinstance(parsed, dict):
+            parsed = {}
+        if status == 200:
+            pdus = parsed.get("pdus", {})
+            errors = {
+                str(k): str(v.get("error"))
+                for k, v in (pdus.items() if isinstance(pdus, dict) else ())
+                if isinstance(v, dict) and v.get("error")
+            }
+            return SendResult(Outcome.SUCCESS, status=200, pdu_errors=errors,
+                              request_bytes=len(body), duration_s=duration)
+        errcode = parsed.get("errcode")
+        error = f"HTTP {status}" + (f" {errcode}" if errcode else "")
+        retry_after: float | None = None
+        if status == 429 and isinstance(parsed.get("retry_after_ms"), int):
+            retry_after = parsed["retry_after_ms"] / 1000.0
+        if status == 413:
+            outcome = Outcome.TOO_LARGE
+        elif status in PERMANENT_STATUSES:
+            outcome = Outcome.PERMANENT
+        else:
+            outcome = Outcome.TRANSIENT
+        return SendResult(outcome, status=status, error=error,
+                          errcode=errcode if isinstance(errcode, str) else None,
+                          retry_after_s=retry_after, request_bytes=len(body),
+                          duration_s=duration)

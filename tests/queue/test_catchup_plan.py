@@ -1,0 +1,99 @@
+from __future__ import annotations
+
+import json
+from collections import deque
+
+from federation_sender.queue.batching import Limits
+from federation_sender.queue.catchup import RoomInput, RoomPlan, pack_next, plan_room
+from federation_sender.storage.events import EventRow
+from federation_sender.storage.rooms import MembershipRow
+
+ME = "local.test"
+D = "remote.test"
+
+
+def ev(so: int, sender: str = f"@a:{ME}", *, etype: str = "m.room.message",
+       state_key: str | None = None, outlier: bool = False) -> EventRow:
+    return EventRow(so, f"$e{so}", "!r", etype, state_key, sender, outlier, False,
+                    json.dumps({"event_id": f"$e{so}"}))
+
+
+JOINED = [MembershipRow(1, f"@b:{D}", D, "join")]
+
+
+def inp(missed: list[EventRow], *, ext: list[EventRow] | None = None, partial: bool = False,
+        history: list[MembershipRow] | None = None, row_so: int | None = None,
+        row_event: EventRow | None = None) -> RoomInput:
+    so = row_so if row_so is not None else (missed[-1].stream_ordering if missed else 10)
+    return RoomInput("!r", so, missed, ext or [], partial,
+                     JOINED if history is None else history,
+                     row_event if row_event is not None else (missed[-1] if missed else None))
+
+
+def test_short_gap_replays_our_visible_events_in_order() -> None:
+    missed = [ev(5), ev(6, f"@x:{D}"), ev(7, outlier=True), ev(8)]
+    p = plan_room(inp(missed), D, ME, max_gap_events=50)
+    assert p.mode == "gap"
+    assert [e.stream_ordering for e in p.events] == [5, 8]
+    assert not p.prune
+
+
+def test_long_gap_sends_visible_extremities() -> None:
+    missed = [ev(i) for i in range(2, 60)]
+    extremities = [ev(100, f"@x:{D}"), ev(101)]
+    p = plan_room(inp(missed, ext=extremities), D, ME, max_gap_events=50)
+    assert p.mode == "extremities"
+    assert [e.event_id for e in p.events] == ["$e100", "$e101"]
+
+
+def test_extremity_the_destination_could_not_see_falls_back_to_the_event() -> None:
+    missed = [ev(i) for i in range(2, 60)]
+    history = [MembershipRow(1, f"@b:{D}", D, "join"), MembershipRow(90, f"@b:{D}", D, "leave")]
+    p = plan_room(inp(missed, ext=[ev(100)], history=history, row_so=59), D, ME, 50)
+    assert p.mode == "event"
+    assert [e.stream_ordering for e in p.events] == [59]
+    assert p.prune  # it has left the room: the row is dropped once handled
+
+
+def test_partial_state_room_sends_the_event_itself() -> None:
+    missed = [ev(i) for i in range(2, 60)]
+    p = plan_room(inp(missed, ext=[ev(100)], partial=True), D, ME, 50)
+    assert p.mode == "event"
+    assert [e.stream_ordering for e in p.events] == [59]
+
+
+def test_own_kick_is_sent_though_no_longer_joined() -> None:
+    kick = ev(5, etype="m.room.member", state_key=f"@b:{D}")
+    history = [MembershipRow(1, f"@b:{D}", D, "join"), MembershipRow(5, f"@b:{D}", D, "leave")]
+    p = plan_room(inp([ev(4), kick], history=history), D, ME, 50)
+    assert [e.stream_ordering for e in p.events] == [4, 5]
+    assert p.prune
+
+
+def test_purged_room_is_pruned_with_nothing_to_send() -> None:
+    p = plan_room(inp([], row_so=9), D, ME, 50)
+    assert p.events == () and p.prune and p.mode == "none"
+
+
+def plan(so: int, n: int, prune: bool = False) -> RoomPlan:
+    return RoomPlan(f"!r{so}", so, tuple(ev(so * 100 + i) for i in range(n)), prune, "gap")
+
+
+def test_pack_respects_rooms_per_txn_pdu_limit_and_positions() -> None:
+    plans = deque([plan(1, 10), plan(2, 10, prune=True), plan(3, 45), plan(4, 0)])
+    b1 = pack_next(plans, 2, Limits())
+    assert len(b1.pdus) == 20 and b1.catchup_position == 2
+    assert b1.catchup_prune == (("!r2", 2),)
+    b2 = pack_next(plans, 50, Limits())
+    assert len(b2.pdus) == 45 and b2.catchup_position == 4  # empty room rides along
+    assert not plans
+
+
+def test_pack_chunks_a_room_larger_than_a_transaction() -> None:
+    plans = deque([plan(1, 120)])
+    sizes, positions = [], []
+    while plans:
+        b = pack_next(plans, 1, Limits())
+        sizes.append(len(b.pdus))
+        positions.append(b.catchup_position)
+    assert sizes == [50, 50, 20] and positions == [None, None, 1]

@@ -1,0 +1,197 @@
+"""A Hypothesis state machine drives one sans-I/O DestinationCore against a model of the
+remote (up/down, poison items, a size limit) and of the database (destination_rooms).
+
+Checked throughout: one transaction in flight; limits; a txn id always names the same
+content (retries are identical); the persisted position never passes an undelivered PDU.
+Checked at the end, after the remote recovers: every PDU was delivered or, being poison,
+dropped; the latest value of each keyed EDU arrived.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from federation_sender.queue.backoff import RESET, BackoffPolicy
+from federation_sender.queue.batching import Limits
+from federation_sender.queue.catchup import RoomPlan
+from federation_sender.queue.core import (
+    DestinationCore,
+    Idle,
+    NeedCatchup,
+    NeedOutbox,
+    Send,
+    Wait,
+)
+from federation_sender.queue.items import PduItem
+from federation_sender.storage.events import EventRow
+from federation_sender.transport.result import Outcome, SendResult
+
+MAX_BODY_ITEMS = 120
+
+
+class CoreMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 1_000_000
+        ids = itertools.count()
+        self.core = DestinationCore(
+            "d.test", BackoffPolicy(), Limits(max_bytes=50_000), random.Random(0),
+            lambda: f"t{next(ids)}", max_item_failures=3,
+        )
+        self.core.load(RESET, None)
+        self.so = 0
+        self.enqueued: dict[str, int] = {}
+        self.db_rows: dict[str, tuple[int, EventRow]] = {}
+        self.room_events: dict[str, list[EventRow]] = {}
+        self.delivered: set[str] = set()
+        self.dropped: set[str] = set()
+        self.bad: set[str] = set()
+        self.down = False
+        self.txn_contents: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
+        self.keyed_latest: dict[str, int] = {}
+        self.keyed_seen: dict[str, int] = {}
+        self.position_seen = -1
+
+    # --- inputs ---------------------------------------------------------------------------
+
+    @rule(n=st.integers(1, 70), size=st.sampled_from([100, 2_000]))
+    def enqueue_pdus(self, n: int, size: int) -> None:
+        for _ in range(n):
+            self.so += 1
+            eid = f"$e{self.so}"
+            room = f"!r{self.so % 7}"
+            body = json.dumps({"event_id": eid, "pad": "x" * size})
+            self.enqueued[eid] = self.so
+            row = EventRow(self.so, eid, room, "m", None, "@a:l", False, False, body)
+            self.db_rows[room] = (self.so, row)
+            self.room_events.setdefault(room, []).append(row)
+            self.core.add_pdu(PduItem(self.so, eid, room, json.loads(body), len(body)))
+
+    @rule(key=st.sampled_from(["!a", "!b", "!c"]), v=st.integers(0, 10**6))
+    def enqueue_keyed(self, key: str, v: int) -> None:
+        if self.core.catching_up:
+            return
+        self.core.add_edu("m.typing", {"room_id": key, "v": v}, key=key)
+        self.keyed_latest[key] = v
+
+    @rule(n=st.integers(1, 150))
+    def enqueue_other_edus(self, n: int) -> None:
+        for i in range(n):
+            self.core.add_edu("m.other", {"i": i})
+
+    @rule()
+    def toggle_down(self) -> None:
+        self.down = not self.down
+
+    @precondition(lambda self: len(self.bad) < 3)
+    @rule(data=st.data())
+    def poison(self, data: st.DataObject) -> None:
+        candidates = sorted(set(self.enqueued) - self.delivered - self.dropped)
+        if candidates:
+            self.bad.add(data.draw(st.sampled_from(candidates)))
+
+    # --- the remote and the shell -------------------------------------------------------
+
+    def respond(self, pdus: tuple[str, ...], edus: int) -> SendResult:
+        if self.down:
+            return SendResult(Outcome.TRANSIENT, error="down")
+        if len(pdus) + edus > MAX_BODY_ITEMS:
+            return SendResult(Outcome.TOO_LARGE, status=413)
+        if self.bad & set(pdus):
+            return SendResult(Outcome.PERMANENT, status=400, error="bad")
+        return SendResult(Outcome.SUCCESS, status=200, duration_s=0.1)
+
+    @rule(steps=st.integers(1, 40))
+    def run(self, steps: int) -> None:
+        for _ in range(steps):
+            if not self.step():
+                return
+
+    def step(self) -> bool:
+        c = self.core
+        s = c.next_step(self.now)
+        if isinstance(s, Idle):
+            return False
+        if isinstance(s, Wait):
+            assert s.until_ms > self.now
+            self.now = s.until_ms
+        elif isinstance(s, NeedOutbox):
+            c.add_outbox([], [], True)
+        elif isinstance(s, NeedCatchup):
+            rows = sorted((so, room, e) for room, (so, e) in self.db_rows.items()
+                          if (so, room) > s.cursor)[:5]
+            if rows:
+                # The planner replays the room's missed events, oldest first.
+                c.offer_catchup([
+                    RoomPlan(room, so, tuple(x for x in self.room_events[room]
+                                             if s.after < x.stream_ordering <= so), False, "gap")
+                    for so, room, _e in rows
+                ])
+            else:
+                c.catchup_finished()
+        elif isinstance(s, Send):
+            t = s.txn
+            b = t.batch
+            assert len(b.pdus) <= 50 and len(b.edus) <= 100
+            content = (tuple(p.event_id for p in b.pdus), tuple(e.uid for e in b.edus))
+            prev = self.txn_contents.setdefault(t.txn_id, content)
+            assert prev == content, "a txn id must always carry the same content"
+            res = self.respond(content[0], len(b.edus))
+            eff = c.on_result(t, res, self.now)
+            if res.outcome is Outcome.SUCCESS:
+                self.delivered.update(content[0])
+                for e in b.edus:
+                    if e.edu_type == "m.typing":
+                        self.keyed_seen[e.content["room_id"]] = e.content["v"]
+            if eff.entered_catchup or eff.dropped_for_catchup:
+                self.keyed_latest.clear()  # volatile EDUs are given up on catch-up
+            for item, reason in eff.dropped:
+                eid = getattr(item, "event_id", None)
+                if eid is not None:
+                    assert reason == "too_large" or eid in self.bad, (eid, reason)
+                    self.dropped.add(eid)
+            self.now += 1
+        return True
+
+    # --- invariants --------------------------------------------------------------------------
+
+    @invariant()
+    def position_never_passes_an_undelivered_pdu(self) -> None:
+        pos = self.core.last_successful
+        assert pos >= self.position_seen
+        self.position_seen = pos
+        for eid, so in self.enqueued.items():
+            if eid not in self.delivered and eid not in self.dropped:
+                assert so > pos, (eid, so, pos)
+
+    @invariant()
+    def state_matches_backoff(self) -> None:
+        from federation_sender.queue.destination import DestinationState as S
+        if self.core.sm.state is S.BACKING_OFF:
+            assert self.core.backoff.backing_off
+
+    def teardown(self) -> None:
+        self.down = False
+        for _ in range(20_000):
+            if not self.step():
+                break
+        else:
+            raise AssertionError("queue did not settle")
+        missing = set(self.enqueued) - self.delivered - self.dropped
+        assert not missing, sorted(missing, key=self.enqueued.__getitem__)[:5]
+        if not self.core.catching_up:
+            for k, v in self.keyed_latest.items():
+                assert self.keyed_seen.get(k) == v, (k, v, self.keyed_seen.get(k))
+
+
+CoreMachine.TestCase.settings = settings(
+    max_examples=60, stateful_step_count=30, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+TestCoreMachine = CoreMachine.TestCase
