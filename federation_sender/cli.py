@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -126,7 +125,6 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd == "worker":
         from federation_sender.app import run_worker
 
-        logging.basicConfig(level=settings.telemetry.log_level)
         return asyncio.run(run_worker(settings, auto_migrate=not args.no_migrate))
     if cmd == "demo":
         from federation_sender.demo import run_demo

@@ -111,6 +111,7 @@ class FederationClient:
         well_known_port: int = 443,
         destination_overrides: Mapping[str, str] | None = None,
         user_agent: str = "federation-sender",
+        plain_http: bool = False,
     ) -> None:
         """Settings are explicit; the test-only ones are marked.
 
@@ -120,8 +121,11 @@ class FederationClient:
         ``destination_overrides`` (tests only): ``destination -> "host:port"`` skipping
         discovery; the Host header stays the destination, the TLS name is the host.
         ``tls_verify=False`` (tests only) disables certificate verification.
+        ``plain_http=True`` (tests and the demo only) speaks HTTP without TLS, to
+        loopback fake homeservers.
         """
         self._server_name = server_name
+        self._scheme = "http" if plain_http else "https"
         self._key = signing_key
         self._clock = clock
         self._attempt_timeout_s = attempt_timeout_s
@@ -304,7 +308,9 @@ class FederationClient:
             try:
                 if _is_ip_literal(host):  # aiohttp's resolver never sees literals
                     self._filter.check(host)
-                url = URL.build(scheme="https", host=host, port=port, path=path, encoded=True)
+                url = URL.build(
+                    scheme=self._scheme, host=host, port=port, path=path, encoded=True
+                )
                 async with session.put(
                     url,
                     data=body,
@@ -315,7 +321,7 @@ class FederationClient:
                         "User-Agent": self._user_agent,
                     },
                     allow_redirects=False,
-                    server_hostname=resolved.tls_server_name,
+                    server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
                 ) as response:
                     content = await read_limited(response, self._max_response_bytes)
                     headers = {k.lower(): v for k, v in response.headers.items()}

@@ -1,0 +1,245 @@
+"""Glue between subsystems that were built against narrow interfaces.
+
+* :class:`WorkerReplicationHandler`: replication rows -> queue engine calls.
+* :class:`DbPositionStore`: the replication client's per-(stream, writer) positions in
+  ``stream_positions``, namespaced by our instance name so several workers can share
+  one database.
+* :class:`AdminQueueControl`: the admin API's view of the queue engine.
+* :func:`queue_snapshot`: whole-queue figures for the metrics gauges.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from federation_sender.admin.protocols import LiveState
+from federation_sender.clock import Clock, time_ms
+from federation_sender.queue import DestinationState, DestinationStatus, FederationEdu, QueueManager
+from federation_sender.replication.rows import (
+    DeviceListsRow,
+    EduRow,
+    KeyedEduRow,
+    PresenceDestinationsRow,
+    PresenceState,
+    ReceiptsRow,
+    Row,
+    ToDeviceRow,
+)
+from federation_sender.storage import positions as pos
+from federation_sender.storage.engine import run_in_transaction
+from federation_sender.storage.rooms import joined_servers_at
+from federation_sender.storage.schema import device_lists_outbound_pokes, stream_positions
+from federation_sender.telemetry.metrics import Metrics, QueueSnapshot
+
+log = logging.getLogger(__name__)
+
+LATEST = 2**62
+
+
+def server_of(user_id: str) -> str:
+    return user_id.split(":", 1)[1] if ":" in user_id else ""
+
+
+def presence_edu_content(state: PresenceState, now_ms: int) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "user_id": state.user_id,
+        "presence": state.state,
+        "currently_active": state.currently_active,
+        "last_active_ago": max(0, now_ms - state.last_active_ts),
+    }
+    if state.status_msg is not None:
+        entry["status_msg"] = state.status_msg
+    return entry
+
+
+class WorkerReplicationHandler:
+    """Implements :class:`federation_sender.replication.client.ReplicationHandler`."""
+
+    def __init__(
+        self,
+        manager: QueueManager,
+        engine: AsyncEngine,
+        server_name: str,
+        clock: Clock,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self._m = manager
+        self._engine = engine
+        self._server_name = server_name
+        self._clock = clock
+        self._metrics = metrics
+        self.rows_seen = 0
+
+    async def on_rows(
+        self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
+    ) -> None:
+        self.rows_seen += len(rows)
+        if self._metrics is not None:
+            self._metrics.replication_batch(stream_name, len(rows))
+            self._metrics.replication_position(stream_name, instance_name, token, 0)
+        if stream_name == "events":
+            self._m.notify_new_events(token)
+        elif stream_name == "federation":
+            await self._federation(token, rows)
+        elif stream_name == "to_device":
+            for r in rows:
+                if isinstance(r, ToDeviceRow) and not r.entity.startswith("@"):
+                    self._m.notify_outbox(r.entity)
+        elif stream_name == "device_lists":
+            users = [r.user_id for r in rows if isinstance(r, DeviceListsRow)]
+            if users:
+                for dest in await self._device_list_destinations(users):
+                    self._m.notify_outbox(dest)
+        elif stream_name == "receipts":
+            await self._receipts([r for r in rows if isinstance(r, ReceiptsRow)])
+
+    async def _federation(self, token: int, rows: Sequence[Row]) -> None:
+        edus: list[FederationEdu] = []
+        now = time_ms(self._clock)
+        for r in rows:
+            if isinstance(r, EduRow):
+                e = r.edu
+                edus.append(FederationEdu(e.destination, e.edu_type, e.content))
+            elif isinstance(r, KeyedEduRow):
+                e = r.edu
+                edus.append(FederationEdu(e.destination, e.edu_type, e.content, r.key))
+            elif isinstance(r, PresenceDestinationsRow):
+                content = {"push": [presence_edu_content(r.state, now)]}
+                for dest in r.destinations:
+                    edus.append(FederationEdu(dest, "m.presence", content))
+        await self._m.process_federation_batch(token, edus)
+
+    async def _device_list_destinations(self, users: list[str]) -> list[str]:
+        async def fn(conn: AsyncConnection) -> list[str]:
+            q = (
+                select(device_lists_outbound_pokes.c.destination)
+                .where(device_lists_outbound_pokes.c.user_id.in_(users))
+                .where(device_lists_outbound_pokes.c.sent.is_(False))
+                .distinct()
+            )
+            return [str(d) for d in (await conn.execute(q)).scalars()]
+
+        return await run_in_transaction(self._engine, fn)
+
+    async def _receipts(self, rows: list[ReceiptsRow]) -> None:
+        local = [r for r in rows if server_of(r.user_id) == self._server_name]
+        if not local:
+            return
+        rooms = {r.room_id for r in local}
+
+        async def fn(conn: AsyncConnection) -> dict[str, frozenset[str]]:
+            return {room: await joined_servers_at(conn, room, LATEST) for room in rooms}
+
+        hosts = await run_in_transaction(self._engine, fn)
+        for r in local:
+            data = dict(r.data)
+            if r.thread_id is not None:
+                data["thread_id"] = r.thread_id
+            for dest in hosts.get(r.room_id, frozenset()):
+                if dest != self._server_name:
+                    self._m.enqueue_receipt(
+                        dest,
+                        r.room_id,
+                        r.receipt_type,
+                        r.user_id,
+                        {"event_ids": [r.event_id], "data": data},
+                    )
+
+    async def on_remote_server_up(self, server: str) -> None:
+        await self._m.remote_server_up(server)
+
+
+class DbPositionStore:
+    """Implements :class:`federation_sender.replication.positions.PositionStore`."""
+
+    def __init__(self, engine: AsyncEngine, instance_name: str) -> None:
+        self._engine = engine
+        self._prefix = f"replication:{instance_name}:"
+
+    async def load(self) -> dict[tuple[str, str], int]:
+        async def fn(conn: AsyncConnection) -> dict[tuple[str, str], int]:
+            q = select(
+                stream_positions.c.stream_name,
+                stream_positions.c.instance_name,
+                stream_positions.c.stream_id,
+            ).where(stream_positions.c.stream_name.startswith(self._prefix, autoescape=True))
+            return {
+                (str(s)[len(self._prefix) :], str(i)): int(t)
+                for s, i, t in (await conn.execute(q)).all()
+            }
+
+        return await run_in_transaction(self._engine, fn)
+
+    async def save(self, stream: str, instance: str, token: int) -> None:
+        async def fn(conn: AsyncConnection) -> None:
+            await pos.save_position(conn, self._prefix + stream, instance, token)
+
+        await run_in_transaction(self._engine, fn)
+
+
+_ADMIN_STATE: dict[DestinationState, str] = {
+    DestinationState.IDLE: "idle",
+    DestinationState.SENDING: "sending",
+    DestinationState.BACKING_OFF: "backing_off",
+    DestinationState.CATCHING_UP: "catching_up",
+    DestinationState.STOPPED: "idle",
+}
+
+
+def live_state(st: DestinationStatus) -> LiveState:
+    return {
+        "state": _ADMIN_STATE[st.state],  # type: ignore[typeddict-item]
+        "pending_pdus": st.pending_pdus,
+        "pending_edus": st.pending_edus,
+        "in_flight_txn_id": st.in_flight_txn_id,
+        "in_flight_age_s": st.in_flight_age_s,
+        "last_error": st.last_error,
+        "next_retry_ts": st.next_retry_ts_ms,
+        "catching_up": st.catching_up,
+    }
+
+
+class AdminQueueControl:
+    """Implements :class:`federation_sender.admin.protocols.QueueControl`."""
+
+    def __init__(self, manager: QueueManager) -> None:
+        self._m = manager
+
+    def live_state(self, destination: str) -> Mapping[str, Any] | None:
+        st = self._m.status(destination)
+        return None if st is None else live_state(st)
+
+    def live_states(self) -> Mapping[str, Mapping[str, Any]]:
+        return {st.destination: live_state(st) for st in self._m.statuses()}
+
+    async def reset_connection(self, destination: str) -> bool:
+        return await self._m.reset_connection(destination)
+
+
+def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
+    pending_dest = pdus = edus = backing = catching = in_flight = 0
+    for st in manager.statuses():
+        pdus += st.pending_pdus
+        edus += st.pending_edus
+        if st.pending_pdus or st.pending_edus or st.in_flight_txn_id:
+            pending_dest += 1
+        if st.in_flight_txn_id:
+            in_flight += 1
+        if st.state is DestinationState.BACKING_OFF:
+            backing += 1
+        if st.catching_up:
+            catching += 1
+    return QueueSnapshot(
+        pending_destinations=pending_dest,
+        pending_pdus=pdus,
+        pending_edus=edus,
+        backing_off=backing,
+        catching_up=catching,
+        in_flight_transactions=in_flight,
+        oldest_in_flight_age_s=manager.oldest_in_flight_age_s() or 0.0,
+    )

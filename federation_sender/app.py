@@ -1,0 +1,311 @@
+"""The composition root: builds every component from :class:`Settings` and runs them.
+
+Nothing else in the package constructs subsystems or reads settings globally; this
+module only wires. Start order: logging → database (schema check) → signing key →
+federation client → sharding → queue manager → replication client → admin, metrics
+and key listeners. Stop order is the reverse, with in-flight transactions given
+``shutdown_deadline_s`` to finish and positions persisted by the components as they
+advance.
+
+Failure policy: the replication client reconnects forever by itself; the queue
+manager supervises its own loops; anything that still escapes is caught by the
+:class:`Supervisor`, logged with the task name, and stops the process with a non-zero
+exit status rather than leaving a zombie.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import random
+import secrets
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from federation_sender.adapters import (
+    AdminQueueControl,
+    DbPositionStore,
+    WorkerReplicationHandler,
+    queue_snapshot,
+)
+from federation_sender.admin.app import build_admin_app
+from federation_sender.admin.server import RunningServer, start_http_server
+from federation_sender.clock import Clock, SystemClock
+from federation_sender.config import Settings
+from federation_sender.errors import ConfigError
+from federation_sender.queue import QueueManager
+from federation_sender.replication.client import ReplicationClient
+from federation_sender.replication.transport import Transport
+from federation_sender.sharding import ShardCoordinator
+from federation_sender.storage.engine import create_engine, is_sqlite
+from federation_sender.storage.migrate import check_schema, upgrade
+from federation_sender.supervisor import Supervisor
+from federation_sender.telemetry.logging import setup_logging
+from federation_sender.telemetry.metrics import Metrics, new_registry, start_metrics_server
+from federation_sender.telemetry.queue_observer import TelemetryObserver
+from federation_sender.telemetry.tracing import setup_tracing
+from federation_sender.transport.client import FederationClient
+from federation_sender.transport.keyserver import make_key_app
+from federation_sender.transport.result import TransactionSender
+from federation_sender.transport.signing import SigningKey, generate_key_file, load_signing_key
+
+log = logging.getLogger(__name__)
+
+CONSUMED_STREAMS = ("events", "federation", "to_device", "device_lists", "receipts")
+
+
+def load_or_create_signing_key(path: str) -> SigningKey:
+    p = Path(path)
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        log.info("no signing key at %s; generating one", p)
+        return generate_key_file(p)
+    return load_signing_key(p)
+
+
+def load_or_create_admin_token(settings: Settings) -> str:
+    if settings.admin.token:
+        return settings.admin.token
+    p = Path(settings.data_dir) / "admin.token"
+    if p.exists():
+        token = p.read_text().strip()
+        if token:
+            return token
+    p.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    log.info("generated an admin token in %s", p)
+    return token
+
+
+def build_federation_client(settings: Settings, key: SigningKey, clock: Clock) -> FederationClient:
+    f = settings.federation
+    return FederationClient(
+        server_name=settings.server_name,
+        signing_key=key,
+        clock=clock,
+        attempt_timeout_s=f.request_timeout_s,
+        connect_timeout_s=f.connect_timeout_s,
+        max_connections=f.pool_total,
+        max_connections_per_host=f.pool_per_host,
+        max_response_bytes=f.max_response_bytes,
+        tls_verify=f.verify_tls,
+        tls_extra_ca_file=f.extra_ca_file,
+        ip_allow_list=f.ip_allow_list,
+        destination_overrides=f.destination_overrides or None,
+        plain_http=not f.use_tls,
+    )
+
+
+def build_replication_transport(settings: Settings, clock: Clock) -> Transport | None:
+    r = settings.replication
+    if r.transport == "tcp":
+        from federation_sender.replication.tcp import TcpTransport
+
+        return TcpTransport(r.host, r.port, clock=clock, client_name=settings.instance_name)
+    if r.transport == "redis":
+        from federation_sender.replication.redis import RedisTransport
+
+        return RedisTransport(r.redis_url, settings.server_name, clock=clock)
+    return None
+
+
+@dataclass
+class Worker:
+    """A running worker's parts; built by :meth:`create`, run by :meth:`start`."""
+
+    settings: Settings
+    clock: Clock
+    engine: AsyncEngine
+    sender: TransactionSender
+    manager: QueueManager
+    shards: ShardCoordinator
+    metrics: Metrics
+    registry: CollectorRegistry
+    observer: TelemetryObserver
+    admin_token: str
+    signing_key: SigningKey | None
+    replication: ReplicationClient | None = None
+    servers: list[RunningServer] = field(default_factory=list)
+    supervisor: Supervisor | None = None
+    owns_sender: bool = True
+    ready: bool = False
+
+    @property
+    def admin_url(self) -> str | None:
+        return self.servers[0].url if self.servers and self.settings.admin.enabled else None
+
+    @classmethod
+    async def create(
+        cls,
+        settings: Settings,
+        *,
+        clock: Clock | None = None,
+        auto_migrate: bool = True,
+        sender: TransactionSender | None = None,
+        engine: AsyncEngine | None = None,
+    ) -> Worker:
+        clock = clock or SystemClock()
+        engine = engine or create_engine(
+            settings.database.url, pool_size=settings.database.pool_size
+        )
+        if auto_migrate and is_sqlite(engine):
+            await upgrade(engine)
+        await check_schema(engine)
+        if settings.sharding.mode == "dynamic" and is_sqlite(engine):
+            raise ConfigError("sharding.mode", "'single' or 'static' with SQLite", "dynamic")
+        key: SigningKey | None = None
+        owns_sender = sender is None
+        if sender is None:
+            key = load_or_create_signing_key(settings.federation.signing_key_path)
+            sender = build_federation_client(settings, key, clock)
+        registry = new_registry()
+        metrics = Metrics(registry)
+        provider = setup_tracing(settings.telemetry, instance_name=settings.instance_name)
+        observer = TelemetryObserver(metrics, provider, clock)
+        shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
+        poll = (
+            settings.replication.poll_interval_s
+            if settings.replication.transport == "none"
+            else None
+        )
+        manager = QueueManager(
+            engine,
+            sender,
+            settings.queue,
+            settings.server_name,
+            settings.instance_name,
+            clock,
+            random.Random(),
+            shards.owns,
+            observer,
+            attempt_deadline_s=settings.federation.request_timeout_s + 5.0,
+            poll_interval_s=poll,
+        )
+        metrics.set_snapshot_source(lambda: queue_snapshot(manager))
+        worker = cls(
+            settings=settings,
+            clock=clock,
+            engine=engine,
+            sender=sender,
+            manager=manager,
+            shards=shards,
+            metrics=metrics,
+            registry=registry,
+            observer=observer,
+            admin_token=load_or_create_admin_token(settings),
+            signing_key=key,
+            owns_sender=owns_sender,
+        )
+        return worker
+
+    async def start(self) -> None:
+        s = self.settings
+        self.supervisor = Supervisor(self.clock)
+        if isinstance(self.sender, FederationClient) and self.owns_sender:
+            await self.sender.start()
+        await self.shards.start()
+        await self.manager.start()
+        transport = build_replication_transport(s, self.clock)
+        if transport is not None:
+            handler = WorkerReplicationHandler(
+                self.manager, self.engine, s.server_name, self.clock, self.metrics
+            )
+            client = ReplicationClient(
+                transport,
+                instance_name=s.instance_name,
+                store=DbPositionStore(self.engine, s.instance_name),
+                fetchers={},
+                handler=handler,
+                clock=self.clock,
+                streams=CONSUMED_STREAMS,
+            )
+            self.replication = client
+
+            async def ack(token: int) -> None:
+                client.send_federation_ack(token)
+
+            self.manager.set_federation_ack(ack)
+            self.supervisor.start("replication", client.run, restart=True)
+        if s.admin.enabled:
+            app = build_admin_app(
+                engine=self.engine,
+                token=self.admin_token,
+                queues=AdminQueueControl(self.manager),
+                clock=self.clock,
+                ready=lambda: self.ready,
+            )
+            self.servers.append(await start_http_server(app, s.admin.bind, s.admin.port))
+        if s.telemetry.metrics_port is not None:
+            self.servers.append(
+                await start_metrics_server(
+                    s.telemetry.metrics_bind,
+                    s.telemetry.metrics_port,
+                    self.registry,
+                )
+            )
+        if s.federation.key_listener_port is not None and self.signing_key is not None:
+            key_app = make_key_app(
+                server_name=s.server_name, signing_key=self.signing_key, clock=self.clock
+            )
+            self.servers.append(
+                await start_http_server(key_app, s.admin.bind, s.federation.key_listener_port)
+            )
+        self.ready = True
+        log.info(
+            "worker %s started for %s (replication: %s, database: %s)",
+            s.instance_name,
+            s.server_name,
+            s.replication.transport,
+            self.engine.url.get_backend_name(),
+        )
+
+    async def stop(self, deadline_s: float = 10.0) -> None:
+        """Stop intake, let in-flight transactions finish within ``deadline_s``."""
+        self.ready = False
+        if self.supervisor is not None:
+            await self.supervisor.shutdown(timeout_s=5.0)
+        await self.manager.stop(deadline_s)
+        for server in reversed(self.servers):
+            with contextlib.suppress(Exception):
+                await server.stop()
+        self.servers.clear()
+        await self.shards.stop()
+        if isinstance(self.sender, FederationClient) and self.owns_sender:
+            await self.sender.close()
+        await self.engine.dispose()
+        log.info("worker %s stopped", self.settings.instance_name)
+
+
+async def run_worker(settings: Settings, *, auto_migrate: bool = True) -> int:
+    """Run until SIGTERM/SIGINT (exit 0) or a supervised task fails (exit 1)."""
+    token_hint = [settings.admin.token] if settings.admin.token else []
+    setup_logging(settings.telemetry, secrets=token_hint)
+    worker = await Worker.create(settings, auto_migrate=auto_migrate)
+    return await _serve(worker)
+
+
+async def _serve(worker: Worker) -> int:
+    settings = worker.settings
+    setup_logging(settings.telemetry, secrets=[worker.admin_token])
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await worker.start()
+    assert worker.supervisor is not None
+    failed = await worker.supervisor.wait(stop)
+    if failed is None:
+        log.info("shutdown requested; finishing in-flight transactions")
+    else:
+        log.error("stopping: %s", failed)
+    await worker.stop(deadline_s=10.0)
+    return 0 if failed is None else 1
