@@ -211,12 +211,16 @@ class ReplicationClient:
     # --- dispatch ------------------------------------------------------------------
 
     async def _dispatch_batch(self, session: Session, batch: list[c.Command]) -> None:
-        positions = self.positions
+        accept = self.positions.accept_rdata
         parsers = self._parsers
         me = self.instance_name
+        on_rows = self._handler.on_rows
+        dirty = self._dirty
+        rdata = c.RdataCommand
         for command in batch:
-            if type(command) is c.RdataCommand:
-                parser = parsers.get(command.stream_name)
+            if type(command) is rdata:
+                stream = command.stream_name
+                parser = parsers.get(stream)
                 if parser is None or command.instance_name == me:
                     continue
                 try:
@@ -224,11 +228,13 @@ class ReplicationClient:
                 except ProtocolError as e:
                     session.abort(str(e))
                     raise
-                update = positions.on_rdata(
-                    command.stream_name, command.instance_name, command.token, row
-                )
-                if update is not None:
-                    await self._deliver(update)
+                key = (stream, command.instance_name)
+                rows = accept(key, command.token, row)
+                if rows is not None:
+                    token = command.token
+                    assert token is not None
+                    await on_rows(stream, key[1], token, rows)
+                    dirty[key] = token
             else:
                 await self._dispatch_other(command)
         await self._persist()

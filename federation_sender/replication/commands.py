@@ -427,6 +427,10 @@ def _parse_rdata(rest: str) -> RdataCommand:
     return RdataCommand(stream, instance, token, decode_json(row_json))
 
 
+parse_rdata_args = _parse_rdata
+"""Parse what follows ``RDATA `` (the hot path, used directly by the connection)."""
+
+
 def _parse_user_sync(rest: str) -> UserSyncCommand:
     instance_id, user_id, device_id, state, last_sync = _split(rest, 5, "USER_SYNC")
     if state not in ("start", "end"):

@@ -139,17 +139,21 @@ class StreamPositions:
     # --- transitions ---------------------------------------------------------------
 
     def on_rdata(self, stream: str, instance: str, token: int | None, row: Row) -> Update | None:
-        key = (stream, instance)
+        rows = self.accept_rdata((stream, instance), token, row)
+        return None if rows is None else Update(stream, instance, token or 0, rows)
+
+    def accept_rdata(self, key: Key, token: int | None, row: Row) -> tuple[Row, ...] | None:
+        """:meth:`on_rdata` without building an :class:`Update` (the hot path)."""
         if token is None:
             self._batches.setdefault(key, []).append(row)
             return None
-        batch = self._batches.pop(key, None)
+        batches = self._batches
+        batch = batches.pop(key, None) if batches else None
         current = self._positions.get(key)
         if current is not None and token <= current:
             return None
         self._positions[key] = token
-        rows = (row,) if batch is None else (*batch, row)
-        return Update(stream, instance, token, rows)
+        return (row,) if batch is None else (*batch, row)
 
     def on_position(self, stream: str, instance: str, prev: int, new: int) -> PositionAction | None:
         """What a POSITION means; ``None`` if the position does not change.

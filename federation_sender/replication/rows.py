@@ -119,21 +119,7 @@ class AllStateRow(NamedTuple):
 
 
 def _parse_event_data(data: list[object]) -> EventRow:
-    if len(data) == 9:
-        e, r, t, sk, red, rel, mem, rej, out = data
-        # Fast path for the common shape; the checks below give the error message.
-        if (
-            type(e) is str
-            and type(r) is str
-            and type(t) is str
-            and (sk is None or type(sk) is str)
-            and (red is None or type(red) is str)
-            and (rel is None or type(rel) is str)
-            and (mem is None or type(mem) is str)
-            and type(rej) is bool
-            and type(out) is bool
-        ):
-            return EventRow(e, r, t, sk, red, rel, mem, rej, out)
+    """The general path: older short rows, and precise errors."""
     s = "events"
     defaults: list[object] = [None, None, False, False]  # relates_to .. outlier
     padded = data if len(data) == 9 else [*data, *defaults[len(data) - 5 :]]
@@ -151,6 +137,23 @@ def _parse_event_data(data: list[object]) -> EventRow:
 
 
 def parse_events_row(row: JsonValue) -> EventRow | CurrentStateRow | AllStateRow:
+    if type(row) is list and len(row) == 2 and row[0] == "ev":
+        data = row[1]
+        if type(data) is list and len(data) == 9:
+            # The hot path, inlined: every field of the common shape checked here.
+            e, r, t, sk, red, rel, mem, rej, out = data
+            if (
+                type(e) is str
+                and type(r) is str
+                and type(t) is str
+                and (sk is None or type(sk) is str)
+                and (red is None or type(red) is str)
+                and (rel is None or type(rel) is str)
+                and (mem is None or type(mem) is str)
+                and type(rej) is bool
+                and type(out) is bool
+            ):
+                return EventRow(e, r, t, sk, red, rel, mem, rej, out)
     s = "events"
     kind, data = _list(row, s, range(2, 3))
     if kind == "ev":

@@ -105,12 +105,7 @@ class TcpSession:
                 self._conn.close()
                 raise ConnectionLost("peer closed the connection")
             self._conn.receive_data(data)
-            out: list[c.Command] = []
-            try:
-                while (command := self._conn.next_command()) is not None:
-                    out.append(command)
-            except ProtocolError as e:
-                self._error = e
+            out, self._error = self._conn.drain_commands()
             self._flush()
             if out:
                 return out
@@ -295,11 +290,13 @@ class TcpReplicationServer:
                     conn.close()
                     break
                 conn.receive_data(data)
-                try:
-                    while (command := conn.next_command()) is not None:
-                        self._on_command(peer, command)
-                except ProtocolError as e:
-                    logger.warning("replication reader %s sent bad input: %s", conn.peer_name, e)
+                commands, error = conn.drain_commands()
+                for command in commands:
+                    self._on_command(peer, command)
+                if error is not None:
+                    logger.warning(
+                        "replication reader %s sent bad input: %s", conn.peer_name, error
+                    )
                 peer.wake.set()
         finally:
             unsubscribe()

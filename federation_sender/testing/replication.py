@@ -4,6 +4,8 @@
 * :class:`WriterDatabase` plays the database behind a :class:`ReplicationWriter`:
   it records every row the writer completes, and :meth:`WriterDatabase.fetcher`
   gives a ``StreamFetcher`` over those rows, so a reader can fill gaps.
+* :class:`MemoryTransport` / :class:`MemorySession` replay recorded bytes into
+  the client through the real connection, without sockets.
 * :class:`RecordingHandler` implements ``client.ReplicationHandler`` and keeps
   what it was given; it can be told to fail, to test rollback.
 """
@@ -14,9 +16,12 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
+from federation_sender.clock import Clock
 from federation_sender.replication import commands as c
+from federation_sender.replication.connection import ReplicationConnection, Role
 from federation_sender.replication.rows import Row, parse_row
 from federation_sender.replication.server import ReplicationWriter
+from federation_sender.replication.transport import ConnectionLost
 
 
 class InMemoryPositionStore:
@@ -129,3 +134,52 @@ class RecordingHandler:
                     await asyncio.wait_for(self.changed.wait(), 0.01)
 
         await asyncio.wait_for(_wait(), timeout_s)
+
+
+class MemorySession:
+    """A reader session fed from bytes in memory, through the real connection.
+
+    For benchmarks and tests of the client without sockets: ``chunks`` are what a
+    writer would have sent; they are framed and parsed exactly as over TCP.
+    """
+
+    supports_psync = True
+
+    def __init__(self, chunks: Sequence[bytes], clock: Clock) -> None:
+        self._chunks = list(chunks)
+        self._conn = ReplicationConnection(Role.CLIENT, clock, keepalive=False)
+        self.sent: list[c.Command] = []
+
+    def send(self, command: c.Command) -> None:
+        self.sent.append(command)
+
+    async def receive(self) -> list[c.Command]:
+        while self._chunks:
+            self._conn.receive_data(self._chunks.pop(0))
+            out, error = self._conn.drain_commands()
+            if error is not None:
+                raise error
+            if out:
+                return out
+        raise ConnectionLost("end of recorded input")
+
+    def abort(self, reason: str) -> None:
+        self._conn.close(reason)
+
+    async def close(self) -> None:
+        self._conn.close()
+
+
+class MemoryTransport:
+    """Opens each of ``sessions`` once, then waits forever (no more peers)."""
+
+    description = "memory"
+
+    def __init__(self, sessions: Sequence[MemorySession]) -> None:
+        self._sessions = list(sessions)
+
+    async def open(self) -> MemorySession:
+        if self._sessions:
+            return self._sessions.pop(0)
+        await asyncio.Event().wait()
+        raise ConnectionLost("unreachable")

@@ -230,3 +230,34 @@ def test_property_chunking_never_changes_the_result(lines: list[bytes], chunk: i
         pieces.receive_data(data[i : i + chunk])
         got.extend(drain(pieces))
     assert got == expected
+
+
+@settings(max_examples=MAX_EXAMPLES)
+@given(
+    st.lists(
+        st.sampled_from([*WRITER_TRAFFIC.splitlines(keepends=True), b"RDATA e m 1 [\xff]\n"]),
+        max_size=20,
+    ),
+    st.integers(min_value=1, max_value=64),
+)
+def test_property_drain_commands_equals_next_command(lines: list[bytes], chunk: int) -> None:
+    data = b"".join(lines)
+    one, batch = client(), client()
+    expected: list[c.Command] = []
+    got: list[c.Command] = []
+    error_one = error_batch = None
+    for i in range(0, len(data), chunk):
+        one.receive_data(data[i : i + chunk])
+        batch.receive_data(data[i : i + chunk])
+        try:
+            while (command := one.next_command()) is not None:
+                expected.append(command)
+        except ProtocolError as e:
+            error_one = error_one or str(e)
+        out, err = batch.drain_commands()
+        got.extend(out)
+        if err is not None:
+            error_batch = error_batch or str(err)
+    assert got == expected
+    assert error_one == error_batch
+    assert one.data_to_send() == batch.data_to_send()
