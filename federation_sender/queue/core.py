@@ -62,7 +62,7 @@ class Wait:
 class NeedCatchup:
     after: int
     """The episode's base position: gaps are replayed from here."""
-    cursor: tuple[int, str]
+    cursor: tuple[int, str | None]
     """Read ``destination_rooms`` rows past this (stream_ordering, room_id) keyset."""
 
 
@@ -127,6 +127,7 @@ class DestinationCore:
         max_rooms_per_txn: int = 50,
         fast_answer_s: float = 1.0,
         on_state_change: Callable[[DestinationState, DestinationState], None] | None = None,
+        catching_up: bool = True,
     ) -> None:
         self.destination = destination
         self.policy = policy
@@ -137,14 +138,16 @@ class DestinationCore:
         self.sm = DestinationStateMachine(on_state_change)
         self.pending = PendingItems()
         self.backoff: BackoffState = RESET
-        self.catching_up = True
+        self.catching_up = catching_up
+        """Catch-up *mode*: set for queues that may have missed events (at startup, after
+        a long backoff, after a crash of their runner)."""
         self.last_successful = -1
         self.catchup_last_skipped = -1
         self._catchup_recheck = False
         self.current: FrozenTxn | None = None
         self.work: deque[Batch] = deque()
         self.catchup_plans: deque[RoomPlan] = deque()
-        self.catchup_cursor: tuple[int, str] = (-1, "")
+        self.catchup_cursor: tuple[int, str | None] = (-1, None)
         self.catchup_room_floor: dict[str, int] = {}
         self.rooms_per_txn = 1
         self.max_rooms_per_txn = max_rooms_per_txn
@@ -161,10 +164,16 @@ class DestinationCore:
 
     # --- loading and intake ---------------------------------------------------------
 
-    def load(self, backoff: BackoffState, last_successful: int | None) -> None:
+    def load(self, backoff: BackoffState, last_successful: int | None) -> Effects:
+        """Apply the persisted state. A backoff past the catch-up threshold puts the
+        queue in catch-up mode (dropping what was queued before loading)."""
+        eff = Effects()
         self.backoff = backoff
         self.last_successful = -1 if last_successful is None else last_successful
         self._reset_episode()
+        if self.policy.should_catch_up(backoff):
+            self._enter_catchup(eff)
+        return eff
 
     def add_pdu(self, item: PduItem) -> None:
         if self.catching_up:
@@ -295,9 +304,8 @@ class DestinationCore:
                     plan.mode,
                 )
             self.catchup_room_floor[plan.room_id] = plan.row_stream_ordering
-            self.catchup_cursor = max(
-                self.catchup_cursor, (plan.row_stream_ordering, plan.room_id)
-            )
+            # Plans arrive in the database's keyset order (its collation, not Python's).
+            self.catchup_cursor = (plan.row_stream_ordering, plan.room_id)
             self.catchup_plans.append(plan)
         self._catchup_recheck = False
 
@@ -319,7 +327,7 @@ class DestinationCore:
         return eff
 
     def _reset_episode(self) -> None:
-        self.catchup_cursor = (self.last_successful, "")
+        self.catchup_cursor = (self.last_successful, None)
         self.catchup_room_floor = {}
 
     def _enter_catchup(self, eff: Effects) -> None:
@@ -439,6 +447,14 @@ class DestinationCore:
         # A dropped outbox row is marked sent so it cannot poison the queue again.
         _outbox_keys(batch.edus, eff)
         eff.prune.extend(batch.catchup_prune)
+        top = batch.max_stream_ordering
+        if not batch.catchup and top is not None:
+            held = self._min_held_stream_ordering()
+            if held is not None:
+                top = min(top, held - 1)
+            if top > self.last_successful:
+                self.last_successful = top
+                eff.last_successful = top
 
     # --- operator actions ------------------------------------------------------------------
 

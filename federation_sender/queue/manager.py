@@ -109,6 +109,7 @@ class QueueManager:
         self._runners: dict[str, DestinationRunner] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._parked: dict[str, int] = {}
+        self._needs_catchup: set[str] = set()
         self._txn_base = _base36(time_ms(clock))
         self._txn_counter = itertools.count(1)
         self.intake = EventIntake(
@@ -134,6 +135,9 @@ class QueueManager:
         self.federation_position = await self.store.load_position(
             FEDERATION_STREAM, self.instance_name
         )
+        self._needs_catchup = {
+            d for d in await self.store.destinations_behind() if self.shard_filter(d)
+        }
         self._started = True
         self._background = [
             asyncio.create_task(self._supervise("intake", self.intake.run)),
@@ -203,6 +207,7 @@ class QueueManager:
             max_item_failures=self.settings.max_item_failures,
             max_rooms_per_txn=self.settings.catchup_rooms_per_batch,
             on_state_change=on_state,
+            catching_up=destination in self._needs_catchup,
         )
         r = DestinationRunner(
             core,
@@ -222,14 +227,21 @@ class QueueManager:
 
     async def _run(self, r: DestinationRunner) -> None:
         d = r.destination
+        clean = False
         try:
             await r.run()
+            clean = True
         except asyncio.CancelledError:
             raise
         except Exception:
             log.exception("queue for %s failed; it will be recreated from the database", d)
         finally:
             r.finished = True
+            if clean and not r.core.catching_up and r.core.is_empty():
+                self._needs_catchup.discard(d)
+            else:
+                # Items may have been lost from memory: the next queue catches up.
+                self._needs_catchup.add(d)
             retry_at = r.core.backoff.retry_at_ms
             if retry_at is not None and not r.stopping:
                 self._parked[d] = retry_at
@@ -335,7 +347,8 @@ class QueueManager:
         if not self.shard_filter(destination):
             return
         await self.store.clear_retry(destination)
-        self._parked.pop(destination, None)
+        if self._parked.pop(destination, None) is not None:
+            self._needs_catchup.add(destination)
         r = self._runner(destination)
         if r is not None:
             r.core.clear_backoff()
@@ -385,6 +398,9 @@ class QueueManager:
             for d in page:
                 if not self.shard_filter(d):
                     continue
+                if d not in self._runners:
+                    # Outstanding rows with no live queue: only catch-up can send them.
+                    self._needs_catchup.add(d)
                 r = self._runner(d)
                 if r is None:
                     continue
@@ -411,8 +427,12 @@ class QueueManager:
             state=c.sm.state,
             pending_pdus=c.pending_pdus,
             pending_edus=c.pending_edus,
-            in_flight_txn_id=c.current.txn_id if c.current and r.in_flight_since else None,
-            in_flight_age_s=(now_mono - r.in_flight_since) if r.in_flight_since else None,
+            in_flight_txn_id=(
+                c.current.txn_id if c.current and r.in_flight_since is not None else None
+            ),
+            in_flight_age_s=(
+                now_mono - r.in_flight_since if r.in_flight_since is not None else None
+            ),
             in_flight_attempts=c.current.attempts if c.current else 0,
             last_error=c.last_error,
             next_retry_ts_ms=c.backoff.retry_at_ms,
@@ -432,7 +452,9 @@ class QueueManager:
         return out
 
     def oldest_in_flight_age_s(self) -> float | None:
-        starts = [r.in_flight_since for r in self._runners.values() if r.in_flight_since]
+        starts = [
+            r.in_flight_since for r in self._runners.values() if r.in_flight_since is not None
+        ]
         if not starts:
             return None
         return self.clock.monotonic_s() - min(starts)

@@ -84,8 +84,10 @@ class DestinationRunner:
         if not self.loaded:
             async with self.db_slots:
                 backoff, last = await self.store.load_destination(self.destination)
-            c.load(backoff, last)
+            eff = c.load(backoff, last)
             self.loaded = True
+            if eff.dropped_for_catchup:
+                self.observer.catchup_entered(self.destination, eff.dropped_for_catchup)
         while not self.stopping:
             self.wake.clear()
             now = time_ms(self.clock)

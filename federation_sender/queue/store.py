@@ -107,7 +107,7 @@ class QueueStore:
         destination: str,
         server_name: str,
         after: int,
-        cursor: tuple[int, str],
+        cursor: tuple[int, str | None],
         rooms_limit: int,
         max_gap_events: int,
     ) -> list[RoomPlan]:
@@ -148,6 +148,12 @@ class QueueStore:
                 )
                 for room, so in rows
             ]
+
+        return await run_in_transaction(self.engine, fn)
+
+    async def destinations_behind(self) -> list[str]:
+        async def fn(conn: AsyncConnection) -> list[str]:
+            return await dst.destinations_behind(conn)
 
         return await run_in_transaction(self.engine, fn)
 

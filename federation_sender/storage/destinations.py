@@ -158,19 +158,21 @@ async def set_last_successful_stream_ordering(
 
 
 async def catchup_rows(
-    conn: AsyncConnection, destination: str, after: int, limit: int, after_room: str = ""
+    conn: AsyncConnection,
+    destination: str,
+    after: int,
+    limit: int,
+    after_room: str | None = None,
 ) -> list[tuple[str, int]]:
     """The ``limit`` oldest (room_id, stream_ordering) rows past the keyset
-    (``after``, ``after_room``), ordered by (stream_ordering, room_id)."""
+    (``after``, ``after_room``), ordered by (stream_ordering, room_id); without
+    ``after_room``, simply past ``after``."""
+    past = dr.c.stream_ordering > after
+    if after_room is not None:
+        past = or_(past, and_(dr.c.stream_ordering == after, dr.c.room_id > after_room))
     res = await conn.execute(
         select(dr.c.room_id, dr.c.stream_ordering)
-        .where(
-            dr.c.destination == destination,
-            or_(
-                dr.c.stream_ordering > after,
-                and_(dr.c.stream_ordering == after, dr.c.room_id > after_room),
-            ),
-        )
+        .where(dr.c.destination == destination, past)
         .order_by(dr.c.stream_ordering, dr.c.room_id)
         .limit(limit)
     )
@@ -236,3 +238,15 @@ async def clear_retry(conn: AsyncConnection, destination: str) -> bool:
         .values(retry_interval=0, failure_ts=None, retry_last_ts=0)
     )
     return bool(res.rowcount)
+
+
+async def destinations_behind(conn: AsyncConnection) -> list[str]:
+    """Destinations with ``destination_rooms`` rows past their position (at startup these
+    need catch-up; every other destination's queue can start sending at once)."""
+    res = await conn.execute(
+        select(dr.c.destination)
+        .join(d, d.c.destination == dr.c.destination, isouter=True)
+        .where(dr.c.stream_ordering > func.coalesce(d.c.last_successful_stream_ordering, -1))
+        .distinct()
+    )
+    return [str(r[0]) for r in res]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -25,7 +26,7 @@ def test_schedule_doubles_with_jitter_and_is_capped() -> None:
         s = P.on_failure(s, i, rng)
         intervals.append(s.retry_interval_ms)
     assert intervals[0] == 600_000
-    for prev, cur in zip(intervals, intervals[1:], strict=False):
+    for prev, cur in itertools.pairwise(intervals):
         if cur == 7 * 24 * 3600 * 1000:
             continue
         assert prev * 2 * 0.8 - 1 <= cur <= prev * 2 * 1.4 + 1

@@ -125,7 +125,9 @@ class CoreMachine(RuleBasedStateMachine):
             c.add_outbox([], [], True)
         elif isinstance(s, NeedCatchup):
             rows = sorted((so, room, e) for room, (so, e) in self.db_rows.items()
-                          if (so, room) > s.cursor)[:5]
+                          if so > s.cursor[0] or (
+                              so == s.cursor[0] and s.cursor[1] is not None
+                              and room > s.cursor[1]))[:5]
             if rows:
                 # The planner replays the room's missed events, oldest first.
                 c.offer_catchup([

@@ -1,0 +1,141 @@
+"""Harness for queue tests: a migrated database, a fake clock, a real loopback fake
+homeserver serving every remote name, the HTTP sender, a writer standing in for the main
+process, and a QueueManager wired to them. Shipped in the package so benchmarks and other
+suites can reuse it."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from federation_sender.config import QueueSettings
+from federation_sender.queue import QueueManager
+from federation_sender.queue.destination import DestinationState
+from federation_sender.storage import schema as s
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.fake_homeserver import FakeHomeserver
+from federation_sender.testing.http_sender import HttpTransactionSender
+from federation_sender.testing.queue_writer import HomeserverWriter
+from federation_sender.transport.result import Outcome
+
+ME = "local.test"
+ALICE = f"@alice:{ME}"
+
+
+class RecordingObserver:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Outcome, int | None, int, int]] = []
+        self.dropped: list[tuple[str, str, str]] = []
+        self.states: list[tuple[str, DestinationState, DestinationState]] = []
+        self.catchups: list[tuple[str, int]] = []
+
+    def transaction_sent(self, destination: str, txn_id: str, outcome: Outcome,
+                         http_status: int | None, pdu_count: int, edu_count: int,
+                         edu_types: Any, request_bytes: int, duration_s: float,
+                         catchup: bool) -> None:
+        self.sent.append((destination, outcome, http_status, pdu_count, edu_count))
+
+    def item_dropped(self, destination: str, item_type: str, reason: str) -> None:
+        self.dropped.append((destination, item_type, reason))
+
+    def state_changed(self, destination: str, old: DestinationState,
+                      new: DestinationState) -> None:
+        self.states.append((destination, old, new))
+
+    def backoff_changed(self, destination: str, retry_interval_s: float) -> None:
+        pass
+
+    def catchup_entered(self, destination: str, dropped_items: int) -> None:
+        self.catchups.append((destination, dropped_items))
+
+    def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
+        pass
+
+    def events_processed(self, count: int, position: int, fanned_out: int) -> None:
+        pass
+
+    def queues_changed(self, active: int) -> None:
+        pass
+
+
+async def eventually(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
+    """Wait in real time (HTTP is real) for ``cond``; the fake clock does not move."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what or cond}")
+        await asyncio.sleep(0.005)  # noqa: TID251 - real HTTP runs in real time
+
+
+@dataclass
+class Harness:
+    engine: AsyncEngine
+    clock: FakeClock
+    fake: FakeHomeserver
+    sender: HttpTransactionSender
+    writer: HomeserverWriter
+    settings: QueueSettings
+    observer: RecordingObserver = field(default_factory=RecordingObserver)
+    shard: Callable[[str], bool] = lambda _d: True
+    manager: QueueManager | None = None
+
+    def make_manager(self, **kw: Any) -> QueueManager:
+        return QueueManager(self.engine, self.sender, self.settings, ME, "fs1", self.clock,
+                            random.Random(1), lambda d: self.shard(d), self.observer,
+                            attempt_deadline_s=kw.pop("attempt_deadline_s", 30.0), **kw)
+
+    async def start(self, **kw: Any) -> QueueManager:
+        self.manager = self.make_manager(**kw)
+        await self.manager.start()
+        return self.manager
+
+    @property
+    def m(self) -> QueueManager:
+        assert self.manager is not None
+        return self.manager
+
+    def poke(self) -> None:
+        self.m.notify_new_events(self.writer.stream_ordering)
+
+    async def settle(self) -> None:
+        """Let the queues run until nothing is in flight or about to be (real time)."""
+        quiet = 0
+        loop = asyncio.get_running_loop()
+        end = loop.time() + 15
+        while quiet < 8:
+            await asyncio.sleep(0.005)  # noqa: TID251 - real HTTP runs in real time
+            busy = self.fake.in_progress or self.m.intake.position < self.m.intake.target or any(
+                st.state in (DestinationState.SENDING, DestinationState.CATCHING_UP)
+                for st in self.m.statuses())
+            quiet = 0 if busy else quiet + 1
+            if loop.time() > end:
+                raise AssertionError(f"did not settle: {self.m.statuses()}")
+
+    async def advance(self, seconds: float) -> None:
+        await self.clock.advance_and_settle(seconds, rounds=50)
+        await self.settle()
+
+    async def dest_row(self, d: str) -> Any:
+        async with self.engine.connect() as conn:
+            return (await conn.execute(select(s.destinations)
+                                       .where(s.destinations.c.destination == d))).first()
+
+    async def txlog(self, d: str | None = None) -> list[Any]:
+        q = select(s.federation_transaction_log).order_by(s.federation_transaction_log.c.id)
+        if d is not None:
+            q = q.where(s.federation_transaction_log.c.destination == d)
+        async with self.engine.connect() as conn:
+            return list((await conn.execute(q)).all())
+
+
+async def room_with(h: Harness, room: str, *remotes: str) -> None:
+    await h.writer.join(room, ALICE)
+    for r in remotes:
+        await h.writer.join(room, f"@bob:{r}")

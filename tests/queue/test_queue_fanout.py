@@ -1,0 +1,146 @@
+"""Event intake and the transaction loop against real loopback HTTP."""
+
+from __future__ import annotations
+
+import json
+
+from sqlalchemy import select
+
+from federation_sender.storage import schema as s
+from federation_sender.storage.positions import EVENTS_STREAM
+from federation_sender.testing.queue_harness import ALICE, ME, Harness, eventually, room_with
+
+
+async def test_fanout_sends_our_events_to_joined_servers_only(h: Harness) -> None:
+    await room_with(h, "!a:l", "r1.test", "r2.test")
+    await h.writer.join("!other:l", ALICE)
+    await h.start()
+    e1 = await h.writer.message("!a:l", ALICE)
+    await h.writer.message("!a:l", "@bob:r1.test")  # not ours
+    await h.writer.message("!a:l", ALICE, outlier=True)  # out-of-band
+    await h.writer.message("!other:l", ALICE)  # nobody remote
+    h.poke()
+    await h.settle()
+    assert h.fake.received_event_ids("r1.test") == [e1.event_id]
+    assert h.fake.received_event_ids("r2.test") == [e1.event_id]
+    assert set(h.fake.attempts) == {"r1.test", "r2.test"}
+    txn = h.fake.accepted("r1.test")[0]
+    assert txn.origin == ME
+    async with h.engine.connect() as conn:
+        rows = (await conn.execute(select(s.destination_rooms))).all()
+        pos = (await conn.execute(select(s.stream_positions.c.stream_id).where(
+            s.stream_positions.c.stream_name == EVENTS_STREAM))).scalar()
+    assert sorted(tuple(r) for r in rows) == [
+        ("r1.test", "!a:l", e1.stream_ordering), ("r2.test", "!a:l", e1.stream_ordering)]
+    assert pos == h.writer.stream_ordering
+    r1 = await h.dest_row("r1.test")
+    assert r1.last_successful_stream_ordering == e1.stream_ordering
+    log = await h.txlog("r1.test")
+    assert [json.loads(r.pdu_event_ids) for r in log] == [[e1.event_id]]
+    assert log[0].max_stream_ordering == e1.stream_ordering and log[0].catchup is False
+
+
+async def test_kicked_server_gets_its_kick_then_nothing(h: Harness) -> None:
+    await room_with(h, "!a:l", "r1.test", "r2.test")
+    await h.start()
+    kick = await h.writer.membership("!a:l", "@bob:r1.test", "leave", sender=ALICE)
+    after = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert h.fake.received_event_ids("r1.test") == [kick.event_id]
+    assert h.fake.received_event_ids("r2.test") == [kick.event_id, after.event_id]
+
+
+async def test_shard_filter_and_destination_rows_before_backoff(h: Harness) -> None:
+    await room_with(h, "!a:l", "r1.test", "r2.test")
+    h.shard = lambda d: d != "r2.test"
+    await h.start()
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert set(h.fake.attempts) == {"r1.test"}
+    async with h.engine.connect() as conn:
+        dests = (await conn.execute(select(s.destination_rooms.c.destination))).scalars().all()
+    assert dests == ["r1.test"]
+
+
+async def test_batches_at_most_50_pdus_in_order(h: Harness) -> None:
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    h.fake.behave("r1.test", hang=True)  # hold the first transaction so the rest queue up
+    first = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: h.fake.in_progress == 1)
+    evs = await h.writer.messages("!a:l", ALICE, 120)
+    h.poke()
+    await eventually(lambda: h.m.intake.position == h.writer.stream_ordering)
+    h.fake.behave("r1.test")
+    h.fake.release()
+    await h.settle()
+    txns = h.fake.accepted("r1.test")
+    assert [len(t.pdus) for t in txns] == [1, 50, 50, 20]
+    assert h.fake.received_event_ids("r1.test") == [first.event_id] + [e.event_id for e in evs]
+
+
+async def test_byte_budget_is_respected(h: Harness) -> None:
+    from dataclasses import replace
+    h.settings = replace(h.settings, max_txn_bytes=20_000)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    h.fake.behave("r1.test", hang=True)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: h.fake.in_progress == 1)
+    await h.writer.messages("!a:l", ALICE, 30, pad=2_000)
+    h.poke()
+    await eventually(lambda: h.m.intake.position == h.writer.stream_ordering)
+    h.fake.behave("r1.test")
+    h.fake.release()
+    await h.settle()
+    sizes = [t.body_bytes for t in h.fake.accepted("r1.test")]
+    assert max(sizes) <= 20_000 and sum(len(t.pdus) for t in h.fake.accepted("r1.test")) == 31
+
+
+async def test_edu_order_in_one_transaction(h: Harness) -> None:
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    d = "r1.test"
+    h.fake.behave(d, hang=True)
+    h.m.enqueue_edu(d, "m.warmup", {})
+    await eventually(lambda: h.fake.in_progress == 1)
+    h.m.enqueue_edu(d, "m.typing", {"room_id": "!a:l", "typing": True}, key="!a:l")
+    h.m.enqueue_edu(d, "m.custom", {})
+    h.m.enqueue_edu(d, "m.typing", {"room_id": "!a:l", "typing": False}, key="!a:l")
+    h.m.enqueue_receipt(d, "!a:l", "m.read", ALICE, {"event_ids": ["$x"]})
+    h.m.enqueue_presence(d, [{"user_id": ALICE, "presence": "online"}])
+    await h.writer.to_device(d, {"message_id": "m1", "messages": {}})
+    await h.writer.device_list(d, ALICE, "DEV")
+    h.m.notify_outbox(d)
+    h.fake.behave(d)
+    h.fake.release()
+    await h.settle()
+    txns = h.fake.accepted(d)
+    assert txns[-1].edu_types == ["m.presence", "m.receipt", "m.direct_to_device",
+                                  "m.device_list_update", "m.custom", "m.typing"]
+    assert txns[-1].edus[-1]["content"]["typing"] is False
+    async with h.engine.connect() as conn:
+        sent_ts = (await conn.execute(select(s.device_federation_outbox.c.sent_ts))).scalar()
+        sent = (await conn.execute(select(s.device_lists_outbound_pokes.c.sent))).scalar()
+    assert sent_ts is not None and sent
+
+
+async def test_global_concurrency_limit(h: Harness) -> None:
+    from dataclasses import replace
+    h.settings = replace(h.settings, max_concurrent_transactions=3)
+    remotes = [f"r{i}.test" for i in range(8)]
+    await room_with(h, "!a:l", *remotes)
+    await h.start()
+    h.fake.behave(None, hang=True)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: h.fake.in_progress == 3)
+    assert h.m.oldest_in_flight_age_s() == 0.0
+    h.fake.behave(None)
+    h.fake.release()
+    await h.settle()
+    assert all(len(h.fake.accepted(r)) == 1 for r in remotes)
