@@ -56,6 +56,8 @@ def _common() -> argparse.ArgumentParser:
                    help="parallel JDBC range reads and shuffle partitions "
                    "(default: 2 x cores in local mode)")
     p.add_argument("--server-name", help="our server name (default: server_name)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra Spark configuration, e.g. spark.driver.memory=4g (repeatable)")
     p.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--spark-progress", action="store_true",
@@ -110,13 +112,25 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
         return _usage("snapshot needs --output DIR")
     if args.partitions is not None and args.partitions < 1:
         return _usage("--partitions must be at least 1")
+    writes = getattr(args, "repair", False) or (
+        job == "backfill-destination-rooms" and not args.dry_run)
+    if writes and db is None:
+        return _usage(f"{job} writes to the database: give a PostgreSQL --database-url "
+                      "(or use --dry-run / leave out --repair)")
+    conf: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            return _usage(f"--conf wants KEY=VALUE, not {item!r}")
+        conf[key] = value
     owned = spark is None
     if spark is None:
         spark = build_session(SessionOptions(
             master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
-            progress_bar=args.spark_progress,
+            progress_bar=args.spark_progress, conf=conf,
         ))
     progress = Progress(job, clock, enabled=not args.quiet)
+    master = args.remote or spark.conf.get("spark.master", None) or "?"
     try:
         result = _run(job, args, spark, db, server_name, progress, clock)
     except Exception as e:  # top of the command: report and fail
@@ -126,6 +140,7 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     finally:
         if owned:
             spark.stop()
+    result.summary["spark_master"] = master
     _print(result, progress, out, as_json=args.json)
     return result.exit_status
 
