@@ -5,7 +5,7 @@ Interface (wired in ``app.py``)::
     client = ReplicationClient(
         transport,                  # TcpTransport(host, port, clock=, client_name=,
                                     #   expected_server_name=) or RedisTransport(url,
-                                    #   server_name, clock=, instance_name=)
+                                    #   server_name, clock=)
         instance_name="fed1",       # our name: NAME, FEDERATION_ACK, echo filter
         store=position_store,       # PositionStore: load() / save(stream, instance, token)
         fetchers={"events": f, ...},# StreamFetcher per stream, for gaps
