@@ -129,6 +129,8 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
             master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
             progress_bar=args.spark_progress, conf=conf,
         ))
+    if args.partitions and not args.remote:
+        spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
     progress = Progress(job, clock, enabled=not args.quiet)
     master = args.remote or spark.conf.get("spark.master", None) or "?"
     try:

@@ -29,15 +29,13 @@ def run(ctx: JobContext, *, horizon_ms: int | None = None) -> JobResult:
         dests = ctx.source.table("destinations")
         rooms = ctx.source.table("destination_rooms")
     with ctx.progress.step("compute per-destination health"):
-        health = t.destination_health(log, dests, rooms, now_ms).cache()
-        hourly = t.hourly_outcomes(log)
-        n = write_outputs(health, out, "health")
-        write_outputs(hourly, out, "hourly")
+        health = t.destination_health(log, dests, rooms, now_ms)
+        hp: Any = write_outputs(health, out, "health")
+        hourly: Any = write_outputs(t.hourly_outcomes(log), out, "hourly")
+        n = len(hp)
     with ctx.progress.step("render HTML report"):
-        hp: Any = health.toPandas()
-        page = render_html(hp, hourly.toPandas(), now_ms)
+        page = render_html(hp, hourly, now_ms)
         (out / "health.html").write_text(page, encoding="utf-8")
-    health.unpersist()
     total = int(hp["transactions"].sum()) if n else 0
     ok = int(hp["successes"].sum()) if n else 0
     summary: dict[str, object] = {

@@ -302,13 +302,13 @@ def _apply_staged(db: Database, staging: str, hwm: int) -> ApplyResult:
     return ApplyResult(upserted=up, deleted=deleted, positions_lowered=lowered)
 
 
-def write_outputs(df: DataFrame, out_dir: str | Path, name: str) -> int:
+def write_outputs(df: DataFrame, out_dir: str | Path, name: str) -> Any:
     """Write a report-sized result on the driver as ``<out>/<name>.parquet`` and
     ``<out>/<name>.csv`` (single files an operator can open; the driver's file system,
-    not the executors'). Returns the row count."""
+    not the executors'). Returns the pandas frame."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pdf: Any = df.toPandas()
     pdf.to_parquet(out / f"{name}.parquet", index=False)
     pdf.to_csv(out / f"{name}.csv", index=False)
-    return len(pdf)
+    return pdf
