@@ -58,6 +58,8 @@ class Batch:
     """On success, ``last_successful_stream_ordering`` advances to this (catch-up)."""
     catchup_prune: tuple[tuple[str, int], ...] = ()
     """``destination_rooms`` rows to delete on success (rooms the destination left)."""
+    probe: bool = False
+    """An empty transaction sent to learn whether the destination is up."""
 
     @property
     def size_bytes(self) -> int:
@@ -72,7 +74,7 @@ class Batch:
         return len(self.pdus) + len(self.edus)
 
     def __bool__(self) -> bool:
-        return self.item_count > 0
+        return self.item_count > 0 or self.probe
 
     @property
     def max_stream_ordering(self) -> int | None:

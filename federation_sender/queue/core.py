@@ -143,6 +143,7 @@ class DestinationCore:
         a long backoff, after a crash of their runner)."""
         self.last_successful = -1
         self.catchup_last_skipped = -1
+        self.max_done = -1
         self._catchup_recheck = False
         self.current: FrozenTxn | None = None
         self.work: deque[Batch] = deque()
@@ -153,7 +154,9 @@ class DestinationCore:
         self.max_rooms_per_txn = max_rooms_per_txn
         self.fast_answer_s = fast_answer_s
         self.quarantine: deque[Batch] = deque()
-        self.item_failures: dict[str | int, int] = {}
+        self.item_failures: dict[str | int, tuple[int, int]] = {}
+        """failure key -> (refusals of the item alone, ``successes`` at the first one)"""
+        self.successes = 0
         self._retry_quarantine = False
         self.refusals_without_success = 0
         self.to_device_cursor = -1
@@ -320,9 +323,8 @@ class DestinationCore:
         self._catchup_recheck = False
         self.catching_up = False
         self.catchup_last_skipped = -1
-        if self.catchup_cursor[0] > self.last_successful:
-            self.last_successful = self.catchup_cursor[0]
-            eff.last_successful = self.last_successful
+        self.max_done = max(self.max_done, self.catchup_cursor[0])
+        self._advance(Batch((), ()), eff)
         self._reset_episode()
         return eff
 
@@ -364,6 +366,7 @@ class DestinationCore:
         batch = txn.batch
         if result.outcome is Outcome.SUCCESS:
             self.current = None
+            self.successes += 1
             self.last_error = None
             self.refusals_without_success = 0
             self._retry_quarantine = bool(self.quarantine)
@@ -381,17 +384,10 @@ class DestinationCore:
                     self.rooms_per_txn = min(self.max_rooms_per_txn, self.rooms_per_txn * 2)
                 else:
                     self.rooms_per_txn = 1
+            if not self.catching_up:
                 # Catch-up moves the position only when the episode ends: until then
                 # rooms not yet handled may hold missed events below any row handled.
-                target = None
-            else:
-                target = batch.max_stream_ordering
-                held = self._min_held_stream_ordering()
-                if target is not None and held is not None:
-                    target = min(target, held - 1)
-            if target is not None and target > self.last_successful:
-                self.last_successful = target
-                eff.last_successful = target
+                self._advance(batch, eff)
             return eff
 
         self.last_error = result.error or result.outcome.value
@@ -406,26 +402,16 @@ class DestinationCore:
         if (
             result.status in REFUSAL_STATUSES
             and self.refusals_without_success < MAX_REFUSALS_WITHOUT_SUCCESS
+            and not batch.probe
         ):
             self.refusals_without_success += 1
             self.current = None
             if batch.item_count >= 2:
                 self.work.extendleft(reversed(batch.split()))
                 return eff
-            items: list[PduItem | EduItem] = [*batch.pdus, *batch.edus]
-            if not items:
+            if self._isolate(batch, eff):
                 return eff
-            key = _failure_key(items[0])
-            n = self.item_failures.get(key, 0) + 1
-            self.item_failures[key] = n
-            if n >= self.max_item_failures:
-                self._drop(batch, "refused", eff)
-            elif batch.catchup:
-                # Catch-up re-plans from the database; retry it in place.
-                self.work.appendleft(batch)
-            else:
-                self.quarantine.append(batch)
-            return eff
+            self.current = txn
 
         # The destination is down (or refuses everything): back off, keep the frozen
         # transaction for an identical retry.
@@ -439,6 +425,32 @@ class DestinationCore:
             self._enter_catchup(eff)
         return eff
 
+    def _isolate(self, batch: Batch, eff: Effects) -> bool:
+        """A single item was refused alone. True if handled; False means the refusals
+        must be blamed on the destination instead (a normal failure)."""
+        items: list[PduItem | EduItem] = [*batch.pdus, *batch.edus]
+        if not items:
+            return False
+        key = _failure_key(items[0])
+        n, since = self.item_failures.get(key, (0, self.successes))
+        n += 1
+        self.item_failures[key] = (n, since)
+        if n < self.max_item_failures:
+            self.quarantine.append(batch)
+            return True
+        if self.successes > since:
+            # Refused alone, again and again, while other transactions got through:
+            # the item is the problem, not the destination.
+            self._drop(batch, "refused", eff)
+            return True
+        if n == self.max_item_failures:
+            # Nothing else got through meanwhile: ask the destination whether it is up
+            # with an empty transaction before blaming the item.
+            self.quarantine.appendleft(batch)
+            self.work.appendleft(Batch((), (), probe=True))
+            return True
+        return False
+
     def _drop(self, batch: Batch, reason: str, eff: Effects) -> None:
         items: list[PduItem | EduItem] = [*batch.pdus, *batch.edus]
         for item in items:
@@ -447,14 +459,22 @@ class DestinationCore:
         # A dropped outbox row is marked sent so it cannot poison the queue again.
         _outbox_keys(batch.edus, eff)
         eff.prune.extend(batch.catchup_prune)
+        if not self.catching_up:
+            self._advance(batch, eff)
+
+    def _advance(self, batch: Batch, eff: Effects) -> None:
+        """Move the position up to the highest PDU done (sent or dropped), but below any
+        PDU still held in memory."""
         top = batch.max_stream_ordering
-        if not batch.catchup and top is not None:
-            held = self._min_held_stream_ordering()
-            if held is not None:
-                top = min(top, held - 1)
-            if top > self.last_successful:
-                self.last_successful = top
-                eff.last_successful = top
+        if top is not None:
+            self.max_done = max(self.max_done, top)
+        target = self.max_done
+        held = self._min_held_stream_ordering()
+        if held is not None:
+            target = min(target, held - 1)
+        if target > self.last_successful:
+            self.last_successful = target
+            eff.last_successful = target
 
     # --- operator actions ------------------------------------------------------------------
 

@@ -1,0 +1,176 @@
+"""Retries, backoff, splitting, isolation, deadlines and status over real HTTP."""
+
+from __future__ import annotations
+
+from federation_sender.queue.destination import DestinationState
+from federation_sender.testing.queue_harness import ALICE, Harness, eventually, room_with
+from federation_sender.transport.result import Outcome
+
+D = "r1.test"
+
+
+async def start_with_room(h: Harness) -> None:
+    await room_with(h, "!a:l", D)
+    await h.start()
+
+
+async def test_txn_id_is_stable_across_retries_and_backoff_schedule(h: Harness) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, status=503)
+    e = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    st = h.m.status(D)
+    assert st is not None and st.state is DestinationState.BACKING_OFF
+    assert st.retry_interval_ms == 600_000 and st.last_error == "HTTP 503 M_UNKNOWN"
+    row = await h.dest_row(D)
+    assert row.retry_interval == 600_000 and row.failure_ts == row.retry_last_ts
+    # New events while backing off are queued, not sent.
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.advance(599)
+    assert len(h.fake.attempts[D]) == 1
+    # Retried by timer when the backoff ends; same txn id, same content.
+    await h.advance(1)
+    assert len(h.fake.attempts[D]) == 2
+    a, b = h.fake.attempts[D]
+    assert a.txn_id == b.txn_id and a.event_ids == b.event_ids == [e.event_id]
+    interval = (await h.dest_row(D)).retry_interval
+    assert 600_000 * 2 * 0.8 <= interval <= 600_000 * 2 * 1.4
+    h.fake.behave(D)
+    await h.advance(interval / 1000)
+    accepted = h.fake.accepted(D)
+    assert accepted[0].txn_id == a.txn_id and len(accepted) == 2
+    assert accepted[1].txn_id != a.txn_id
+    row = await h.dest_row(D)
+    assert row.retry_interval == 0 and row.failure_ts is None
+    assert h.m.status(D).state is DestinationState.IDLE  # type: ignore[union-attr]
+    outcomes = [o for d, o, *_ in h.observer.sent if d == D]
+    assert outcomes == [Outcome.TRANSIENT, Outcome.TRANSIENT, Outcome.SUCCESS, Outcome.SUCCESS]
+    assert [r.status for r in await h.txlog(D)] == ["transient", "transient", "success",
+                                                    "success"]
+
+
+async def test_413_splits_instead_of_retrying_forever(h: Harness) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, hang=True)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: h.fake.in_progress == 1)
+    evs = await h.writer.messages("!a:l", ALICE, 40, pad=1_000)
+    h.poke()
+    await eventually(lambda: h.m.intake.position == h.writer.stream_ordering)
+    h.fake.behave(D, max_body_bytes=12_000)
+    h.fake.release()
+    await h.settle()
+    got = h.fake.received_event_ids(D)
+    assert got[1:] == [e.event_id for e in evs]
+    assert all(t.body_bytes <= 12_000 for t in h.fake.accepted(D))
+    assert any(t.status == 413 for t in h.fake.attempts[D])
+    assert not h.observer.dropped
+
+
+async def test_single_item_too_large_is_dropped(h: Harness) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, max_body_bytes=5_000)
+    big = await h.writer.message("!a:l", ALICE, pad=10_000)
+    small = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert h.fake.received_event_ids(D) == [small.event_id]
+    assert h.observer.dropped == [(D, "pdu", "too_large")]
+    assert big.event_id not in h.fake.received_event_ids(D)
+    row = await h.dest_row(D)
+    assert row.last_successful_stream_ordering == small.stream_ordering
+
+
+async def test_poison_item_is_isolated_and_dropped_while_the_rest_is_delivered(
+    h: Harness,
+) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, hang=True)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: h.fake.in_progress == 1)
+    evs = await h.writer.messages("!a:l", ALICE, 30)
+    poison = evs[11]
+    h.m.enqueue_edu(D, "m.bad", {})
+    h.m.enqueue_edu(D, "m.good", {})
+    h.poke()
+    await eventually(lambda: h.m.intake.position == h.writer.stream_ordering)
+    h.fake.behave(D, reject_event_ids={poison.event_id}, reject_edu_types={"m.bad"},
+                  reject_status=500)
+    h.fake.release()
+    await h.settle()
+    got = h.fake.received_event_ids(D)
+    assert poison.event_id not in got
+    assert sorted(got[1:]) == sorted(e.event_id for e in evs if e is not poison)
+    assert [e["edu_type"] for e in h.fake.received_edus(D)] == ["m.good"]
+    assert sorted(h.observer.dropped) == [(D, "m.bad", "refused"), (D, "pdu", "refused")]
+    poison_attempts = [t for t in h.fake.attempts[D] if t.event_ids == [poison.event_id]]
+    assert len(poison_attempts) == 3  # max_item_failures
+    st = h.m.status(D)
+    assert st is not None and st.retry_interval_ms == 0  # the destination never backed off
+    row = await h.dest_row(D)
+    assert row.last_successful_stream_ordering == evs[-1].stream_ordering
+
+
+async def test_destination_refusing_everything_backs_off(h: Harness) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, status=500)
+    await h.writer.messages("!a:l", ALICE, 4)
+    h.poke()
+    await h.settle()
+    st = h.m.status(D)
+    assert st is not None and st.state is DestinationState.BACKING_OFF
+    assert len(h.fake.attempts[D]) <= 20
+
+
+async def test_hanging_request_hits_the_deadline(h: Harness) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, hang=True)
+    e = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: h.fake.in_progress == 1)
+    await h.clock.advance_and_settle(10)
+    st = h.m.status(D)
+    assert st is not None and st.in_flight_txn_id is not None
+    assert st.in_flight_age_s == 10 and h.m.oldest_in_flight_age_s() == 10
+    assert st.state is DestinationState.SENDING and st.pending_pdus == 1
+    await h.advance(21)  # past the 30 s attempt deadline
+    st = h.m.status(D)
+    assert st is not None and st.state is DestinationState.BACKING_OFF
+    assert st.in_flight_txn_id is None and h.m.oldest_in_flight_age_s() is None
+    assert st.last_error is not None and "no answer within 30s" in st.last_error
+    assert st.next_retry_ts_ms is not None
+    h.fake.behave(D)
+    h.fake.release()
+    await h.advance(600)
+    assert h.fake.received_event_ids(D) == [e.event_id]
+
+
+async def test_remote_server_up_cuts_the_backoff_short(h: Harness) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, status=503)
+    e = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert h.m.status(D).state is DestinationState.BACKING_OFF  # type: ignore[union-attr]
+    h.fake.behave(D)
+    await h.m.remote_server_up(D)
+    await h.settle()
+    assert h.fake.received_event_ids(D) == [e.event_id]
+    assert (await h.dest_row(D)).retry_interval == 0
+    assert not await h.m.reset_connection(D)  # not backing off any more
+
+
+async def test_reset_connection(h: Harness) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, status=503)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    h.fake.behave(D)
+    assert await h.m.reset_connection(D)
+    await h.settle()
+    assert len(h.fake.accepted(D)) == 1
