@@ -108,7 +108,8 @@ class QueueManager:
         self.db_slots = asyncio.Semaphore(db_concurrency)
         self._runners: dict[str, DestinationRunner] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        self._parked: dict[str, int] = {}
+        self._parked: dict[str, tuple[int, int]] = {}
+        """destination -> (retry_at_ms, retry_interval_ms) of queues parked in a backoff"""
         self._needs_catchup: set[str] = set()
         self._txn_base = _base36(time_ms(clock))
         self._txn_counter = itertools.count(1)
@@ -244,17 +245,17 @@ class QueueManager:
                 self._needs_catchup.add(d)
             retry_at = r.core.backoff.retry_at_ms
             if retry_at is not None and not r.stopping:
-                self._parked[d] = retry_at
+                self._parked[d] = (retry_at, r.core.backoff.retry_interval_ms)
             if self._runners.get(d) is r:
                 del self._runners[d]
                 self._tasks.pop(d, None)
                 self.observer.queues_changed(len(self._runners))
 
     def _is_parked(self, destination: str) -> bool:
-        until = self._parked.get(destination)
-        if until is None:
+        parked = self._parked.get(destination)
+        if parked is None:
             return False
-        if time_ms(self.clock) >= until:
+        if time_ms(self.clock) >= parked[0]:
             del self._parked[destination]
             return False
         return True
@@ -416,10 +417,27 @@ class QueueManager:
     # --- status ------------------------------------------------------------------------------
 
     def status(self, destination: str) -> DestinationStatus | None:
-        """Status of a destination with a live queue; None if it has none."""
+        """Status of a destination with a live or parked queue; None if it has none (it is
+        idle: the admin API can read ``destinations`` for the persisted state)."""
         r = self._runner(destination, create=False)
         if r is None:
-            return None
+            parked = self._parked.get(destination) if self._is_parked(destination) else None
+            if parked is None:
+                return None
+            return DestinationStatus(
+                destination=destination,
+                state=DestinationState.BACKING_OFF,
+                pending_pdus=0,
+                pending_edus=0,
+                in_flight_txn_id=None,
+                in_flight_age_s=None,
+                in_flight_attempts=0,
+                last_error=None,
+                next_retry_ts_ms=parked[0],
+                retry_interval_ms=parked[1],
+                catching_up=True,
+                last_successful_stream_ordering=None,
+            )
         c = r.core
         now_mono = self.clock.monotonic_s()
         return DestinationStatus(
@@ -444,8 +462,9 @@ class QueueManager:
         )
 
     def statuses(self) -> list[DestinationStatus]:
+        """Every live or parked queue, by name."""
         out = []
-        for d in sorted(self._runners):
+        for d in sorted({*self._runners, *self._parked}):
             s = self.status(d)
             if s is not None:
                 out.append(s)

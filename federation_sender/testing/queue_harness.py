@@ -111,9 +111,14 @@ class Harness:
         end = loop.time() + 15
         while quiet < 8:
             await asyncio.sleep(0.005)  # noqa: TID251 - real HTTP runs in real time
-            busy = self.m.oldest_in_flight_age_s() is not None or self.m.intake.position < self.m.intake.target or any(
-                st.state in (DestinationState.SENDING, DestinationState.CATCHING_UP)
-                for st in self.m.statuses())
+            busy = (
+                self.m.oldest_in_flight_age_s() is not None
+                or self.m.intake.position < self.m.intake.target
+                or any(
+                    st.state in (DestinationState.SENDING, DestinationState.CATCHING_UP)
+                    for st in self.m.statuses()
+                )
+            )
             quiet = 0 if busy else quiet + 1
             if loop.time() > end:
                 raise AssertionError(f"did not settle: {self.m.statuses()}")
