@@ -241,7 +241,7 @@ class Worker:
                 token=self.admin_token,
                 queues=AdminQueueControl(self.manager),
                 clock=self.clock,
-                ready=lambda: self.ready,
+                ready=self.is_ready,
             )
             self.servers.append(await start_http_server(app, s.admin.bind, s.admin.port))
         if s.telemetry.metrics_port is not None:
@@ -267,6 +267,12 @@ class Worker:
             s.replication.transport,
             self.engine.url.get_backend_name(),
         )
+
+    def is_ready(self) -> bool:
+        """Started, and connected to replication when a transport is configured."""
+        if not self.ready:
+            return False
+        return self.replication is None or self.replication.connected.is_set()
 
     async def stop(self, deadline_s: float = 10.0) -> None:
         """Stop intake, let in-flight transactions finish within ``deadline_s``."""
