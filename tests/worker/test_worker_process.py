@@ -218,7 +218,7 @@ async def test_worker_delivers_survives_shutdown_mid_flight_and_serves_admin(
             proc.kill()
 
 
-async def test_worker_refuses_unmigrated_database(tmp_path: Path, pg_url: str) -> None:
+def test_worker_refuses_unmigrated_database(tmp_path: Path, pg_url: str) -> None:
     config, _ = _config(tmp_path, pg_url, 1, "http://127.0.0.1:1")
     proc = subprocess.run(
         [sys.executable, "-m", "federation_sender", "worker", "-c", str(config)],
