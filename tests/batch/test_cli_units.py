@@ -1,0 +1,76 @@
+"""Argument parsing, URLs, session configuration and progress output: no Spark needed."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import pytest
+
+from federation_sender.batch.cli import add_batch_parser
+from federation_sender.batch.io import Database
+from federation_sender.batch.progress import Progress, format_summary
+from federation_sender.batch.session import SessionOptions, session_conf
+from federation_sender.testing.clock import FakeClock
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_batch_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["batch", *argv])
+
+
+def test_parser_jobs_and_options() -> None:
+    a = _parse("audit", "--repair", "--master", "spark://h:7077", "--partitions", "8",
+               "--snapshot", "/s", "--conf", "spark.driver.memory=4g")
+    assert (a.command, a.job, a.repair, a.master, a.partitions, a.snapshot, a.conf) == (
+        "batch", "audit", True, "spark://h:7077", 8, "/s", ["spark.driver.memory=4g"])
+    assert _parse("backfill-destination-rooms", "--dry-run").dry_run is True
+    with pytest.raises(SystemExit):
+        _parse("audit", "--dry-run")                     # only the backfill has --dry-run
+    with pytest.raises(SystemExit):
+        _parse("audit", "--master", "x", "--remote", "sc://y")
+    with pytest.raises(SystemExit):
+        _parse("no-such-job")
+
+
+def test_database_urls() -> None:
+    db = Database.from_urls("postgresql+psycopg://u:p@db.example:5433/fed")
+    assert db.jdbc_url == "jdbc:postgresql://db.example:5433/fed"
+    assert db.url == "postgresql://u:p@db.example:5433/fed"
+    assert db.jdbc_options() == {"url": db.jdbc_url, "driver": "org.postgresql.Driver",
+                                 "user": "u", "password": "p"}
+    other = Database.from_urls("postgresql://u@h/d", "jdbc:postgresql://inside:5432/d")
+    assert other.jdbc_url == "jdbc:postgresql://inside:5432/d"
+    with pytest.raises(ValueError):
+        Database.from_urls("sqlite:///x.db")
+
+
+def test_session_conf_local_and_cluster() -> None:
+    local = session_conf(SessionOptions(shuffle_partitions=3))
+    assert local["spark.master"] == "local[*]"
+    assert local["spark.ui.enabled"] == "false"
+    assert local["spark.sql.shuffle.partitions"] == "3"
+    assert local["spark.jars"] == "/usr/share/java/postgresql.jar"
+    cluster = session_conf(SessionOptions(master="yarn", conf={"spark.executor.memory": "8g"}))
+    assert "spark.sql.shuffle.partitions" not in cluster      # the cluster's default
+    assert "spark.driver.host" not in cluster
+    assert cluster["spark.executor.memory"] == "8g"
+
+
+def test_progress_and_summary() -> None:
+    clock = FakeClock()
+    err = io.StringIO()
+    p = Progress("audit", clock, stream=err)
+    with p.step("read"):
+        clock.advance(1.5)
+    with pytest.raises(RuntimeError), p.step("boom"):
+        clock.advance(0.5)
+        raise RuntimeError
+    assert err.getvalue().splitlines() == [
+        "[audit] 1. read ...", "[audit] 1. read done in 1.5 s",
+        "[audit] 2. boom ...", "[audit] 2. boom FAILED after 0.5 s"]
+    text = format_summary("audit", {"undelivered_lost": 12345, "rate": 0.5}, p.steps,
+                          p.elapsed_s)
+    assert "undelivered_lost  12,345" in text and "time: read" in text
+    assert text.splitlines()[-1].endswith("2.0 s")
