@@ -7,6 +7,8 @@ outbox rows, pruning, the log row) is written atomically.
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 from collections.abc import Sequence
 
@@ -29,6 +31,9 @@ JsonDict = dict[str, object]
 class QueueStore:
     def __init__(self, engine: AsyncEngine) -> None:
         self.engine = engine
+        self._pending: list[_Pending] = []
+        self._flushing = False
+        self._flusher: asyncio.Future[None] | None = None
 
     async def load_destination(self, destination: str) -> tuple[BackoffState, int | None]:
         async def fn(conn: AsyncConnection) -> dst.DestinationRow | None:
@@ -53,23 +58,9 @@ class QueueStore:
         log_row: txlog.TxnLogRow | None,
         now_ms: int,
     ) -> None:
-        async def fn(conn: AsyncConnection) -> None:
-            if eff.backoff is not None:
-                b = eff.backoff
-                await dst.set_retry_timings(
-                    conn, destination, b.failure_ts_ms, b.retry_last_ts_ms, b.retry_interval_ms
-                )
-            if eff.last_successful is not None:
-                await dst.set_last_successful_stream_ordering(
-                    conn, destination, eff.last_successful
-                )
-            await ob.mark_to_device_sent(conn, destination, eff.to_device_sent, now_ms)
-            await ob.mark_device_lists_sent(conn, destination, eff.device_lists_sent)
-            if eff.prune:
-                await dst.delete_destination_rooms(conn, destination, eff.prune)
-            if log_row is not None:
-                await txlog.log_transactions(conn, [log_row])
-
+        """Write what a result implies. Concurrent calls are group-committed: one
+        database transaction for everything submitted while the previous one ran, so
+        thousands of destinations cost a few commits per second, not thousands."""
         if (
             eff.backoff is None
             and eff.last_successful is None
@@ -79,7 +70,29 @@ class QueueStore:
             and log_row is None
         ):
             return
-        await run_in_transaction(self.engine, fn)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((destination, eff, log_row, now_ms, fut))
+        if not self._flushing:
+            self._flushing = True
+            self._flusher = asyncio.ensure_future(self._flush())
+        await fut
+
+    async def _flush(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                try:
+                    await run_in_transaction(self.engine, functools.partial(_apply, batch=batch))
+                except Exception as e:  # handed to every waiter, which decides
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(e)
+                else:
+                    for *_, fut in batch:
+                        if not fut.done():
+                            fut.set_result(None)
+        finally:
+            self._flushing = False
 
     async def read_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int
@@ -180,6 +193,30 @@ class QueueStore:
             return await dst.destinations_with_outstanding_work(conn, after, limit, now_ms)
 
         return await run_in_transaction(self.engine, fn)
+
+
+_Pending = tuple[str, Effects, "txlog.TxnLogRow | None", int, "asyncio.Future[None]"]
+
+
+async def _apply(conn: AsyncConnection, *, batch: Sequence[_Pending]) -> None:
+    positions: list[tuple[str, int]] = []
+    logs: list[txlog.TxnLogRow] = []
+    for destination, eff, log_row, now_ms, _fut in batch:
+        if eff.backoff is not None:
+            b = eff.backoff
+            await dst.set_retry_timings(
+                conn, destination, b.failure_ts_ms, b.retry_last_ts_ms, b.retry_interval_ms
+            )
+        if eff.last_successful is not None:
+            positions.append((destination, eff.last_successful))
+        await ob.mark_to_device_sent(conn, destination, eff.to_device_sent, now_ms)
+        await ob.mark_device_lists_sent(conn, destination, eff.device_lists_sent)
+        if eff.prune:
+            await dst.delete_destination_rooms(conn, destination, eff.prune)
+        if log_row is not None:
+            logs.append(log_row)
+    await dst.set_last_successful_many(conn, positions)
+    await txlog.log_transactions(conn, logs)
 
 
 def _load(text: str) -> JsonDict:

@@ -157,6 +157,35 @@ async def set_last_successful_stream_ordering(
     await conn.execute(stmt)
 
 
+async def set_last_successful_many(
+    conn: AsyncConnection, positions: Sequence[tuple[str, int]]
+) -> None:
+    """Several destinations at once (one round trip with executemany)."""
+    if not positions:
+        return
+    best: dict[str, int] = {}
+    for dest, so in positions:
+        best[dest] = max(so, best.get(dest, so))
+    ins = _insert(conn)
+    stmt = ins(d)
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["destination"],
+        set_={"last_successful_stream_ordering": stmt.excluded.last_successful_stream_ordering},
+        where=or_(
+            d.c.last_successful_stream_ordering.is_(None),
+            d.c.last_successful_stream_ordering
+            < stmt.excluded.last_successful_stream_ordering,
+        ),
+    )
+    await conn.execute(
+        stmt,
+        [
+            {"destination": k, "last_successful_stream_ordering": v}
+            for k, v in sorted(best.items())
+        ],
+    )
+
+
 async def catchup_rows(
     conn: AsyncConnection,
     destination: str,
