@@ -20,9 +20,10 @@ at-least-once, and catch-up legitimately skips intermediate events.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
+from federation_sender.clock import Clock
 from federation_sender.sim.expected import ExpectedEvent, Oracle
 from federation_sender.sim.remotes import RemoteRecord
 
@@ -108,6 +109,25 @@ class DeliveryReport:
                     f"{s.expected.event_id}, got {got}"
                 )
         return "\n".join(lines)
+
+
+async def wait_for_delivery(
+    oracle: Oracle,
+    records: Callable[[], Mapping[str, RemoteRecord]],
+    clock: Clock,
+    *,
+    timeout_s: float,
+    poll_s: float = 0.5,
+) -> DeliveryReport:
+    """Check every ``poll_s`` until the check passes or ``timeout_s`` has passed;
+    return the last report (``ok`` tells which)."""
+    deadline = clock.monotonic_s() + timeout_s
+    while True:
+        report = check_delivery(oracle, records())
+        remaining = deadline - clock.monotonic_s()
+        if report.ok or remaining <= 0:
+            return report
+        await clock.sleep(min(poll_s, remaining))
 
 
 def check_delivery(oracle: Oracle, records: Mapping[str, RemoteRecord]) -> DeliveryReport:

@@ -102,6 +102,15 @@ class Progress:
         n = self.events - self.phase_start_events
         return n / self.elapsed_s if self.elapsed_s > 0 else 0.0
 
+    def describe(self) -> str:
+        """One line for live display."""
+        return (
+            f"{self.phase}: {self.events} events ({self.local_events} local, "
+            f"{self.membership_changes} membership), {self.to_device} to-device, "
+            f"{self.device_changes} device changes, stream {self.last_stream_ordering}, "
+            f"{self.events_per_s:.0f} events/s"
+        )
+
 
 class Driver:
     def __init__(

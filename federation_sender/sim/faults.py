@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import enum
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 
@@ -142,3 +143,35 @@ def choose_fault(profile: FaultProfile, rng: random.Random, body_bytes: int | No
         if draw < rate:
             return fault
     return Fault.NONE
+
+
+ARCHETYPES: tuple[FaultProfile, ...] = (
+    FaultProfile(slow_s=0.5),
+    FaultProfile(error_rate=0.2),
+    FaultProfile(reset_rate=0.1, reset_after_rate=0.05),
+    FaultProfile(hang_rate=0.05, hang_s=120.0),
+    FaultProfile(max_body_bytes=64 * 1024),
+    FaultProfile(garbage_rate=0.1),
+    FaultProfile(slow_s=0.2, error_rate=0.05, reset_after_rate=0.05),
+)
+"""One of each kind of misbehaviour, for :func:`varied_profiles`."""
+
+
+def varied_profiles(
+    names: Sequence[str],
+    *,
+    rng: random.Random,
+    faulty_fraction: float = 0.5,
+    outage: tuple[float, float] | None = None,
+) -> dict[str, FaultProfile]:
+    """A demo mix: ``outage`` (a down window) for the first name, the archetypes in
+    turn for a ``faulty_fraction`` of the others (chosen by ``rng``), the rest healthy.
+    """
+    profiles = {name: FaultProfile() for name in names}
+    rest = list(names)
+    if outage is not None and rest:
+        profiles[rest.pop(0)] = FaultProfile(down=(outage,))
+    faulty = rng.sample(rest, round(len(rest) * faulty_fraction))
+    for i, name in enumerate(sorted(faulty)):
+        profiles[name] = ARCHETYPES[i % len(ARCHETYPES)]
+    return profiles
