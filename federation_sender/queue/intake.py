@@ -84,6 +84,14 @@ class EventIntake:
         self.target = 0
         self._poked = asyncio.Event()
         self.stopping = False
+        self._known_destinations: set[str] = set()
+
+    def _remember(self, names: set[str]) -> None:
+        # Known to exist in ``destinations``: skip re-inserting them every batch. Bounded;
+        # forgetting only costs a no-op insert.
+        if len(self._known_destinations) + len(names) > 200_000:
+            self._known_destinations.clear()
+        self._known_destinations |= names
 
     async def load(self) -> None:
         """Load the persisted position; on first start, begin at the current end (there
@@ -149,13 +157,19 @@ class EventIntake:
             if dests:
                 fanout.append((e, dests))
 
+        new_dests = {d for _e, ds in fanout for d in ds} - self._known_destinations
+
         async def write(conn: AsyncConnection) -> None:
+            await dst.ensure_destinations(conn, new_dests)
             await dst.upsert_destination_rooms(
-                conn, [(d, e.room_id, e.stream_ordering) for e, ds in fanout for d in ds]
+                conn,
+                [(d, e.room_id, e.stream_ordering) for e, ds in fanout for d in ds],
+                skip_destinations=True,
             )
             await pos.save_position(conn, pos.EVENTS_STREAM, self.instance_name, new_position)
 
         await run_in_transaction(self.engine, write)
+        self._remember(new_dests)
         self.position = new_position
         n = 0
         for e, dests in fanout:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import and_, delete, exists, false, func, or_, select, update
+from sqlalchemy import and_, delete, exists, false, func, or_, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -44,10 +44,19 @@ def _insert(conn: AsyncConnection):  # type: ignore[no-untyped-def]
     return postgresql.insert if conn.dialect.name == "postgresql" else sqlite.insert
 
 
+def _is_pg(conn: AsyncConnection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
 async def upsert_destination_rooms(
-    conn: AsyncConnection, rows: Sequence[tuple[str, str, int]]
+    conn: AsyncConnection,
+    rows: Sequence[tuple[str, str, int]],
+    *,
+    skip_destinations: bool = False,
 ) -> None:
-    """Record (destination, room_id, stream_ordering); creates missing destinations.
+    """Record (destination, room_id, stream_ordering) in one statement (PostgreSQL:
+    ``unnest`` of arrays; SQLite: executemany); creates missing destinations unless the
+    caller knows they all exist.
 
     For one (destination, room) the highest stream ordering wins."""
     if not rows:
@@ -57,13 +66,27 @@ async def upsert_destination_rooms(
         k = (dest, room)
         if best.get(k, -1) < so:
             best[k] = so
-    ins = _insert(conn)
-    dests = sorted({k[0] for k in best})
-    await conn.execute(
-        ins(d).on_conflict_do_nothing(index_elements=["destination"]),
-        [{"destination": x} for x in dests],
-    )
-    stmt = ins(dr)
+    if not skip_destinations:
+        await ensure_destinations(conn, {k[0] for k in best})
+    items = sorted(best.items())
+    if _is_pg(conn):
+        await conn.execute(
+            text(
+                "INSERT INTO destination_rooms (destination, room_id, stream_ordering)"
+                " SELECT * FROM unnest(CAST(:d AS text[]), CAST(:r AS text[]),"
+                " CAST(:s AS bigint[]))"
+                " ON CONFLICT (destination, room_id) DO UPDATE"
+                " SET stream_ordering = EXCLUDED.stream_ordering"
+                " WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering"
+            ),
+            {
+                "d": [k[0] for k, _ in items],
+                "r": [k[1] for k, _ in items],
+                "s": [so for _, so in items],
+            },
+        )
+        return
+    stmt = sqlite.insert(dr)
     stmt = stmt.on_conflict_do_update(
         index_elements=["destination", "room_id"],
         set_={"stream_ordering": stmt.excluded.stream_ordering},
@@ -71,10 +94,7 @@ async def upsert_destination_rooms(
     )
     await conn.execute(
         stmt,
-        [
-            {"destination": k[0], "room_id": k[1], "stream_ordering": so}
-            for k, so in sorted(best.items())
-        ],
+        [{"destination": k[0], "room_id": k[1], "stream_ordering": so} for k, so in items],
     )
 
 
@@ -166,8 +186,22 @@ async def set_last_successful_many(
     best: dict[str, int] = {}
     for dest, so in positions:
         best[dest] = max(so, best.get(dest, so))
-    ins = _insert(conn)
-    stmt = ins(d)
+    items = sorted(best.items())
+    if _is_pg(conn):
+        await conn.execute(
+            text(
+                "INSERT INTO destinations (destination, last_successful_stream_ordering)"
+                " SELECT * FROM unnest(CAST(:d AS text[]), CAST(:s AS bigint[]))"
+                " ON CONFLICT (destination) DO UPDATE SET last_successful_stream_ordering"
+                " = EXCLUDED.last_successful_stream_ordering"
+                " WHERE destinations.last_successful_stream_ordering IS NULL"
+                " OR destinations.last_successful_stream_ordering"
+                " < EXCLUDED.last_successful_stream_ordering"
+            ),
+            {"d": [k for k, _ in items], "s": [v for _, v in items]},
+        )
+        return
+    stmt = sqlite.insert(d)
     stmt = stmt.on_conflict_do_update(
         index_elements=["destination"],
         set_={"last_successful_stream_ordering": stmt.excluded.last_successful_stream_ordering},
@@ -178,11 +212,7 @@ async def set_last_successful_many(
         ),
     )
     await conn.execute(
-        stmt,
-        [
-            {"destination": k, "last_successful_stream_ordering": v}
-            for k, v in sorted(best.items())
-        ],
+        stmt, [{"destination": k, "last_successful_stream_ordering": v} for k, v in items]
     )
 
 
@@ -252,9 +282,17 @@ async def destinations_with_outstanding_work(
 async def ensure_destinations(conn: AsyncConnection, names: Collection[str]) -> None:
     if not names:
         return
-    ins = _insert(conn)
+    if _is_pg(conn):
+        await conn.execute(
+            text(
+                "INSERT INTO destinations (destination)"
+                " SELECT unnest(CAST(:d AS text[])) ON CONFLICT DO NOTHING"
+            ),
+            {"d": sorted(names)},
+        )
+        return
     await conn.execute(
-        ins(d).on_conflict_do_nothing(index_elements=["destination"]),
+        sqlite.insert(d).on_conflict_do_nothing(index_elements=["destination"]),
         [{"destination": x} for x in sorted(names)],
     )
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select
+from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.storage.schema import federation_transaction_log as tl
@@ -35,31 +35,60 @@ class TxnLogRow:
     error: str | None
 
 
+_PG_TYPES = {
+    "txn_id": "text",
+    "destination": "text",
+    "instance_name": "text",
+    "pdu_count": "integer",
+    "edu_count": "integer",
+    "request_bytes": "integer",
+    "status": "text",
+    "http_status": "integer",
+    "started_ts": "bigint",
+    "duration_ms": "integer",
+    "catchup": "boolean",
+    "max_stream_ordering": "bigint",
+    "pdu_event_ids": "text",
+    "error": "text",
+}
+
+
 async def log_transactions(conn: AsyncConnection, rows: Sequence[TxnLogRow]) -> None:
     if not rows:
         return
-    await conn.execute(
-        insert(tl),
-        [
-            {
-                "txn_id": r.txn_id,
-                "destination": r.destination,
-                "instance_name": r.instance_name,
-                "pdu_count": r.pdu_count,
-                "edu_count": r.edu_count,
-                "request_bytes": r.request_bytes,
-                "status": r.status,
-                "http_status": r.http_status,
-                "started_ts": r.started_ts,
-                "duration_ms": r.duration_ms,
-                "catchup": r.catchup,
-                "max_stream_ordering": r.max_stream_ordering,
-                "pdu_event_ids": json.dumps(list(r.pdu_event_ids)),
-                "error": r.error,
-            }
-            for r in rows
-        ],
-    )
+    values = [
+        {
+            "txn_id": r.txn_id,
+            "destination": r.destination,
+            "instance_name": r.instance_name,
+            "pdu_count": r.pdu_count,
+            "edu_count": r.edu_count,
+            "request_bytes": r.request_bytes,
+            "status": r.status,
+            "http_status": r.http_status,
+            "started_ts": r.started_ts,
+            "duration_ms": r.duration_ms,
+            "catchup": r.catchup,
+            "max_stream_ordering": r.max_stream_ordering,
+            "pdu_event_ids": json.dumps(list(r.pdu_event_ids)),
+            "error": r.error,
+        }
+        for r in rows
+    ]
+    if conn.dialect.name == "postgresql":
+        # One statement whatever the number of rows: arrays, unnested server-side.
+        cols = list(values[0])
+        await conn.execute(
+            text(
+                f"INSERT INTO federation_transaction_log ({', '.join(cols)})"
+                " SELECT * FROM unnest("
+                + ", ".join(f"CAST(:{c} AS {_PG_TYPES[c]}[])" for c in cols)
+                + ")"
+            ),
+            {c: [v[c] for v in values] for c in cols},
+        )
+        return
+    await conn.execute(insert(tl), values)
 
 
 async def recent_transactions(

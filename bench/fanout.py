@@ -1,0 +1,104 @@
+"""Fan-out throughput: transactions per second to N loopback destinations, the queue
+engine side by side with a bare aiohttp loop sending the same bodies to the same
+receivers (in another process).
+
+For each N: one room joined by every destination; ``--events`` events written in bursts
+of ``--burst`` with a poke after each, drained to all N; then the bare loop replays the
+exact transactions the engine sent (per destination in order, one in flight per
+destination, the same global concurrency). Prints txn/s for both and the ratio.
+
+    .venv/bin/python bench/fanout.py [--db postgres|sqlite] [--dests 200 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import time
+from dataclasses import replace
+
+from common import (
+    ME,
+    RecordingSender,
+    bare_loop,
+    build_rooms,
+    clock,
+    database,
+    receivers,
+    report,
+    url_for,
+)
+
+from federation_sender.config import QueueSettings
+from federation_sender.queue import QueueManager
+from federation_sender.testing.http_sender import HttpTransactionSender
+from federation_sender.testing.queue_writer import HomeserverWriter
+
+
+async def run_one(db: str, n: int, urls: list[str], events: int, burst: int) -> dict[str, float]:
+    settings = replace(QueueSettings(), max_concurrent_transactions=500)
+    async with database(db) as engine:
+        rooms = await build_rooms(engine, n, 1)
+        writer = await HomeserverWriter(engine, ME).init()
+        inner = HttpTransactionSender(url_for(urls), ME, clock(), timeout_s=60)
+        sender = RecordingSender(inner, keep=False)
+        m = QueueManager(engine, sender, settings, ME, "bench", clock(), random.Random(1),
+                         lambda _d: True, attempt_deadline_s=60)
+        await m.start()
+        # Warm-up: create every queue and connection once.
+        sender.target_pdus = n
+        await writer.message(rooms[0], f"@alice:{ME}")
+        m.notify_new_events(writer.stream_ordering)
+        await asyncio.wait_for(sender.done.wait(), 120)
+        sender.keep = True
+        sender.sent.clear()
+        sender.ok_txns = sender.ok_pdus = 0
+        sender.done.clear()
+        sender.target_pdus = events * n
+        t0 = time.perf_counter()
+        sent_events = 0
+        while sent_events < events:
+            k = min(burst, events - sent_events)
+            await writer.messages(rooms[0], f"@alice:{ME}", k)
+            sent_events += k
+            m.notify_new_events(writer.stream_ordering)
+            await asyncio.sleep(0)
+        await asyncio.wait_for(sender.done.wait(), 600)
+        t_engine = time.perf_counter() - t0
+        txns = list(sender.sent)
+        await m.stop(5)
+        await inner.close()
+        t_bare = await bare_loop(txns, url_for(urls), settings.max_concurrent_transactions)
+        return {
+            "txns": len(txns),
+            "engine_s": t_engine,
+            "bare_s": t_bare,
+            "engine_tps": len(txns) / t_engine,
+            "bare_tps": len(txns) / t_bare,
+        }
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", default="postgres", choices=["postgres", "sqlite"])
+    ap.add_argument("--dests", type=int, nargs="+", default=[200, 1000])
+    ap.add_argument("--events", type=int, default=100)
+    ap.add_argument("--burst", type=int, default=5)
+    ap.add_argument("--receivers", type=int, default=1)
+    a = ap.parse_args()
+    with receivers(a.receivers) as urls:
+        for n in a.dests:
+            r = await run_one(a.db, n, urls, a.events, a.burst)
+            report(f"fan-out to {n} destinations ({a.db}, {a.events} events in bursts of "
+                   f"{a.burst})", [
+                ("transactions", f"{int(r['txns'])}"),
+                ("engine: seconds / txn per s", f"{r['engine_s']:.2f} / {r['engine_tps']:.0f}"),
+                ("bare aiohttp loop: seconds / txn per s",
+                 f"{r['bare_s']:.2f} / {r['bare_tps']:.0f}"),
+                ("ratio engine / bare (target >= 0.7)", f"{r['engine_tps'] / r['bare_tps']:.2f}"),
+            ])
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
