@@ -18,13 +18,18 @@ Rows are the Synapse wire rows (JSON arrays), e.g. ``["ev", [event_id, ...]]`` f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Protocol
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Literal, Protocol
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.clock import Clock
+from federation_sender.replication.redis import RedisWriterBridge
 from federation_sender.replication.server import ReplicationWriter
+from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.storage import schema
 
 JsonRow = object
@@ -101,3 +106,42 @@ class WriterPublisher:
     async def complete(self, stream: str, rows: Mapping[int, Sequence[JsonRow]]) -> None:
         for token in sorted(rows):
             self.writer.complete(stream, token, rows[token])
+
+
+@contextlib.asynccontextmanager
+async def serve_replication(
+    writer: ReplicationWriter,
+    *,
+    transport: Literal["tcp", "redis", "none"],
+    clock: Clock,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    redis_url: str = "redis://127.0.0.1:6379/0",
+    redis_ready_timeout_s: float = 10.0,
+) -> AsyncIterator[int | None]:
+    """Serve ``writer`` to readers for the duration of the block.
+
+    ``tcp`` yields the listening port (``port=0``: any free one); ``redis`` publishes
+    on channel ``<server_name>`` and yields ``None`` once subscribed (or raises
+    ``TimeoutError`` after ``redis_ready_timeout_s``); ``none`` serves nothing.
+    """
+    if transport == "tcp":
+        server = TcpReplicationServer(writer, clock=clock, host=host, port=port)
+        await server.start()
+        try:
+            yield server.port
+        finally:
+            await server.close()
+    elif transport == "redis":
+        bridge = RedisWriterBridge(writer, redis_url, clock=clock)
+        task = asyncio.create_task(bridge.run(), name="sim-redis-writer")
+        try:
+            async with asyncio.timeout(redis_ready_timeout_s):
+                await bridge.ready.wait()
+            yield None
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    else:
+        yield None

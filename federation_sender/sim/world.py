@@ -60,6 +60,8 @@ class Room:
     members: dict[str, str] = field(default_factory=dict)
     """user id -> current membership (join, leave, ban)."""
     joined_per_server: Counter[str] = field(default_factory=Counter)
+    joined_local: list[str] = field(default_factory=list)
+    """Our joined users, in join order (picked as senders and moderators)."""
     member_event: dict[str, str] = field(default_factory=dict)
     extremities: list[str] = field(default_factory=list)
     previous_extremities: list[str] = field(default_factory=list)
@@ -228,8 +230,7 @@ class World:
             raise ValueError(f"{user_id} is not joined to {room.room_id}")
 
     def _local_member(self, room: Room) -> str:
-        local = [u for u, m in room.members.items() if m == "join" and self.is_local(u)]
-        return self.rng.choice(local)
+        return self.rng.choice(room.joined_local)
 
     def _membership(
         self, room: Room, sender: str, target: str, membership: str, *, outlier: bool = False
@@ -254,8 +255,12 @@ class World:
         if self.is_local(target):
             if membership == "join":
                 self._local_user_rooms[target].add(room.room_id)
+                if before != "join":
+                    room.joined_local.append(target)
             else:
                 self._local_user_rooms[target].discard(room.room_id)
+                if before == "join":
+                    room.joined_local.remove(target)
         return ev
 
     # --- messages --------------------------------------------------------------
