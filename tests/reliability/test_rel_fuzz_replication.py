@@ -80,8 +80,9 @@ STREAMS = [*ROW_PARSERS, "federation", "unknown_stream", ""]
 
 ints = st.one_of(
     st.integers(min_value=-5, max_value=10**6).map(str),
-    st.sampled_from(["0", "-0", "+1", "1_000", "0x10", "1e3", "\u0661\u0662", "\u00b2", "\uff11", " 1", "1 ",
-                     "9" * 21, "-" + "9" * 20, "18446744073709551616", "-", "", "None",
+    st.sampled_from(["0", "-0", "+1", "1_000", "0x10", "1e3", "\u0661\u0662", "\u00b2",
+                     "\uff11", " 1", "1 ", "9" * 21, "-" + "9" * 20, "18446744073709551616",
+                     "-", "", "None",
                      "batch", "NaN"]),
 )
 words = st.one_of(
