@@ -13,7 +13,7 @@ destination keeps refusing.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue.items import (
@@ -60,14 +60,20 @@ class Batch:
     """``destination_rooms`` rows to delete on success (rooms the destination left)."""
     probe: bool = False
     """An empty transaction sent to learn whether the destination is up."""
+    _size: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def size_bytes(self) -> int:
-        return (
-            TXN_OVERHEAD_BYTES
-            + sum(p.size + 1 for p in self.pdus)
-            + sum(e.size + 1 for e in self.edus)
-        )
+        """Estimated body size (computed once: batches are immutable)."""
+        cached: int | None = self._size
+        if cached is None:
+            cached = (
+                TXN_OVERHEAD_BYTES
+                + sum(p.size + 1 for p in self.pdus)
+                + sum(e.size + 1 for e in self.edus)
+            )
+            object.__setattr__(self, "_size", cached)
+        return cached
 
     @property
     def item_count(self) -> int:

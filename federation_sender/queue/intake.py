@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -64,7 +64,7 @@ class EventIntake:
         instance_name: str,
         batch_size: int,
         shard_filter: Callable[[str], bool],
-        enqueue: Callable[[str, PduItem], None],
+        enqueue: Callable[[str, Sequence[PduItem]], None],
         observer: QueueObserver,
         clock: Clock,
         poll_interval_s: float | None = None,
@@ -172,15 +172,19 @@ class EventIntake:
         self._remember(new_dests)
         self.position = new_position
         n = 0
+        per_dest: dict[str, list[PduItem]] = {}
         for e, dests in fanout:
             try:
                 pdu = json.loads(e.json)
             except ValueError:
                 log.warning("event %s has unparseable JSON; not sent", e.event_id)
                 continue
+            # One parsed PDU shared by every destination's queue.
             item = PduItem(e.stream_ordering, e.event_id, e.room_id, pdu, len(e.json))
             for d in dests:
-                self.enqueue(d, item)
+                per_dest.setdefault(d, []).append(item)
                 n += 1
+        for d, items in per_dest.items():
+            self.enqueue(d, items)
         self.observer.events_processed(len(rows), new_position, n)
         return n

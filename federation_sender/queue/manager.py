@@ -119,7 +119,7 @@ class QueueManager:
             instance_name,
             settings.event_batch_size,
             shard_filter,
-            self._enqueue_pdu,
+            self._enqueue_pdus,
             self.observer,
             clock,
             poll_interval_s,
@@ -143,6 +143,7 @@ class QueueManager:
         self._background = [
             asyncio.create_task(self._supervise("intake", self.intake.run)),
             asyncio.create_task(self._supervise("wakeups", self._wakeup_loop)),
+            asyncio.create_task(self._supervise("housekeeping", self._housekeeping_loop)),
         ]
 
     async def stop(self, deadline_s: float) -> None:
@@ -266,12 +267,14 @@ class QueueManager:
         """Poke from the events stream: events up to this position are persisted."""
         self.intake.notify(max_stream_ordering)
 
-    def _enqueue_pdu(self, destination: str, item: PduItem) -> None:
+    def _enqueue_pdus(self, destination: str, items: Sequence[PduItem]) -> None:
         if self._is_parked(destination):
             return
         r = self._runner(destination)
         if r is not None:
-            r.core.add_pdu(item)
+            add = r.core.add_pdu
+            for item in items:
+                add(item)
             r.poke()
 
     def enqueue_edu(
@@ -368,6 +371,30 @@ class QueueManager:
             r.core.clear_backoff()
             r.poke()
         return True
+
+    # --- housekeeping: deadlines and idle eviction ---------------------------------------------
+
+    async def _housekeeping_loop(self) -> None:
+        """One clock task for all queues: cancels attempts past their deadline and
+        evicts queues idle past the TTL (cheaper than a timer per queue per wait)."""
+        tick = min(1.0, self.runner_config.attempt_deadline_s / 10)
+        while True:
+            await self.clock.sleep(tick)
+            self.housekeeping()
+
+    def housekeeping(self) -> None:
+        now = self.clock.monotonic_s()
+        deadline = self.runner_config.attempt_deadline_s
+        ttl = self.runner_config.idle_ttl_s
+        for d, r in list(self._runners.items()):
+            if r.in_flight_since is not None and now - r.in_flight_since >= deadline:
+                task = self._tasks.get(d)
+                if task is not None and not r.deadline_hit:
+                    r.deadline_hit = True
+                    task.cancel()
+            elif r.idle_since is not None and now - r.idle_since >= ttl and r.core.is_empty():
+                r.evict = True
+                r.poke()
 
     # --- wake-ups ----------------------------------------------------------------------------
 

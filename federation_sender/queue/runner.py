@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.core import (
@@ -27,7 +27,7 @@ from federation_sender.queue.core import (
 )
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.store import QueueStore, log_row_for
-from federation_sender.queue.timing import DeadlineExceeded, wait_or_timeout, with_deadline
+from federation_sender.queue.timing import wait_or_timeout
 from federation_sender.transport.result import (
     Outcome,
     SendResult,
@@ -75,11 +75,24 @@ class DestinationRunner:
         self.loaded = False
         self.stopping = False
         self.finished = False
+        self._persisting: asyncio.Future[None] | None = None
+        self.idle_since: float | None = None
+        """Monotonic time the queue went idle (None while busy)."""
+        self.evict = False
+        self.deadline_hit = False
 
     def poke(self) -> None:
         self.wake.set()
 
     async def run(self) -> None:
+        try:
+            await self._loop()
+        finally:
+            if self._persisting is not None and not self._persisting.done():
+                # Let the last result reach the database even when cancelled.
+                await asyncio.shield(self._persisting)
+
+    async def _loop(self) -> None:
         c = self.core
         if not self.loaded:
             async with self.db_slots:
@@ -137,9 +150,14 @@ class DestinationRunner:
             elif isinstance(step, Idle):
                 if c.stopped:
                     return
-                woken = await wait_or_timeout(self.clock, self.wake, self.config.idle_ttl_s)
-                if not woken and c.is_empty():
+                # No timer here: the manager's housekeeping evicts queues idle past the
+                # TTL by setting ``evict`` and waking us (one clock task for all queues).
+                self.idle_since = self.clock.monotonic_s()
+                await self.wake.wait()
+                self.idle_since = None
+                if self.evict and c.is_empty():
                     return
+                self.evict = False
 
     async def _send(self, txn: FrozenTxn) -> None:
         c = self.core
@@ -159,28 +177,24 @@ class DestinationRunner:
                 t0 = self.clock.monotonic_s()
                 self.in_flight_since = t0
                 try:
-                    result = await with_deadline(
-                        self.clock,
-                        self.sender.send_transaction(request),
-                        self.config.attempt_deadline_s,
-                    )
-                except DeadlineExceeded as e:
+                    result = await self.sender.send_transaction(request)
+                except asyncio.CancelledError:
+                    # The manager's watchdog cancels attempts past their deadline.
+                    if not self.deadline_hit:
+                        raise
+                    task = asyncio.current_task()
+                    if task is not None:
+                        task.uncancel()
                     result = SendResult(
-                        Outcome.TRANSIENT, error=str(e), duration_s=self.clock.monotonic_s() - t0
+                        Outcome.TRANSIENT,
+                        error=f"no answer within {self.config.attempt_deadline_s:g}s",
+                        duration_s=self.clock.monotonic_s() - t0,
                     )
                 finally:
                     self.in_flight_since = None
+                    self.deadline_hit = False
             if result.duration_s <= 0:
-                result = SendResult(
-                    outcome=result.outcome,
-                    status=result.status,
-                    error=result.error,
-                    errcode=result.errcode,
-                    retry_after_s=result.retry_after_s,
-                    pdu_errors=result.pdu_errors,
-                    request_bytes=result.request_bytes,
-                    duration_s=self.clock.monotonic_s() - t0,
-                )
+                result = replace(result, duration_s=self.clock.monotonic_s() - t0)
         now = time_ms(self.clock)
         eff = c.on_result(txn, result, now)
         log_row = None
@@ -200,8 +214,12 @@ class DestinationRunner:
                 max_stream_ordering=batch.max_stream_ordering,
                 error=result.error or None,
             )
-        async with self.db_slots:
-            await self.store.persist(self.destination, eff, log_row, now)
+        # Persisting is pipelined one deep: the next transaction may go out while this
+        # result is written (group-committed with other destinations' results). Safe:
+        # a crash before the write only means resending (receivers deduplicate), and
+        # writes of one destination stay in order.
+        await self._flush_persist()
+        self._persisting = self.store.submit(self.destination, eff, log_row, now)
         if batch:
             self.observer.transaction_sent(
                 self.destination,
@@ -216,6 +234,12 @@ class DestinationRunner:
                 batch.catchup,
             )
         self._report(eff, result)
+
+    async def _flush_persist(self) -> None:
+        """Wait for the previous result's write; its failure surfaces here."""
+        fut, self._persisting = self._persisting, None
+        if fut is not None:
+            await fut
 
     def _report(self, eff: Effects, result: SendResult) -> None:
         d = self.destination

@@ -58,9 +58,23 @@ class QueueStore:
         log_row: txlog.TxnLogRow | None,
         now_ms: int,
     ) -> None:
-        """Write what a result implies. Concurrent calls are group-committed: one
-        database transaction for everything submitted while the previous one ran, so
-        thousands of destinations cost a few commits per second, not thousands."""
+        """Write what a result implies and wait for the commit."""
+        fut = self.submit(destination, eff, log_row, now_ms)
+        if fut is not None:
+            await fut
+
+    def submit(
+        self,
+        destination: str,
+        eff: Effects,
+        log_row: txlog.TxnLogRow | None,
+        now_ms: int,
+    ) -> asyncio.Future[None] | None:
+        """Queue the write; the future resolves at commit (None: nothing to write).
+
+        Writes are group-committed: one database transaction for everything submitted
+        while the previous one ran, so thousands of destinations cost a few commits per
+        second, not thousands. Writes of one destination commit in submission order."""
         if (
             eff.backoff is None
             and eff.last_successful is None
@@ -69,13 +83,13 @@ class QueueStore:
             and not eff.prune
             and log_row is None
         ):
-            return
+            return None
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((destination, eff, log_row, now_ms, fut))
         if not self._flushing:
             self._flushing = True
             self._flusher = asyncio.ensure_future(self._flush())
-        await fut
+        return fut
 
     async def _flush(self) -> None:
         try:
