@@ -68,8 +68,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         response = await handler(request)
     except AdminError as e:
         response = e.response()
-    except web.HTTPMethodNotAllowed:
+    except web.HTTPMethodNotAllowed as e:
         response = error_response(405, Codes.UNRECOGNIZED, "Unrecognized request")
+        response.headers["Allow"] = ", ".join(sorted(e.allowed_methods))  # RFC 9110 15.5.6
     except web.HTTPNotFound:
         response = error_response(404, Codes.UNRECOGNIZED, "Unrecognized request")
     except web.HTTPException as e:

@@ -351,3 +351,16 @@ async def test_no_secret_reaches_the_logs_of_a_running_worker(tmp_path: Path) ->
     assert sigs
     for secret in [TOKEN, seed, *sigs]:
         assert secret not in logged, secret
+
+
+async def test_wrong_method_is_405_with_allow_header(sqlite_engine: AsyncEngine) -> None:
+    """Regression (found by schemathesis): the JSON error middleware dropped the
+    ``Allow`` header RFC 9110 requires on a 405."""
+    app = build_admin_app(engine=sqlite_engine, token=TOKEN, queues=FakeQueueControl(),
+                          clock=FakeClock())
+    async with TestClient(TestServer(app, host="127.0.0.1")) as client:
+        for method, path in [("PUT", "/health"), ("DELETE", ADMIN + "v1/federation/summary")]:
+            resp = await client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert resp.status == 405
+            assert "GET" in resp.headers["Allow"]
+            assert (await resp.json())["errcode"] == "M_UNRECOGNIZED"
