@@ -1,0 +1,248 @@
+"""``federation-sender demo``: the whole system, end to end, in about a minute.
+
+One process hosts everything, on loopback only:
+
+* the homeserver simulator (:mod:`federation_sender.sim`) writing rooms, memberships
+  (joins, leaves, kicks, partial-state rooms), messages and EDU outboxes into the
+  database and announcing them over real TCP replication;
+* a fleet of fake remote homeservers that verify our X-Matrix signatures, some with
+  faults (slow, 500s, resets, hangs, 413, garbage), one of them down long enough for
+  its queue to enter catch-up mode and come back;
+* the real worker (:class:`federation_sender.app.Worker`) with its admin API.
+
+Time scale: backoff starts at 1 s and catch-up begins past 4 s of backoff (instead of
+10 minutes and 1 hour), so that an outage of a few seconds shows the whole life cycle.
+
+The demo ends with the delivery check: every destination must have received, for every
+room it shares with us, the latest of our events it is entitled to. Exit status 0 when
+it passes, 1 when it does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import random
+import shutil
+import sys
+from pathlib import Path
+from typing import IO
+
+from federation_sender.app import Worker, load_or_create_signing_key
+from federation_sender.clock import Clock, SystemClock
+from federation_sender.config import Settings
+from federation_sender.queue import DestinationStatus
+from federation_sender.sim.check import DeliveryReport, check_delivery
+from federation_sender.sim.driver import Driver, Scenario
+from federation_sender.sim.expected import Oracle
+from federation_sender.sim.faults import varied_profiles
+from federation_sender.sim.publish import WriterPublisher, serve_replication
+from federation_sender.sim.remotes import RemoteFleet, RemoteRecord
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.migrate import upgrade
+from federation_sender.telemetry.logging import setup_logging
+from federation_sender.testing.postgres import free_port
+from federation_sender.transport.signing import verify_key_lookup
+
+SERVER_NAME = "demo.local"
+
+
+def demo_settings(base: Settings, args: argparse.Namespace, data: Path) -> Settings:
+    db_url = args.postgres or f"sqlite:///{data}/demo.db"
+    return dataclasses.replace(
+        base,
+        server_name=SERVER_NAME,
+        instance_name="demo_sender",
+        data_dir=str(data),
+        database=dataclasses.replace(base.database, url=db_url),
+        replication=dataclasses.replace(base.replication, transport="tcp", host="127.0.0.1"),
+        federation=dataclasses.replace(
+            base.federation,
+            signing_key_path=str(data / "signing.key"),
+            use_tls=False,
+            ip_allow_list=["127.0.0.0/8", "::1/128"],
+            request_timeout_s=4.0,
+            connect_timeout_s=2.0,
+        ),
+        queue=dataclasses.replace(
+            base.queue,
+            backoff_initial_s=1.0,
+            backoff_max_s=8.0,
+            catchup_threshold_s=4.0,
+            wakeup_interval_s=2.0,
+        ),
+        admin=dataclasses.replace(base.admin, enabled=True, port=free_port(), token=None),
+        telemetry=dataclasses.replace(base.telemetry, metrics_port=None, log_level="INFO"),
+    )
+
+
+def delivered_counts(oracle: Oracle, records: dict[str, RemoteRecord]) -> tuple[int, int]:
+    """(expected PDUs received, expected PDUs) over all destinations."""
+    got = want = 0
+    for dest, exp in oracle.destinations.items():
+        rec = records.get(dest)
+        seen = rec.pdu_counts if rec is not None else {}
+        want += len(exp.should_receive)
+        got += sum(1 for e in exp.should_receive if e.event_id in seen)
+    return got, want
+
+
+def _bar(done: int, total: int, width: int = 40) -> str:
+    frac = done / total if total else 1.0
+    full = int(frac * width)
+    return "[" + "#" * full + "-" * (width - full) + f"] {done}/{total} ({frac:.0%})"
+
+
+def render(
+    elapsed_s: float,
+    driver: Driver,
+    fleet: RemoteFleet,
+    statuses: dict[str, DestinationStatus],
+    oracle: Oracle,
+    admin_url: str | None,
+) -> str:
+    records = fleet.records()
+    got, want = delivered_counts(oracle, records)
+    lines = [
+        f"federation-sender demo  t={elapsed_s:5.1f}s  admin API: {admin_url}",
+        f"simulator: {driver.progress.describe()}",
+        f"delivered events {_bar(got, want)}",
+        "",
+        f"{'destination':<22} {'state':<12} {'pending':>8} {'sent':>7} {'backoff':>8}  fault",
+    ]
+    for name in sorted(records):
+        st = statuses.get(name)
+        state = "idle" if st is None else st.state.value
+        if st is not None and st.catching_up:
+            state = "catching_up"
+        pending = 0 if st is None else st.pending_pdus + st.pending_edus
+        backoff = (
+            "" if st is None or not st.retry_interval_ms else f"{st.retry_interval_ms / 1000:.0f}s"
+        )
+        remote = fleet[name]
+        fault = remote.faults.describe() + (" (DOWN)" if remote.down else "")
+        lines.append(
+            f"{name:<22} {state:<12} {pending:>8} {records[name].pdus_received:>7} "
+            f"{backoff:>8}  {fault}"
+        )
+    return "\n".join(lines)
+
+
+async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
+    clock: Clock = SystemClock()
+    data = Path(base.data_dir) / "demo"
+    if data.exists() and not args.postgres:
+        shutil.rmtree(data)
+    data.mkdir(parents=True, exist_ok=True)
+    settings = demo_settings(base, args, data)
+    log_file = (data / "worker.log").open("w")  # closed below
+    setup_logging(settings.telemetry, stream=log_file)
+    live = sys.stdout.isatty() and not args.no_live
+
+    engine = create_engine(settings.database.url)
+    await upgrade(engine)
+    key = load_or_create_signing_key(settings.federation.signing_key_path)
+    rate = max(1.0, args.events / max(1.0, args.duration))
+    scenario = Scenario(
+        server_name=SERVER_NAME,
+        remote_servers=args.destinations,
+        rooms=args.rooms,
+        partial_state_rooms=max(1, args.rooms // 6),
+        servers_per_room=min(8, args.destinations),
+        steps=args.events,
+        rate_per_s=rate,
+        batch_size=10,
+        seed=1,
+    )
+    names = scenario.remote_server_names
+    outage_end = max(10.0, args.duration * 0.6)
+    faults = varied_profiles(
+        names, rng=random.Random(1), faulty_fraction=0.4, outage=(2.0, outage_end)
+    )
+    lookup = verify_key_lookup({SERVER_NAME: {key.key_id: key.verify_key}})
+    publisher = await WriterPublisher.for_database(engine, SERVER_NAME)
+    print(
+        f"federation-sender demo: {len(names)} remote servers, {args.rooms} rooms, "
+        f"{args.events} simulated operations over ~{args.duration:.0f}s; "
+        f"worker log in {data / 'worker.log'}",
+        file=out,
+    )
+    report: DeliveryReport | None = None
+    async with (
+        RemoteFleet(names, lookup_key=lookup, clock=clock, faults=faults) as fleet,
+        serve_replication(publisher.writer, transport="tcp", clock=clock) as port,
+    ):
+        assert port is not None
+        settings = dataclasses.replace(
+            settings,
+            replication=dataclasses.replace(settings.replication, port=port),
+            federation=dataclasses.replace(
+                settings.federation, destination_overrides=fleet.overrides()
+            ),
+        )
+        driver = Driver.build(scenario, engine=engine, publisher=publisher, clock=clock)
+        await driver.setup()
+        worker = await Worker.create(settings, clock=clock)
+        await worker.start()
+        start = clock.monotonic_s()
+        gen = asyncio.create_task(driver.run(), name="simulator")
+        deadline = start + args.duration + 45.0
+        last_print = -10.0
+        try:
+            while True:
+                now = clock.monotonic_s()
+                statuses = {s.destination: s for s in worker.manager.statuses()}
+                if live:
+                    out.write(
+                        "\x1b[H\x1b[2J"
+                        + render(
+                            now - start, driver, fleet, statuses, driver.oracle, worker.admin_url
+                        )
+                        + "\n"
+                    )
+                    out.flush()
+                elif now - last_print >= 5.0:
+                    got, want = delivered_counts(driver.oracle, fleet.records())
+                    busy = sum(1 for s in statuses.values() if s.state.value != "idle")
+                    print(
+                        f"t={now - start:5.1f}s {driver.progress.describe()} | delivered "
+                        f"{got}/{want} | active queues {busy}",
+                        file=out,
+                    )
+                    last_print = now
+                if gen.done():
+                    gen.result()
+                    report = check_delivery(driver.oracle, fleet.records())
+                    if report.ok or now > deadline:
+                        break
+                await clock.sleep(1.0)
+        finally:
+            if not gen.done():
+                gen.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await gen
+            await worker.stop(deadline_s=5.0)
+        elapsed = clock.monotonic_s() - start
+        records = fleet.records()
+    await engine.dispose()
+    log_file.close()
+    assert report is not None
+    txns = sum(len(r.txns) for r in records.values())
+    got, want = delivered_counts(driver.oracle, records)
+    print("", file=out)
+    print(report.summary(), file=out)
+    print(
+        f"totals: {driver.progress.events} events written ({driver.progress.local_events} "
+        f"local), {got}/{want} expected PDU deliveries seen, {txns} transactions received "
+        f"by {len(records)} remotes, in {elapsed:.1f}s",
+        file=out,
+    )
+    return 0 if report.ok else 1
+
+
+def run_demo(settings: Settings, args: argparse.Namespace) -> int:
+    logging.getLogger("asyncio").setLevel(logging.WARNING)
+    return asyncio.run(_run(settings, args, sys.stdout))
