@@ -51,3 +51,18 @@ def test_compose_references_existing_files() -> None:
             src = vol.split(":")[0]
             if src.startswith("./"):
                 assert (ROOT / src).exists(), src
+
+
+def test_compose_main_process_command_is_ours() -> None:
+    import importlib
+
+    cmd = _compose()["services"]["main"]["command"]
+    assert cmd[:3] == ["python", "-m", "federation_sender.sim"]
+    mod = importlib.import_module("federation_sender.sim.__main__")
+    # The compose file's arguments parse: --help after them exits 0 (a bad one exits 2).
+    try:
+        mod.main([*cmd[3:], "--help"])
+    except SystemExit as e:
+        assert e.code == 0
+    else:
+        raise AssertionError("--help did not exit")
