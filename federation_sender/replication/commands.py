@@ -25,6 +25,7 @@ extension, documented in ``docs/replication-protocol.md``.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar, TypeAlias
@@ -43,7 +44,16 @@ def _reject_constant(name: str) -> object:
     raise ValueError(f"{name} is not valid JSON")
 
 
-_decoder = json.JSONDecoder(parse_constant=_reject_constant)
+def _finite_float(text: str) -> float:
+    # Python's json turns 1e999 into inf, which JSON cannot express and encode_json
+    # refuses: a row we could not write back out.
+    value = float(text)
+    if math.isinf(value):
+        raise ValueError(f"number {text[:20]} is out of range")
+    return value
+
+
+_decoder = json.JSONDecoder(parse_constant=_reject_constant, parse_float=_finite_float)
 _encoder = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 
 

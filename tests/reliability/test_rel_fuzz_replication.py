@@ -434,3 +434,14 @@ def test_mutated_streams_through_the_connection(seed: int, role: Role) -> None:
             for line in conn.data_to_send().splitlines():
                 c.parse_line(line.decode("utf-8"))
             conn = ReplicationConnection(role, FakeClock())
+
+
+@pytest.mark.parametrize("line", [
+    "RDATA events master 0 1e999", "RDATA events master 0 [-1e400]",
+    'REPLICATE {"psync":1,"have":[],"x":1e309}', 'USER_IP @u:hs ["t","ip","ua",null,1e999]',
+])
+def test_numbers_json_cannot_express_are_protocol_errors(line: str) -> None:
+    """Regression (found by this fuzzer): Python's json reads 1e999 as inf, which the
+    strict decoder's contract excludes and ``encode_json`` cannot write back."""
+    with pytest.raises(ProtocolError):
+        c.parse_line(line)
