@@ -36,7 +36,6 @@ from federation_sender.queue import QueueManager
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.queue_writer import HomeserverWriter
 
-
 PROFILE: Any = None
 """A cProfile.Profile to enable around the engine phase (set by a profiling driver)."""
 

@@ -13,7 +13,7 @@ destination keeps refusing.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue.items import (
@@ -61,6 +61,7 @@ class Batch:
     probe: bool = False
     """An empty transaction sent to learn whether the destination is up."""
     _size: int | None = field(default=None, compare=False, repr=False)
+    _max_so: int | None = field(default=None, compare=False, repr=False)
 
     @property
     def size_bytes(self) -> int:
@@ -84,7 +85,13 @@ class Batch:
 
     @property
     def max_stream_ordering(self) -> int | None:
-        return max((p.stream_ordering for p in self.pdus), default=None)
+        if not self.pdus:
+            return None
+        cached: int | None = self._max_so
+        if cached is None:
+            cached = max([p.stream_ordering for p in self.pdus])
+            object.__setattr__(self, "_max_so", cached)
+        return cached
 
     def pdu_json(self) -> list[JsonDict]:
         return [p.pdu for p in self.pdus]
@@ -113,13 +120,6 @@ class Batch:
 
         return make(first, False), make(second, True)
 
-    def without(self, uid: int) -> Batch:
-        return replace(
-            self,
-            pdus=tuple(p for p in self.pdus if p.uid != uid),
-            edus=tuple(e for e in self.edus if e.uid != uid),
-        )
-
 
 class _Budget:
     def __init__(self, limits: Limits, used_bytes: int = TXN_OVERHEAD_BYTES) -> None:
@@ -139,13 +139,23 @@ class _Budget:
 def take_batch(pending: PendingItems, limits: Limits) -> Batch:
     """Remove and return the next transaction's content from ``pending``."""
     budget = _Budget(limits)
-    pdus: list[PduItem] = []
-    while pending.pdus and len(pdus) < limits.max_pdus and budget.fits(pending.pdus[0].size):
-        p = pending.pdus.popleft()
-        budget.add(p.size)
-        pdus.append(p)
+    queue = pending.pdus
+    n = min(len(queue), limits.max_pdus)
+    pdus = [queue.popleft() for _ in range(n)]
+    total = sum([p.size for p in pdus]) + n
+    if budget.used + total <= limits.max_bytes:
+        # The common case: the next ``max_pdus`` fit the byte budget.
+        budget.used += total
+        budget.items += n
+    else:
+        queue.extendleft(reversed(pdus))
+        pdus = []
+        while queue and len(pdus) < limits.max_pdus and budget.fits(queue[0].size):
+            p = queue.popleft()
+            budget.add(p.size)
+            pdus.append(p)
     edus = take_edus(pending, limits, budget)
-    return Batch(tuple(pdus), tuple(edus))
+    return Batch(tuple(pdus), tuple(edus), _size=budget.used)
 
 
 def take_edus(

@@ -353,8 +353,10 @@ class DestinationCore:
     # --- results ---------------------------------------------------------------------------
 
     def _min_held_stream_ordering(self) -> int | None:
-        sos = [p.stream_ordering for b in (*self.work, *self.quarantine) for p in b.pdus]
         m = self.pending.min_stream_ordering()
+        if not self.work and not self.quarantine:
+            return m
+        sos = [p.stream_ordering for b in (*self.work, *self.quarantine) for p in b.pdus]
         if m is not None:
             sos.append(m)
         return min(sos, default=None)
@@ -373,10 +375,11 @@ class DestinationCore:
             if self.backoff != RESET:
                 self.backoff = RESET
                 eff.backoff = RESET
-            for p in batch.pdus:
-                self.item_failures.pop(p.event_id, None)
-            for e in batch.edus:
-                self.item_failures.pop(e.uid, None)
+            if self.item_failures:
+                for p in batch.pdus:
+                    self.item_failures.pop(p.event_id, None)
+                for e in batch.edus:
+                    self.item_failures.pop(e.uid, None)
             _outbox_keys(batch.edus, eff)
             eff.prune.extend(batch.catchup_prune)
             if batch.catchup:

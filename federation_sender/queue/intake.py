@@ -157,15 +157,20 @@ class EventIntake:
             if dests:
                 fanout.append((e, dests))
 
-        new_dests = {d for _e, ds in fanout for d in ds} - self._known_destinations
+        # Per (destination, room) only the batch's last event matters: walk backwards.
+        dr_rows: list[tuple[str, str, int]] = []
+        seen: dict[str, set[str]] = {}
+        for e, ds in reversed(fanout):
+            done = seen.setdefault(e.room_id, set())
+            fresh = set(ds) - done
+            if fresh:
+                done |= fresh
+                dr_rows.extend((d, e.room_id, e.stream_ordering) for d in fresh)
+        new_dests = {r[0] for r in dr_rows} - self._known_destinations
 
         async def write(conn: AsyncConnection) -> None:
             await dst.ensure_destinations(conn, new_dests)
-            await dst.upsert_destination_rooms(
-                conn,
-                [(d, e.room_id, e.stream_ordering) for e, ds in fanout for d in ds],
-                skip_destinations=True,
-            )
+            await dst.upsert_destination_rooms(conn, dr_rows, skip_destinations=True)
             await pos.save_position(conn, pos.EVENTS_STREAM, self.instance_name, new_position)
 
         await run_in_transaction(self.engine, write)

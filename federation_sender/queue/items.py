@@ -75,8 +75,11 @@ class PendingItems:
     other: deque[EduItem] = field(default_factory=deque)
     to_device: deque[EduItem] = field(default_factory=deque)
     device_lists: deque[EduItem] = field(default_factory=deque)
+    _unsorted: bool = False
 
     def add_pdu(self, item: PduItem) -> None:
+        if self.pdus and item.stream_ordering < self.pdus[-1].stream_ordering:
+            self._unsorted = True
         self.pdus.append(item)
 
     def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
@@ -128,4 +131,10 @@ class PendingItems:
         return bool(self.pdus) or self.edu_count > 0
 
     def min_stream_ordering(self) -> int | None:
-        return min((p.stream_ordering for p in self.pdus), default=None)
+        if not self.pdus:
+            self._unsorted = False
+            return None
+        if self._unsorted:
+            return min(p.stream_ordering for p in self.pdus)
+        # The intake hands PDUs over in stream order: the head is the oldest.
+        return self.pdus[0].stream_ordering

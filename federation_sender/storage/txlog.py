@@ -76,16 +76,16 @@ async def log_transactions(conn: AsyncConnection, rows: Sequence[TxnLogRow]) -> 
         for r in rows
     ]
     if conn.dialect.name == "postgresql":
-        # One statement whatever the number of rows: arrays, unnested server-side.
+        # One statement, one JSON parameter, expanded server-side (text arrays would be
+        # escaped element by element on the client).
         cols = list(values[0])
         await conn.execute(
             text(
                 f"INSERT INTO federation_transaction_log ({', '.join(cols)})"
-                " SELECT * FROM unnest("
-                + ", ".join(f"CAST(:{c} AS {_PG_TYPES[c]}[])" for c in cols)
-                + ")"
+                f" SELECT {', '.join(cols)} FROM json_to_recordset(CAST(:rows AS json))"
+                f" AS x({', '.join(f'{c} {_PG_TYPES[c]}' for c in cols)})"
             ),
-            {c: [v[c] for v in values] for c in cols},
+            {"rows": json.dumps(values)},
         )
         return
     await conn.execute(insert(tl), values)

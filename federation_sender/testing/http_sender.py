@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Callable, Mapping
+from typing import Any
 
 import aiohttp
 
@@ -44,6 +45,8 @@ class HttpTransactionSender:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._limit = connection_limit
         self._session: aiohttp.ClientSession | None = None
+        self._pdu_cache: dict[int, tuple[dict[str, Any], bytes]] = {}
+        self._pdu_cache_size = 50_000
         self.sent = 0
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -71,8 +74,31 @@ class HttpTransactionSender:
             separators=(",", ":"),
         ).encode()
 
+    def _pdu_bytes(self, pdu: dict[str, Any]) -> bytes:
+        # The queue engine shares one PDU object between every destination's
+        # transactions: serialise it once, not once per destination.
+        k = id(pdu)
+        hit = self._pdu_cache.get(k)
+        if hit is not None and hit[0] is pdu:
+            return hit[1]
+        b = json.dumps(pdu, separators=(",", ":")).encode()
+        self._pdu_cache[k] = (pdu, b)
+        if len(self._pdu_cache) > self._pdu_cache_size:
+            del self._pdu_cache[next(iter(self._pdu_cache))]
+        return b
+
+    def encode(self, ts_ms: int, txn: Transaction) -> bytes:
+        """The same bytes as :meth:`body`, assembled from cached PDU encodings."""
+        head = json.dumps({"origin": self.origin, "origin_server_ts": ts_ms},
+                          separators=(",", ":")).encode()[:-1]
+        edus = json.dumps(list(txn.edus), separators=(",", ":")).encode()
+        return b"".join((
+            head, b',"pdus":[', b",".join(self._pdu_bytes(p) for p in txn.pdus),
+            b'],"edus":', edus, b"}",
+        ))
+
     async def send_transaction(self, txn: Transaction) -> SendResult:
-        body = self.body(self.origin, time_ms(self.clock), txn)
+        body = self.encode(time_ms(self.clock), txn)
         url = f"{self._url(txn.destination)}/_matrix/federation/v1/send/{txn.txn_id}"
         t0 = self.clock.monotonic_s()
         self.sent += 1
