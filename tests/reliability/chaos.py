@@ -66,6 +66,8 @@ class ChaosConfig:
     rate_per_s: float = 120.0
     fault_every_s: tuple[float, float] = (3.0, 7.0)
     converge_timeout_s: float = 120.0
+    faults: tuple[str, ...] = FAULTS
+    """The kinds injected (``()``: none, a baseline run)."""
     catchup_threshold_s: float = 3.0
     request_timeout_s: float = 3.0
 
@@ -337,8 +339,10 @@ class Chaos:
         while loop.time() < deadline:
             await asyncio.sleep(self.rng.uniform(*self.cfg.fault_every_s))
             worker.check_alive()
+            if not self.cfg.faults:
+                continue
             if not bag:  # every kind once per round, in a random order
-                bag = self.rng.sample(FAULTS, len(FAULTS))
+                bag = self.rng.sample(self.cfg.faults, len(self.cfg.faults))
             fault = bag.pop()
             self.report.faults[fault] += 1
             if fault == "kill_worker":
