@@ -64,6 +64,8 @@ class NeedCatchup:
     """The episode's base position: gaps are replayed from here."""
     cursor: tuple[int, str | None]
     """Read ``destination_rooms`` rows past this (stream_ordering, room_id) keyset."""
+    exhausted: bool = False
+    """The last read returned fewer rows than asked: no need to read again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,7 @@ class DestinationCore:
         next_txn_id: Callable[[], str],
         max_item_failures: int = 3,
         max_rooms_per_txn: int = 50,
+        initial_rooms_per_txn: int = 8,
         fast_answer_s: float = 1.0,
         on_state_change: Callable[[DestinationState, DestinationState], None] | None = None,
         catching_up: bool = True,
@@ -145,12 +148,13 @@ class DestinationCore:
         self.catchup_last_skipped = -1
         self.max_done = -1
         self._catchup_recheck = False
+        self._catchup_exhausted = False
         self.current: FrozenTxn | None = None
         self.work: deque[Batch] = deque()
         self.catchup_plans: deque[RoomPlan] = deque()
         self.catchup_cursor: tuple[int, str | None] = (-1, None)
         self.catchup_room_floor: dict[str, int] = {}
-        self.rooms_per_txn = 1
+        self.rooms_per_txn = initial_rooms_per_txn
         self.max_rooms_per_txn = max_rooms_per_txn
         self.fast_answer_s = fast_answer_s
         self.quarantine: deque[Batch] = deque()
@@ -244,7 +248,9 @@ class DestinationCore:
             return NeedOutbox(self.to_device_cursor, self.device_list_cursor)
         if not self.work and self.catching_up and not self.catchup_plans:
             self.sm.to(DestinationState.CATCHING_UP)
-            return NeedCatchup(self.last_successful, self.catchup_cursor)
+            return NeedCatchup(
+                self.last_successful, self.catchup_cursor, self._catchup_exhausted
+            )
         batch: Batch | None = None
         if not self.work and self.catchup_plans:
             self.work.append(pack_next(self.catchup_plans, self.rooms_per_txn, self.limits))
@@ -293,7 +299,7 @@ class DestinationCore:
 
     # --- catch-up -------------------------------------------------------------------------
 
-    def offer_catchup(self, plans: Sequence[RoomPlan]) -> None:
+    def offer_catchup(self, plans: Sequence[RoomPlan], exhausted: bool = False) -> None:
         """The shell planned these from ``destination_rooms`` past the cursor; send them
         in order. Events of a room already handled in this episode are not resent."""
         for plan in plans:
@@ -311,6 +317,7 @@ class DestinationCore:
             self.catchup_cursor = (plan.row_stream_ordering, plan.room_id)
             self.catchup_plans.append(plan)
         self._catchup_recheck = False
+        self._catchup_exhausted = exhausted
 
     def catchup_finished(self) -> Effects:
         """The shell found no rows past the cursor and everything planned was delivered:
@@ -319,6 +326,7 @@ class DestinationCore:
         if self.catchup_last_skipped > self.catchup_cursor[0] and not self._catchup_recheck:
             # An event arrived while the rows were being read: look once more.
             self._catchup_recheck = True
+            self._catchup_exhausted = False
             return eff
         self._catchup_recheck = False
         self.catching_up = False
@@ -329,6 +337,7 @@ class DestinationCore:
         return eff
 
     def _reset_episode(self) -> None:
+        self._catchup_exhausted = False
         self.catchup_cursor = (self.last_successful, None)
         self.catchup_room_floor = {}
 

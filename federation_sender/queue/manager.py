@@ -27,9 +27,9 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
-from federation_sender.queue.backoff import BackoffPolicy
+from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
-from federation_sender.queue.core import DestinationCore
+from federation_sender.queue.core import DestinationCore, Effects
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.intake import EventIntake
 from federation_sender.queue.items import JsonDict, PduItem
@@ -350,7 +350,8 @@ class QueueManager:
         """The destination talked to us: clear its backoff and send at once."""
         if not self.shard_filter(destination):
             return
-        await self.store.clear_retry(destination)
+        # Group-committed with other writes: a burst of servers coming back is cheap.
+        await self.store.persist(destination, Effects(backoff=RESET), None, time_ms(self.clock))
         if self._parked.pop(destination, None) is not None:
             self._needs_catchup.add(destination)
         r = self._runner(destination)

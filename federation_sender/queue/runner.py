@@ -96,11 +96,29 @@ class DestinationRunner:
         c = self.core
         if not self.loaded:
             async with self.db_slots:
-                backoff, last = await self.store.load_destination(self.destination)
-            eff = c.load(backoff, last)
+                boot = await self.store.bootstrap(
+                    self.destination,
+                    self.config.server_name,
+                    c.catching_up,
+                    self.config.outbox_read_limit,
+                    self.config.catchup_rooms_per_batch,
+                    self.config.catchup_max_gap_events,
+                    time_ms(self.clock),
+                )
+            eff = c.load(boot.backoff, boot.last_successful)
             self.loaded = True
             if eff.dropped_for_catchup:
                 self.observer.catchup_entered(self.destination, eff.dropped_for_catchup)
+            else:
+                c.add_outbox(boot.to_device, boot.device_lists, boot.outbox_exhausted)
+                if boot.plans and c.catching_up:
+                    c.offer_catchup(
+                        boot.plans, len(boot.plans) < self.config.catchup_rooms_per_batch
+                    )
+                elif boot.plans == [] and c.catching_up:
+                    done = c.catchup_finished()
+                    if done.last_successful is not None:
+                        await self.store.persist(self.destination, done, None, time_ms(self.clock))
         while not self.stopping:
             self.wake.clear()
             now = time_ms(self.clock)
@@ -117,17 +135,20 @@ class DestinationRunner:
                     )
                 c.add_outbox(td, dl, exhausted)
             elif isinstance(step, NeedCatchup):
-                async with self.db_slots:
-                    plans = await self.store.plan_catchup(
-                        self.destination,
-                        self.config.server_name,
-                        step.after,
-                        step.cursor,
-                        self.config.catchup_rooms_per_batch,
-                        self.config.catchup_max_gap_events,
-                    )
+                if step.exhausted:
+                    plans = []
+                else:
+                    async with self.db_slots:
+                        plans = await self.store.plan_catchup(
+                            self.destination,
+                            self.config.server_name,
+                            step.after,
+                            step.cursor,
+                            self.config.catchup_rooms_per_batch,
+                            self.config.catchup_max_gap_events,
+                        )
                 if plans:
-                    c.offer_catchup(plans)
+                    c.offer_catchup(plans, len(plans) < self.config.catchup_rooms_per_batch)
                     self.observer.catchup_progress(
                         self.destination, len(plans), sum(len(p.events) for p in plans)
                     )

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -24,6 +25,7 @@ from federation_sender.storage import positions as pos
 from federation_sender.storage import rooms as rm
 from federation_sender.storage import txlog
 from federation_sender.storage.engine import run_in_transaction
+from federation_sender.storage.events import EventRow
 
 JsonDict = dict[str, object]
 
@@ -114,20 +116,12 @@ class QueueStore:
         async def fn(
             conn: AsyncConnection,
         ) -> tuple[list[ob.ToDeviceRow], list[ob.DeviceListRow]]:
-            a = await ob.unsent_to_device(conn, destination, to_device_after, limit)
-            b = await ob.unsent_device_lists(conn, destination, device_lists_after, limit)
-            return a, b
+            return await ob.unsent_outbox(
+                conn, destination, to_device_after, device_lists_after, limit
+            )
 
         td, dl = await run_in_transaction(self.engine, fn)
-        to_device = [(r.stream_id, _load(r.messages_json)) for r in td]
-        device_lists: list[tuple[int, str, str, JsonDict]] = []
-        for r in dl:
-            content = _load(r.content_json)
-            content.setdefault("user_id", r.user_id)
-            content.setdefault("device_id", r.device_id)
-            content.setdefault("stream_id", r.stream_id)
-            device_lists.append((r.stream_id, r.user_id, r.device_id, content))
-        return to_device, device_lists, len(td) < limit and len(dl) < limit
+        return _outbox(td, dl, limit)
 
     async def plan_catchup(
         self,
@@ -140,41 +134,58 @@ class QueueStore:
     ) -> list[RoomPlan]:
         """Plans for the ``rooms_limit`` oldest rows past ``cursor``, replaying gaps from
         ``after`` (the episode's base position). Empty: caught up."""
+        return await run_in_transaction(
+            self.engine,
+            functools.partial(
+                _plan,
+                destination=destination,
+                server_name=server_name,
+                after=after,
+                cursor=cursor,
+                rooms_limit=rooms_limit,
+                max_gap_events=max_gap_events,
+            ),
+        )
 
-        async def fn(conn: AsyncConnection) -> list[RoomPlan]:
-            rows = await dst.catchup_rows(conn, destination, cursor[0], rooms_limit, cursor[1])
-            if not rows:
-                return []
-            room_ids = [r for r, _ in rows]
-            upto = max(so for _, so in rows)
-            missed = await ev.room_events_between(conn, room_ids, after, upto, max_gap_events + 1)
-            row_so = dict(rows)
-            for room, evs in missed.items():
-                missed[room] = [e for e in evs if e.stream_ordering <= row_so[room]]
-            long_gap = [r for r in room_ids if len(missed.get(r, ())) > max_gap_events]
-            partial = await ev.partial_state(conn, room_ids)
-            extremities = await ev.forward_extremities(
-                conn, [r for r in long_gap if r not in partial]
-            )
-            history = await rm.server_membership_history(conn, destination, room_ids)
-            row_events = await ev.events_at(conn, [so for _, so in rows])
-            return [
-                plan_room(
-                    RoomInput(
-                        room_id=room,
-                        row_stream_ordering=so,
-                        missed=missed.get(room, []),
-                        extremities=extremities.get(room, []),
-                        partial_state=room in partial,
-                        history=history.get(room, []),
-                        row_event=row_events.get(so),
-                    ),
-                    destination,
-                    server_name,
-                    max_gap_events,
+    async def bootstrap(
+        self,
+        destination: str,
+        server_name: str,
+        plan: bool,
+        outbox_limit: int,
+        rooms_limit: int,
+        max_gap_events: int,
+        now_ms: int,
+    ) -> Bootstrap:
+        """Everything a new queue reads first, in one database transaction: its row,
+        its outbox window and (``plan``: it starts in catch-up) its first catch-up plans,
+        unless it is backing off."""
+
+        async def fn(conn: AsyncConnection) -> Bootstrap:
+            row = await dst.get_destination(conn, destination)
+            backoff = BackoffState()
+            last: int | None = None
+            if row is not None:
+                backoff = BackoffState(
+                    retry_last_ts_ms=row.retry_last_ts or 0,
+                    retry_interval_ms=row.retry_interval or 0,
+                    failure_ts_ms=row.failure_ts,
                 )
-                for room, so in rows
-            ]
+                last = row.last_successful_stream_ordering
+            td, dl = await ob.unsent_outbox(conn, destination, -1, -1, outbox_limit)
+            plans: list[RoomPlan] | None = None
+            if plan and not backoff.active_at(now_ms):
+                base = -1 if last is None else last
+                plans = await _plan(
+                    conn,
+                    destination=destination,
+                    server_name=server_name,
+                    after=base,
+                    cursor=(base, None),
+                    rooms_limit=rooms_limit,
+                    max_gap_events=max_gap_events,
+                )
+            return Bootstrap(backoff, last, *_outbox(td, dl, outbox_limit), plans)
 
         return await run_in_transaction(self.engine, fn)
 
@@ -207,6 +218,82 @@ class QueueStore:
             return await dst.destinations_with_outstanding_work(conn, after, limit, now_ms)
 
         return await run_in_transaction(self.engine, fn)
+
+
+@dataclass(frozen=True, slots=True)
+class Bootstrap:
+    backoff: BackoffState
+    last_successful: int | None
+    to_device: list[tuple[int, JsonDict]]
+    device_lists: list[tuple[int, str, str, JsonDict]]
+    outbox_exhausted: bool
+    plans: list[RoomPlan] | None
+
+
+def _outbox(
+    td: Sequence[ob.ToDeviceRow], dl: Sequence[ob.DeviceListRow], limit: int
+) -> tuple[list[tuple[int, JsonDict]], list[tuple[int, str, str, JsonDict]], bool]:
+    to_device = [(r.stream_id, _load(r.messages_json)) for r in td]
+    device_lists: list[tuple[int, str, str, JsonDict]] = []
+    for r in dl:
+        content = _load(r.content_json)
+        content.setdefault("user_id", r.user_id)
+        content.setdefault("device_id", r.device_id)
+        content.setdefault("stream_id", r.stream_id)
+        device_lists.append((r.stream_id, r.user_id, r.device_id, content))
+    return to_device, device_lists, len(td) < limit and len(dl) < limit
+
+
+async def _plan(
+    conn: AsyncConnection,
+    *,
+    destination: str,
+    server_name: str,
+    after: int,
+    cursor: tuple[int, str | None],
+    rooms_limit: int,
+    max_gap_events: int,
+) -> list[RoomPlan]:
+    rows = await dst.catchup_rows(conn, destination, cursor[0], rooms_limit, cursor[1])
+    if not rows:
+        return []
+    room_ids = [r for r, _ in rows]
+    row_so = dict(rows)
+    upto = max(row_so.values())
+    missed = await ev.room_events_between(conn, room_ids, after, upto, max_gap_events + 1)
+    for room, evs in missed.items():
+        missed[room] = [e for e in evs if e.stream_ordering <= row_so[room]]
+    long_gap = [r for r in room_ids if len(missed.get(r, ())) > max_gap_events]
+    # The common case (short gaps) needs neither partial-state flags nor extremities,
+    # and finds the row's own event at the end of the gap.
+    partial = await ev.partial_state(conn, long_gap) if long_gap else set()
+    extremities = await ev.forward_extremities(conn, [r for r in long_gap if r not in partial])
+    history = await rm.server_membership_history(conn, destination, room_ids)
+    row_events: dict[int, EventRow] = {}
+    for room, so in rows:
+        gap = missed.get(room)
+        if gap and gap[-1].stream_ordering == so and len(gap) <= max_gap_events:
+            row_events[so] = gap[-1]
+    lacking = [so for _, so in rows if so not in row_events]
+    if lacking:
+        row_events.update(await ev.events_at(conn, lacking))
+    return [
+        plan_room(
+            RoomInput(
+                room_id=room,
+                row_stream_ordering=so,
+                missed=missed.get(room, []),
+                extremities=extremities.get(room, []),
+                partial_state=room in partial,
+                history=history.get(room, []),
+                row_event=row_events.get(so),
+            ),
+            destination,
+            server_name,
+            max_gap_events,
+        )
+        for room, so in rows
+    ]
 
 
 _Pending = tuple[str, Effects, "txlog.TxnLogRow | None", int, "asyncio.Future[None]"]

@@ -12,8 +12,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import and_, delete, exists, false, func, or_, select, text, update
+from sqlalchemy import (
+    Select,
+    and_,
+    bindparam,
+    delete,
+    exists,
+    false,
+    func,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -114,8 +127,11 @@ _DCOLS = (
 )
 
 
+_GET_DESTINATION = select(*_DCOLS).where(d.c.destination == bindparam("dest"))
+
+
 async def get_destination(conn: AsyncConnection, destination: str) -> DestinationRow | None:
-    r = (await conn.execute(select(*_DCOLS).where(d.c.destination == destination))).first()
+    r = (await conn.execute(_GET_DESTINATION, {"dest": destination})).first()
     return None if r is None else _drow(tuple(r))
 
 
@@ -216,6 +232,28 @@ async def set_last_successful_many(
     )
 
 
+def _catchup_rows(keyset: bool) -> Select[Any]:
+    past = dr.c.stream_ordering > bindparam("after")
+    if keyset:
+        past = or_(
+            past,
+            and_(
+                dr.c.stream_ordering == bindparam("after"),
+                dr.c.room_id > bindparam("room"),
+            ),
+        )
+    return (
+        select(dr.c.room_id, dr.c.stream_ordering)
+        .where(dr.c.destination == bindparam("dest"), past)
+        .order_by(dr.c.stream_ordering, dr.c.room_id)
+        .limit(bindparam("limit"))
+    )
+
+
+_CATCHUP_ROWS = _catchup_rows(False)
+_CATCHUP_ROWS_KEYSET = _catchup_rows(True)
+
+
 async def catchup_rows(
     conn: AsyncConnection,
     destination: str,
@@ -226,15 +264,15 @@ async def catchup_rows(
     """The ``limit`` oldest (room_id, stream_ordering) rows past the keyset
     (``after``, ``after_room``), ordered by (stream_ordering, room_id); without
     ``after_room``, simply past ``after``."""
-    past = dr.c.stream_ordering > after
-    if after_room is not None:
-        past = or_(past, and_(dr.c.stream_ordering == after, dr.c.room_id > after_room))
-    res = await conn.execute(
-        select(dr.c.room_id, dr.c.stream_ordering)
-        .where(dr.c.destination == destination, past)
-        .order_by(dr.c.stream_ordering, dr.c.room_id)
-        .limit(limit)
-    )
+    if after_room is None:
+        res = await conn.execute(
+            _CATCHUP_ROWS, {"dest": destination, "after": after, "limit": limit}
+        )
+    else:
+        res = await conn.execute(
+            _CATCHUP_ROWS_KEYSET,
+            {"dest": destination, "after": after, "room": after_room, "limit": limit},
+        )
     return [(str(r[0]), int(r[1])) for r in res]
 
 

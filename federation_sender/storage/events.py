@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.storage.schema import (
@@ -78,15 +79,44 @@ async def events_after(
     return [_row(r) for r in res]
 
 
+_EVENTS_AT = select(*_COLS).where(
+    events.c.stream_ordering.in_(bindparam("sos", expanding=True))
+)
+
+
 async def events_at(
     conn: AsyncConnection, stream_orderings: Collection[int]
 ) -> dict[int, EventRow]:
     if not stream_orderings:
         return {}
-    res = await conn.execute(
-        select(*_COLS).where(events.c.stream_ordering.in_(list(stream_orderings)))
-    )
+    res = await conn.execute(_EVENTS_AT, {"sos": list(stream_orderings)})
     return {e.stream_ordering: e for e in map(_row, res)}
+
+
+def _build_room_events_between() -> Select[Any]:
+    rn = (
+        func.row_number()
+        .over(partition_by=events.c.room_id, order_by=events.c.stream_ordering)
+        .label("rn")
+    )
+    inner = (
+        select(*_COLS, rn)
+        .where(
+            events.c.room_id.in_(bindparam("rooms", expanding=True)),
+            events.c.stream_ordering > bindparam("after"),
+            events.c.stream_ordering <= bindparam("upto"),
+        )
+        .subquery()
+    )
+    return (
+        select(*[inner.c[c.name] for c in _COLS])
+        .where(inner.c.rn <= bindparam("per_room"))
+        .order_by(inner.c.room_id, inner.c.stream_ordering)
+    )
+
+
+# Built once: hot in catch-up, and statement construction costs more than the query.
+_ROOM_EVENTS_BETWEEN = _build_room_events_between()
 
 
 async def room_events_between(
@@ -96,24 +126,9 @@ async def room_events_between(
     oldest first. One query for all rooms (a window function, on both backends)."""
     if not room_ids:
         return {}
-    rn = (
-        func.row_number()
-        .over(partition_by=events.c.room_id, order_by=events.c.stream_ordering)
-        .label("rn")
-    )
-    inner = (
-        select(*_COLS, rn)
-        .where(
-            events.c.room_id.in_(list(room_ids)),
-            events.c.stream_ordering > after,
-            events.c.stream_ordering <= upto,
-        )
-        .subquery()
-    )
     res = await conn.execute(
-        select(*[inner.c[c.name] for c in _COLS])
-        .where(inner.c.rn <= per_room_limit)
-        .order_by(inner.c.room_id, inner.c.stream_ordering)
+        _ROOM_EVENTS_BETWEEN,
+        {"rooms": list(room_ids), "after": after, "upto": upto, "per_room": per_room_limit},
     )
     out: dict[str, list[EventRow]] = {}
     for r in res:

@@ -14,8 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import and_, select, true, tuple_, update
+from sqlalchemy import (
+    Select,
+    and_,
+    bindparam,
+    literal,
+    select,
+    true,
+    tuple_,
+    union_all,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.storage.schema import device_federation_outbox as tdo
@@ -66,6 +77,73 @@ async def unsent_device_lists(
         .limit(limit)
     )
     return [DeviceListRow(int(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in res]
+
+
+def _build_unsent_outbox() -> Select[Any]:
+    a = (
+        select(
+            literal(0).label("kind"),
+            tdo.c.stream_id,
+            literal("").label("user_id"),
+            literal("").label("device_id"),
+            tdo.c.messages_json.label("body"),
+        )
+        .where(
+            tdo.c.destination == bindparam("dest"),
+            tdo.c.stream_id > bindparam("td_after"),
+            tdo.c.sent_ts.is_(None),
+        )
+        .order_by(tdo.c.stream_id)
+        .limit(bindparam("limit"))
+    )
+    b = (
+        select(
+            literal(1).label("kind"),
+            dlp.c.stream_id,
+            dlp.c.user_id,
+            dlp.c.device_id,
+            dlp.c.content_json.label("body"),
+        )
+        .where(
+            dlp.c.destination == bindparam("dest"),
+            dlp.c.sent.is_(False),
+            dlp.c.stream_id > bindparam("dl_after"),
+        )
+        .order_by(dlp.c.stream_id, dlp.c.user_id, dlp.c.device_id)
+        .limit(bindparam("limit"))
+    )
+    u = union_all(select(a.subquery()), select(b.subquery())).subquery()
+    return select(u).order_by(u.c.kind, u.c.stream_id, u.c.user_id, u.c.device_id)
+
+
+_UNSENT_OUTBOX = _build_unsent_outbox()
+
+
+async def unsent_outbox(
+    conn: AsyncConnection,
+    destination: str,
+    to_device_after: int,
+    device_lists_after: int,
+    limit: int,
+) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
+    """Both outboxes in one round trip (``UNION ALL``); most destinations have none."""
+    res = await conn.execute(
+        _UNSENT_OUTBOX,
+        {
+            "dest": destination,
+            "td_after": to_device_after,
+            "dl_after": device_lists_after,
+            "limit": limit,
+        },
+    )
+    td: list[ToDeviceRow] = []
+    dl: list[DeviceListRow] = []
+    for kind, sid, user, device, body in res:
+        if kind == 0:
+            td.append(ToDeviceRow(int(sid), str(body)))
+        else:
+            dl.append(DeviceListRow(int(sid), str(user), str(device), str(body)))
+    return td, dl
 
 
 async def mark_to_device_sent(

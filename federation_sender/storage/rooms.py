@@ -20,7 +20,7 @@ from collections import OrderedDict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.storage.schema import room_memberships as rm
@@ -164,6 +164,16 @@ class RoomHostsCache:
         return len(self._rooms)
 
 
+_SERVER_HISTORY = (
+    select(rm.c.room_id, *_MCOLS)
+    .where(
+        rm.c.room_id.in_(bindparam("rooms", expanding=True)),
+        rm.c.server_name == bindparam("server"),
+    )
+    .order_by(rm.c.event_stream_ordering)
+)
+
+
 async def server_membership_history(
     conn: AsyncConnection, server_name: str, room_ids: Collection[str]
 ) -> dict[str, list[MembershipRow]]:
@@ -172,9 +182,7 @@ async def server_membership_history(
     if not room_ids:
         return out
     res = await conn.execute(
-        select(rm.c.room_id, *_MCOLS)
-        .where(rm.c.room_id.in_(list(room_ids)), rm.c.server_name == server_name)
-        .order_by(rm.c.event_stream_ordering)
+        _SERVER_HISTORY, {"rooms": list(room_ids), "server": server_name}
     )
     for r in res:
         out[str(r[0])].append(_mrow(tuple(r)[1:]))
