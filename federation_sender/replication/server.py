@@ -65,6 +65,11 @@ class StreamIdGenerator:
     def in_flight(self) -> frozenset[int]:
         return frozenset(self._in_flight)
 
+    @property
+    def last_reserved(self) -> int:
+        """The highest id handed out so far (completed or not)."""
+        return self._next - 1
+
     def reserve(self) -> int:
         token = self._next
         self._next += 1

@@ -92,13 +92,29 @@ class WriterPublisher:
 
     @classmethod
     async def for_database(
-        cls, engine: AsyncEngine, server_name: str, instance_name: str = "master"
+        cls,
+        engine: AsyncEngine,
+        server_name: str,
+        instance_name: str = "master",
+        *,
+        floor: Mapping[str, int] | None = None,
     ) -> WriterPublisher:
-        """A writer whose streams resume from what the database already holds."""
+        """A writer whose streams resume from what the database already holds.
+
+        ``floor``: ids already handed out by a previous writer (e.g. reserved for a
+        transaction that then failed). A real homeserver draws stream ids from a
+        database sequence and never reuses one; a restarted simulator must not either,
+        or a reader that already moved past an abandoned id would never see the new
+        row that reused it.
+        """
         writer = ReplicationWriter(server_name, instance_name)
         for stream, current in (await stream_positions(engine)).items():
-            writer.add_stream(stream, current=current)
+            writer.add_stream(stream, current=max(current, (floor or {}).get(stream, 0)))
         return cls(writer)
+
+    def positions(self) -> dict[str, int]:
+        """The highest id reserved so far in each stream (a ``floor`` for a successor)."""
+        return {name: s.ids.last_reserved for name, s in self.writer.streams.items()}
 
     async def reserve(self, stream: str, count: int) -> list[int]:
         return [self.writer.reserve(stream) for _ in range(count)]

@@ -139,7 +139,10 @@ class MainProcess:
 
     async def start(self, new_history: bool) -> WriterPublisher:
         if new_history or self.publisher is None:
-            self.publisher = await WriterPublisher.for_database(self.engine, SERVER_NAME)
+            floor = self.publisher.positions() if self.publisher is not None else None
+            self.publisher = await WriterPublisher.for_database(
+                self.engine, SERVER_NAME, floor=floor
+            )
         self.server = TcpReplicationServer(
             self.publisher.writer, clock=SystemClock(), port=self.port
         )
@@ -395,6 +398,7 @@ class Chaos:
         while not report.ok:
             if loop.time() - started > self.cfg.converge_timeout_s:
                 self.report.delivery = report
+                await self._dump_shortfalls(report)
                 raise AssertionError(
                     "no convergence after healing:\n" + report.summary()
                     + "\n--- worker log tail ---\n"
@@ -405,6 +409,38 @@ class Chaos:
             report = check_delivery(driver.oracle, fleet.records())
         self.report.converge_s = loop.time() - started
         self.report.delivery = report
+
+    async def _dump_shortfalls(self, report: Any) -> None:
+        """On failure, write what the database says about each missing pair."""
+        from sqlalchemy import text
+
+        from federation_sender.storage.engine import create_engine
+
+        eng = create_engine(self.pg_url)
+        lines: list[str] = []
+        try:
+            async with eng.connect() as conn:
+                for d in report.destinations.values():
+                    for s in d.missing_rooms:
+                        lines.append(f"== {s.destination} {s.room_id} expected "
+                                     f"{s.expected.stream_ordering} got {s.got_stream_ordering}")
+                        for q in (
+                            "SELECT * FROM destinations WHERE destination=:d",
+                            "SELECT * FROM destination_rooms WHERE destination=:d AND room_id=:r",
+                            "SELECT stream_ordering, event_id, type, state_key, sender FROM events"
+                            " WHERE room_id=:r ORDER BY stream_ordering DESC LIMIT 8",
+                            "SELECT event_stream_ordering, user_id, membership FROM"
+                            " room_memberships WHERE room_id=:r AND server_name=:d"
+                            " ORDER BY event_stream_ordering",
+                            "SELECT stream_name, instance_name, stream_id FROM stream_positions",
+                        ):
+                            rows = (await conn.execute(text(q), {"d": s.destination,
+                                                                 "r": s.room_id})).all()
+                            lines.append(q)
+                            lines.extend("   " + repr(tuple(r)) for r in rows)
+        finally:
+            await eng.dispose()
+        (self.workdir / "shortfalls.txt").write_text("\n".join(lines))
 
     async def _audit(self) -> dict[str, Any]:
         proc = await asyncio.create_subprocess_exec(
