@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from federation_sender.queue.batching import Batch, Limits
@@ -100,7 +100,30 @@ def pdu_item(e: EventRow) -> PduItem:
     return PduItem(e.stream_ordering, e.event_id, e.room_id, json.loads(e.json), len(e.json))
 
 
-def pack_next(plans: deque[RoomPlan], rooms_per_txn: int, limits: Limits) -> Batch:
+class PduCache:
+    """Parsed PDUs shared between destinations catching up on the same events (a
+    recovery sends each event to every destination of its room). FIFO-bounded."""
+
+    def __init__(self, max_items: int = 20_000) -> None:
+        self._items: dict[str, PduItem] = {}
+        self._max = max_items
+
+    def __call__(self, e: EventRow) -> PduItem:
+        item = self._items.get(e.event_id)
+        if item is None or item.stream_ordering != e.stream_ordering:
+            item = pdu_item(e)
+            self._items[e.event_id] = item
+            if len(self._items) > self._max:
+                del self._items[next(iter(self._items))]
+        return item
+
+
+def pack_next(
+    plans: deque[RoomPlan],
+    rooms_per_txn: int,
+    limits: Limits,
+    parse: Callable[[EventRow], PduItem] = pdu_item,
+) -> Batch:
     """Pop the next catch-up batch off ``plans`` (ascending by row; not empty).
 
     Up to ``rooms_per_txn`` rooms within the PDU and byte limits. A room with more events
@@ -113,7 +136,7 @@ def pack_next(plans: deque[RoomPlan], rooms_per_txn: int, limits: Limits) -> Bat
     rooms = 0
     while plans and rooms < max(1, rooms_per_txn):
         plan = plans[0]
-        items = [pdu_item(e) for e in plan.events]
+        items = [parse(e) for e in plan.events]
         if len(items) > limits.max_pdus:
             if rooms:
                 break

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from federation_sender.queue.backoff import RESET, BackoffPolicy, BackoffState
 from federation_sender.queue.batching import Batch, Limits, take_batch, take_edus
-from federation_sender.queue.catchup import RoomPlan, pack_next
+from federation_sender.queue.catchup import RoomPlan, pack_next, pdu_item
 from federation_sender.queue.destination import DestinationState, DestinationStateMachine
 from federation_sender.queue.items import (
     EduItem,
@@ -41,6 +41,7 @@ from federation_sender.queue.items import (
     PendingItems,
     make_edu,
 )
+from federation_sender.storage.events import EventRow
 from federation_sender.transport.result import Outcome, SendResult
 
 REFUSAL_STATUSES = frozenset({400, 500})
@@ -131,8 +132,10 @@ class DestinationCore:
         fast_answer_s: float = 1.0,
         on_state_change: Callable[[DestinationState, DestinationState], None] | None = None,
         catching_up: bool = True,
+        parse_pdu: Callable[[EventRow], PduItem] = pdu_item,
     ) -> None:
         self.destination = destination
+        self.parse_pdu = parse_pdu
         self.policy = policy
         self.limits = limits
         self.rng = rng
@@ -253,7 +256,9 @@ class DestinationCore:
             )
         batch: Batch | None = None
         if not self.work and self.catchup_plans:
-            self.work.append(pack_next(self.catchup_plans, self.rooms_per_txn, self.limits))
+            self.work.append(
+                pack_next(self.catchup_plans, self.rooms_per_txn, self.limits, self.parse_pdu)
+            )
         if self.work:
             batch = self.work.popleft()
             if batch.catchup and len(batch.edus) == 0:

@@ -29,6 +29,7 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
+from federation_sender.queue.catchup import PduCache
 from federation_sender.queue.core import DestinationCore, Effects
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.intake import EventIntake
@@ -111,6 +112,7 @@ class QueueManager:
         self._parked: dict[str, tuple[int, int]] = {}
         """destination -> (retry_at_ms, retry_interval_ms) of queues parked in a backoff"""
         self._needs_catchup: set[str] = set()
+        self._pdu_cache = PduCache()
         self._txn_base = _base36(time_ms(clock))
         self._txn_counter = itertools.count(1)
         self.intake = EventIntake(
@@ -171,6 +173,7 @@ class QueueManager:
                 r.core.stop()
         self._runners.clear()
         self._tasks.clear()
+        await self.store.drain()
         self._started = False
 
     async def _supervise(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
@@ -210,6 +213,7 @@ class QueueManager:
             max_rooms_per_txn=self.settings.catchup_rooms_per_batch,
             on_state_change=on_state,
             catching_up=destination in self._needs_catchup,
+            parse_pdu=self._pdu_cache,
         )
         r = DestinationRunner(
             core,

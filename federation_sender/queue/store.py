@@ -93,6 +93,11 @@ class QueueStore:
             self._flusher = asyncio.ensure_future(self._flush())
         return fut
 
+    async def drain(self) -> None:
+        """Wait for queued writes to commit (shutdown)."""
+        while self._flusher is not None and not self._flusher.done():
+            await asyncio.shield(self._flusher)
+
     async def _flush(self) -> None:
         try:
             while self._pending:

@@ -144,3 +144,11 @@ async def test_global_concurrency_limit(h: Harness) -> None:
     h.fake.release()
     await h.settle()
     assert all(len(h.fake.accepted(r)) == 1 for r in remotes)
+
+
+async def test_poll_mode_finds_events_without_a_poke(h: Harness) -> None:
+    await room_with(h, "!a:l", "r1.test")
+    await h.start(poll_interval_s=1.0)
+    e = await h.writer.message("!a:l", ALICE)
+    await h.advance(1.0)
+    assert h.fake.received_event_ids("r1.test") == [e.event_id]
