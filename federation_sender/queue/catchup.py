@@ -15,7 +15,9 @@ For each row (room R, stream ordering S) past the destination's
 
 Rooms are packed into transactions (``rooms_per_txn``, adapted by the queue: doubled
 after a fast answer, back to one after a slow one) within the PDU and byte limits; a
-transaction advances the position to the row of the last room it completes.
+transaction records the last row it completes (``catchup_position``, informational). The
+queue moves ``last_successful_stream_ordering`` only when a whole catch-up episode is
+done: a room not yet handled may hold missed events older than rows already handled.
 """
 
 from __future__ import annotations

@@ -16,10 +16,15 @@ Invariants:
 * In catch-up mode no PDU is held in memory; the intake has already recorded it in
   ``destination_rooms``, where catch-up finds it (``catchup_last_skipped`` makes sure a
   PDU arriving while catch-up reads the table is not missed).
+* A catch-up episode reads ``destination_rooms`` past a keyset cursor and replays gaps
+  from the episode's base position; the position moves to the last row handled only
+  when the episode ends (a restart mid-episode repeats it: duplicates, never losses).
 * A refusal (400, or 500 with a response) of a transaction of several items splits it;
   a single refused item is quarantined and retried after others succeed, and dropped
-  after ``max_item_failures`` refusals. A run of refusals with no success in between
-  means the destination, not an item, is broken: that is a normal failure (backoff).
+  after ``max_item_failures`` refusals with successes in between. Without a success
+  since, an empty probe transaction asks whether the destination is up; a refused probe,
+  or a run of refusals with no success, means the destination, not an item, is broken:
+  that is a normal failure (backoff).
 """
 
 from __future__ import annotations
