@@ -31,6 +31,9 @@ class ExpectedEvent:
     stream_ordering: int
     event_id: str
     room_id: str
+    local: bool = True
+    """Written by our server (a remote's event reaches others only as a catch-up
+    forward extremity)."""
 
 
 @dataclass(slots=True)
@@ -59,7 +62,7 @@ class Oracle:
         for p in events:
             e = p.event
             self.max_stream_ordering = max(self.max_stream_ordering, p.stream_ordering)
-            exp = ExpectedEvent(p.stream_ordering, e.event_id, e.room_id)
+            exp = ExpectedEvent(p.stream_ordering, e.event_id, e.room_id, e.local)
             self.events_by_id[e.event_id] = exp
             for host in e.hosts:
                 d = self._dest(host)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from federation_sender.queue.core import SERVER_ERROR_FACTOR
 from federation_sender.queue.destination import DestinationState
 from federation_sender.testing.queue_harness import ALICE, Harness, eventually, room_with
 from federation_sender.transport.result import Outcome
@@ -108,7 +109,9 @@ async def test_poison_item_is_isolated_and_dropped_while_the_rest_is_delivered(
     assert [e["edu_type"] for e in h.fake.received_edus(D)] == ["m.good"]
     assert sorted(h.observer.dropped) == [(D, "m.bad", "refused"), (D, "pdu", "refused")]
     poison_attempts = [t for t in h.fake.attempts[D] if t.event_ids == [poison.event_id]]
-    assert len(poison_attempts) == 3  # max_item_failures
+    # A 500 may be a flaky server: the item is refused alone max_item_failures times
+    # SERVER_ERROR_FACTOR over before it is blamed (a 400 blames it after 3).
+    assert len(poison_attempts) == 3 * SERVER_ERROR_FACTOR
     st = h.m.status(D)
     assert st is not None and st.retry_interval_ms == 0  # the destination never backed off
     row = await h.dest_row(D)

@@ -245,6 +245,28 @@ def write_config(path: Path, *, pg_url: str, repl_port: int, key_path: Path,
     path.write_text(yaml.safe_dump(settings))
 
 
+async def wait_ready(admin_port: int, worker: WorkerProcess, timeout_s: float = 60.0) -> None:
+    """Wait for ``/ready``: started and connected to replication. A worker's first start
+    begins at the end of the events table (it never owed anything before), so traffic
+    that must be delivered may only start once it is up."""
+    import aiohttp
+
+    port = admin_port
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    async with aiohttp.ClientSession() as http:
+        while loop.time() < deadline:
+            worker.check_alive()
+            try:
+                async with http.get(f"http://127.0.0.1:{port}/ready") as r:
+                    if r.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("worker not ready in time")
+
+
 class Chaos:
     def __init__(self, cfg: ChaosConfig, cluster: PostgresCluster, pg_url: str,
                  workdir: Path) -> None:
@@ -287,6 +309,7 @@ class Chaos:
         try:
             await driver.setup()
             worker.start()
+            await wait_ready(yaml.safe_load(config.read_text())["admin"]["port"], worker)
             self.running.set()
             driving = asyncio.create_task(self._drive(driver))
             await self._inject(worker, main, driver, fleet, engine)
