@@ -189,7 +189,17 @@ class Worker:
             observer,
             attempt_deadline_s=settings.federation.request_timeout_s + 5.0,
             poll_interval_s=poll,
+            leases=None if settings.sharding.mode == "single" else shards,
         )
+
+        async def on_membership_change(live: frozenset[str]) -> None:
+            stopped = manager.rebalance()
+            log.info(
+                "shard membership now %s; %d queues handed over", sorted(live), stopped
+            )
+            await manager.wake_due_destinations()
+
+        shards.on_membership_change = on_membership_change
         metrics.set_snapshot_source(lambda: queue_snapshot(manager))
         worker = cls(
             settings=settings,

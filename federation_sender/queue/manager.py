@@ -22,6 +22,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -45,6 +46,18 @@ from federation_sender.transport.result import TransactionSender
 log = logging.getLogger(__name__)
 
 WAKEUP_PAGE = 1000
+
+
+class LeaseGuard(Protocol):
+    """Fenced per-destination leases (see :mod:`federation_sender.sharding`)."""
+
+    async def acquire_lease(self, destination: str) -> int | None: ...
+
+    def holds_lease(self, destination: str, fencing_token: int | None = None) -> bool: ...
+
+    def owns(self, destination: str) -> bool: ...
+
+    async def release(self, destination: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +96,7 @@ class QueueManager:
         attempt_deadline_s: float = 120.0,
         poll_interval_s: float | None = None,
         db_concurrency: int = 16,
+        leases: LeaseGuard | None = None,
     ) -> None:
         self.engine = engine
         self.sender = sender
@@ -92,6 +106,7 @@ class QueueManager:
         self.clock = clock
         self.rng = rng
         self.shard_filter = shard_filter
+        self.leases = leases
         self.observer: QueueObserver = observer or NoopObserver()
         self.store = QueueStore(engine)
         self.policy = BackoffPolicy.from_settings(settings)
@@ -234,7 +249,18 @@ class QueueManager:
     async def _run(self, r: DestinationRunner) -> None:
         d = r.destination
         clean = False
+        leased = False
         try:
+            if self.leases is not None:
+                token = await self.leases.acquire_lease(d)
+                if token is None:
+                    # Another live instance still holds it (ownership is moving): the
+                    # wake-up sweep tries again once its lease is released or lapses.
+                    r.stopping = True
+                    return
+                leased = True
+                guard = self.leases
+                r.may_send = lambda: guard.holds_lease(d, token) and guard.owns(d)
             await r.run()
             clean = True
         except asyncio.CancelledError:
@@ -255,6 +281,11 @@ class QueueManager:
                 del self._runners[d]
                 self._tasks.pop(d, None)
                 self.observer.queues_changed(len(self._runners))
+            if leased and self.leases is not None:
+                try:
+                    await self.leases.release(d)
+                except Exception:  # the lease lapses by itself within lease_s
+                    log.warning("could not release the lease on %s", d, exc_info=True)
 
     def _is_parked(self, destination: str) -> bool:
         parked = self._parked.get(destination)
@@ -347,6 +378,18 @@ class QueueManager:
             self.federation_position = token
         if self._federation_ack is not None:
             await self._federation_ack(token)
+
+    def rebalance(self) -> int:
+        """Shard membership changed: stop the queues of destinations this instance no
+        longer owns (their in-flight transaction finishes first; their leases are
+        released when they stop). Returns how many were stopped."""
+        n = 0
+        for d, r in list(self._runners.items()):
+            if not self.shard_filter(d) and not r.stopping:
+                r.stopping = True
+                r.poke()
+                n += 1
+        return n
 
     # --- operator and peer signals ----------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from federation_sender.clock import Clock, time_ms
@@ -80,6 +81,9 @@ class DestinationRunner:
         """Monotonic time the queue went idle (None while busy)."""
         self.evict = False
         self.deadline_hit = False
+        self.may_send: Callable[[], bool] = lambda: True
+        """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
+        queue before it sends; the transaction stays owed in the database."""
 
     def poke(self) -> None:
         self.wake.set()
@@ -183,6 +187,11 @@ class DestinationRunner:
     async def _send(self, txn: FrozenTxn) -> None:
         c = self.core
         batch = txn.batch
+        if batch and not self.may_send():
+            log.info("no longer allowed to send to %s (lease lost); stopping its queue",
+                     self.destination)
+            self.stopping = True
+            return
         started_ms = time_ms(self.clock)
         if not batch:
             # A catch-up batch whose rooms had nothing to send: advance locally.
