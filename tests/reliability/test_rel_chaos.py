@@ -23,12 +23,6 @@ LONG = bool(os.environ.get("CHAOS_LONG"))
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="known loss under process faults: with restart_main, or restart_postgres and "
-    "outages, 1-15 (destination, room) pairs never converge (see docs/reliability.md); "
-    "the baseline (CHAOS_FAULTS=) passes",
-    strict=False,
-)
 @pytest.mark.postgres
 @pytest.mark.spark
 @pytest.mark.timeout(3600 if LONG else 420)
