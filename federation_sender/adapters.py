@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -67,8 +67,10 @@ class WorkerReplicationHandler:
         server_name: str,
         clock: Clock,
         metrics: Metrics | None = None,
+        on_events_token: Callable[[int], None] | None = None,
     ) -> None:
         self._m = manager
+        self._on_events_token = on_events_token
         self._engine = engine
         self._server_name = server_name
         self._clock = clock
@@ -81,8 +83,13 @@ class WorkerReplicationHandler:
         self.rows_seen += len(rows)
         if self._metrics is not None:
             self._metrics.replication_batch(stream_name, len(rows))
-            self._metrics.replication_position(stream_name, instance_name, token, 0)
+            # Rows of the other streams are handled before this call returns; the events
+            # stream is fanned out by the intake, which may still be behind the token.
+            lag = max(0, token - self._m.events_position) if stream_name == "events" else 0
+            self._metrics.replication_position(stream_name, instance_name, token, lag)
         if stream_name == "events":
+            if self._on_events_token is not None:
+                self._on_events_token(token)
             self._m.notify_new_events(token)
         elif stream_name == "federation":
             await self._federation(token, rows)

@@ -227,7 +227,12 @@ class Worker:
         transport = build_replication_transport(s, self.clock)
         if transport is not None:
             handler = WorkerReplicationHandler(
-                self.manager, self.engine, s.server_name, self.clock, self.metrics
+                self.manager,
+                self.engine,
+                s.server_name,
+                self.clock,
+                self.metrics,
+                on_events_token=self.observer.note_poke,
             )
             client = ReplicationClient(
                 transport,

@@ -7,6 +7,7 @@ is recorded with explicit start and end times so traces show the real attempt.
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Mapping
 
 from opentelemetry.sdk.trace import TracerProvider
@@ -30,6 +31,12 @@ class TelemetryObserver:
         self._clock = clock
         self.events_processed_total = 0
         self.last_position = 0
+        self._pokes: deque[tuple[int, float]] = deque(maxlen=10_000)
+
+    def note_poke(self, token: int) -> None:
+        """The events stream announced ``token``: the clock starts for its lag."""
+        if not self._pokes or token > self._pokes[-1][0]:
+            self._pokes.append((token, self._clock.monotonic_s()))
 
     def transaction_sent(
         self,
@@ -102,6 +109,15 @@ class TelemetryObserver:
     def events_processed(self, count: int, position: int, fanned_out: int) -> None:
         self.events_processed_total += count
         self.last_position = position
+        announced: float | None = None
+        while self._pokes and self._pokes[0][0] <= position:
+            announced = self._pokes.popleft()[1]
+        # Lag: from the replication announcement of the newest event now fanned out to
+        # the end of its fan-out (0 once the intake is caught up and idle).
+        lag = 0.0 if announced is None else self._clock.monotonic_s() - announced
+        self._metrics.event_processing_lag(
+            lag, position=position, last_ts_ms=int(self._clock.time_s() * 1000)
+        )
 
     def queues_changed(self, active: int) -> None:
         pass
