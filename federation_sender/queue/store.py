@@ -315,8 +315,11 @@ async def _apply(conn: AsyncConnection, *, batch: Sequence[_Pending]) -> None:
             )
         if eff.last_successful is not None:
             positions.append((destination, eff.last_successful))
-        await ob.mark_to_device_sent(conn, destination, eff.to_device_sent, now_ms)
-        await ob.mark_device_lists_sent(conn, destination, eff.device_lists_sent)
+        # Most results mark no outbox rows: skip the coroutine, not just the query.
+        if eff.to_device_sent:
+            await ob.mark_to_device_sent(conn, destination, eff.to_device_sent, now_ms)
+        if eff.device_lists_sent:
+            await ob.mark_device_lists_sent(conn, destination, eff.device_lists_sent)
         if eff.prune:
             await dst.delete_destination_rooms(conn, destination, eff.prune)
         if log_row is not None:

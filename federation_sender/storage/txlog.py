@@ -11,7 +11,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import insert, select, text
+from sqlalchemy import TextClause, insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.storage.schema import federation_transaction_log as tl
@@ -48,14 +48,33 @@ _PG_TYPES = {
     "duration_ms": "integer",
     "catchup": "boolean",
     "max_stream_ordering": "bigint",
-    "pdu_event_ids": "text",
+    "pdu_event_ids": "json",  # stored as text, see _pg_insert
     "error": "text",
 }
+
+
+def _pg_insert() -> TextClause:
+    # One statement, one JSON parameter, expanded server-side (text arrays would be
+    # escaped element by element on the client). ``pdu_event_ids`` travels as a JSON
+    # array inside that parameter and is stored as the text PostgreSQL received (a
+    # ``json`` value keeps its input text): the same text as ``json.dumps(list(ids))``,
+    # without encoding each list and then escaping it again as a string.
+    cols = list(_PG_TYPES)
+    return text(
+        f"INSERT INTO federation_transaction_log ({', '.join(cols)})"
+        f" SELECT {', '.join(c + '::text' if _PG_TYPES[c] == 'json' else c for c in cols)}"
+        f" FROM json_to_recordset(CAST(:rows AS json))"
+        f" AS x({', '.join(f'{c} {_PG_TYPES[c]}' for c in cols)})"
+    )
+
+
+_PG_INSERT = _pg_insert()
 
 
 async def log_transactions(conn: AsyncConnection, rows: Sequence[TxnLogRow]) -> None:
     if not rows:
         return
+    pg = conn.dialect.name == "postgresql"
     values = [
         {
             "txn_id": r.txn_id,
@@ -70,23 +89,14 @@ async def log_transactions(conn: AsyncConnection, rows: Sequence[TxnLogRow]) -> 
             "duration_ms": r.duration_ms,
             "catchup": r.catchup,
             "max_stream_ordering": r.max_stream_ordering,
-            "pdu_event_ids": json.dumps(list(r.pdu_event_ids)),
+            # A tuple encodes as a JSON list.
+            "pdu_event_ids": r.pdu_event_ids if pg else json.dumps(r.pdu_event_ids),
             "error": r.error,
         }
         for r in rows
     ]
-    if conn.dialect.name == "postgresql":
-        # One statement, one JSON parameter, expanded server-side (text arrays would be
-        # escaped element by element on the client).
-        cols = list(values[0])
-        await conn.execute(
-            text(
-                f"INSERT INTO federation_transaction_log ({', '.join(cols)})"
-                f" SELECT {', '.join(cols)} FROM json_to_recordset(CAST(:rows AS json))"
-                f" AS x({', '.join(f'{c} {_PG_TYPES[c]}' for c in cols)})"
-            ),
-            {"rows": json.dumps(values)},
-        )
+    if pg:
+        await conn.execute(_PG_INSERT, {"rows": json.dumps(values)})
         return
     await conn.execute(insert(tl), values)
 

@@ -21,6 +21,8 @@ from federation_sender.transport.result import Outcome, SendResult, Transaction
 
 PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 410})
 
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
 
 class HttpTransactionSender:
     def __init__(
@@ -41,6 +43,7 @@ class HttpTransactionSender:
         else:
             self._url = urls
         self.origin = origin
+        self._head = b'{"origin":' + _COMPACT.encode(origin).encode() + b',"origin_server_ts":'
         self.clock = clock
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._limit = connection_limit
@@ -81,7 +84,7 @@ class HttpTransactionSender:
         hit = self._pdu_cache.get(k)
         if hit is not None and hit[0] is pdu:
             return hit[1]
-        b = json.dumps(pdu, separators=(",", ":")).encode()
+        b = _COMPACT.encode(pdu).encode()
         self._pdu_cache[k] = (pdu, b)
         if len(self._pdu_cache) > self._pdu_cache_size:
             del self._pdu_cache[next(iter(self._pdu_cache))]
@@ -89,11 +92,17 @@ class HttpTransactionSender:
 
     def encode(self, ts_ms: int, txn: Transaction) -> bytes:
         """The same bytes as :meth:`body`, assembled from cached PDU encodings."""
-        head = json.dumps({"origin": self.origin, "origin_server_ts": ts_ms},
-                          separators=(",", ":")).encode()[:-1]
-        edus = json.dumps(list(txn.edus), separators=(",", ":")).encode()
+        # Per transaction only the timestamp and the EDUs are serialised; the envelope's
+        # fixed part is encoded once (json.dumps with separators builds an encoder per
+        # call, which cost more than the PDUs' cache lookups).
+        cache = self._pdu_cache
+        parts = []
+        for p in txn.pdus:
+            hit = cache.get(id(p))
+            parts.append(hit[1] if hit is not None and hit[0] is p else self._pdu_bytes(p))
+        edus = _COMPACT.encode(list(txn.edus)).encode() if txn.edus else b"[]"
         return b"".join((
-            head, b',"pdus":[', b",".join(self._pdu_bytes(p) for p in txn.pdus),
+            self._head, str(ts_ms).encode(), b',"pdus":[', b",".join(parts),
             b'],"edus":', edus, b"}",
         ))
 
