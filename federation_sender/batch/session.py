@@ -87,6 +87,22 @@ def session_conf(opts: SessionOptions) -> dict[str, str]:
     return conf
 
 
+def remote_session_conf(opts: SessionOptions) -> dict[str, str]:
+    """The configuration a Spark Connect client sets on its server-side session.
+
+    Only runtime SQL settings can be set from a client (the Connect client sets them
+    after the session exists and silently ignores the static ones, such as
+    ``spark.jars`` or ``spark.driver.memory``: those belong on the server's command
+    line). The time zone is pinned to UTC as in classic sessions, so hourly buckets
+    do not depend on the server's zone.
+    """
+    conf: dict[str, str] = {"spark.sql.session.timeZone": "UTC"}
+    if opts.shuffle_partitions:
+        conf["spark.sql.shuffle.partitions"] = str(opts.shuffle_partitions)
+    conf.update(opts.conf)
+    return conf
+
+
 def build_session(opts: SessionOptions) -> SparkSession:
     """Create (or return the running) SparkSession."""
     from pyspark.sql import SparkSession
@@ -95,8 +111,8 @@ def build_session(opts: SessionOptions) -> SparkSession:
         raise ValueError("give either a master or a Spark Connect remote, not both")
     if opts.remote:
         builder = SparkSession.builder.remote(opts.remote).appName(opts.app_name)
-        if opts.shuffle_partitions:
-            builder = builder.config("spark.sql.shuffle.partitions", str(opts.shuffle_partitions))
+        for key, value in remote_session_conf(opts).items():
+            builder = builder.config(key, value)
         return builder.getOrCreate()
     conf = session_conf(opts)
     if is_local_master(conf["spark.master"]):
