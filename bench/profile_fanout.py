@@ -2,8 +2,9 @@
 
 py-spy is attached to this process only while the engine drains the events (the hook
 ``fanout.PROFILE``: setup, the warm-up and the bare-loop replay are not sampled; the
-receivers are other processes). Samples are taken at ``--rate`` Hz without pausing the
-process (``--nonblocking``), so the engine runs at nearly full speed. The raw samples
+receivers are other processes). Samples are taken at ``--rate`` Hz; py-spy pauses the
+process for each (``--nonblocking`` does not, and then reads torn stacks that charge
+time to the wrong lines, so it is off by default). The raw samples
 (collapsed stacks, one line per stack with its count; speedscope.app opens them) go to
 ``--out``; the summary printed here is what docs/benchmarks.md quotes:
 
@@ -47,15 +48,16 @@ def _py_spy() -> str:
 class PySpyWindow:
     """Duck-types ``cProfile.Profile``'s ``enable``/``disable`` for fanout.PROFILE."""
 
-    def __init__(self, out: Path, fmt: str, rate: int) -> None:
-        self.out, self.fmt, self.rate = out, fmt, rate
+    def __init__(self, out: Path, fmt: str, rate: int, nonblocking: bool = False) -> None:
+        self.out, self.fmt, self.rate, self.nonblocking = out, fmt, rate, nonblocking
         self.proc: subprocess.Popen[bytes] | None = None
 
     def enable(self) -> None:
         self.out.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [_py_spy(), "record", "--pid", str(os.getpid()), "--rate", str(self.rate),
-             "--nonblocking", "--format", self.fmt, "--output", str(self.out)],
+             *(["--nonblocking"] if self.nonblocking else []),
+             "--format", self.fmt, "--output", str(self.out)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def disable(self) -> None:
@@ -165,7 +167,7 @@ def summarise(raw: Path, top: int) -> None:
 async def run(a: argparse.Namespace) -> None:
     out = Path(a.out)
     if not a.summary_only:
-        fanout.PROFILE = PySpyWindow(out, "raw", a.rate)
+        fanout.PROFILE = PySpyWindow(out, "raw", a.rate, a.nonblocking)
         with receivers(a.receivers) as urls:
             t0 = time.perf_counter()
             r = await fanout.run_one(a.db, a.dests, urls, a.events, a.burst)
@@ -176,7 +178,7 @@ async def run(a: argparse.Namespace) -> None:
                 ("ratio (perturbed by sampling)", f"{r['engine_tps'] / r['bare_tps']:.2f}"),
             ])
             if a.svg:
-                fanout.PROFILE = PySpyWindow(Path(a.svg), "flamegraph", a.rate)
+                fanout.PROFILE = PySpyWindow(Path(a.svg), "flamegraph", a.rate, a.nonblocking)
                 await fanout.run_one(a.db, a.dests, urls, a.events, a.burst)
                 print(f"  flame graph: {a.svg}")
         print(f"  raw samples: {out}")
@@ -192,6 +194,7 @@ def main() -> None:
     ap.add_argument("--receivers", type=int, default=1)
     ap.add_argument("--rate", type=int, default=250)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--nonblocking", action="store_true", help="sample without pausing")
     ap.add_argument("--out", default=str(ROOT / "artifacts" / "fanout-profile.txt"))
     ap.add_argument("--svg", default=None, help="also record a flame graph (second run)")
     ap.add_argument("--summary-only", action="store_true",

@@ -18,7 +18,9 @@ written, the worker started, a warm-up event per room delivered (queues and
 connections exist, as on a live server), then all events written (not timed: the main
 process's cost) and the engine poked once; timed until every PDU was delivered.
 Printed: wall time, the engine process's CPU time, transactions and PDUs per second,
-CPU per PDU, RSS before the poke and peak RSS (``VmHWM``).
+CPU per PDU, RSS before the poke and peak RSS (``VmHWM``), and the receiver process's
+CPU over the whole point (setup and warm-up included; it parses every body, and on two
+cores it is often what bounds the wall time).
 
     .venv/bin/python bench/scaling.py [--sweeps destinations,rooms,events] \
         [--destinations 50,200,1000] [--rooms 10,100,1000] [--events 1000,5000,20000]
@@ -29,6 +31,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import multiprocessing as mp
+import os
 import random
 import subprocess
 import sys
@@ -125,7 +129,18 @@ def _ints(s: str) -> list[int]:
     return [int(x) for x in s.split(",") if x]
 
 
+def children_cpu_s() -> float:
+    """CPU seconds used so far by this process's multiprocessing children (receivers)."""
+    total = 0
+    for c in mp.active_children():
+        with open(f"/proc/{c.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 def run_child(p: Point, db_url: str, receiver: str) -> dict[str, Any]:
+    rx0 = children_cpu_s()
     proc = subprocess.run(
         [sys.executable, str(HERE), "--child", json.dumps(asdict(p)), "--db-url", db_url,
          "--receiver", receiver],
@@ -133,6 +148,7 @@ def run_child(p: Point, db_url: str, receiver: str) -> dict[str, Any]:
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             r: dict[str, Any] = json.loads(line[7:])
+            r["receiver_cpu_s"] = children_cpu_s() - rx0
             return r
     sys.stderr.write(proc.stdout + proc.stderr)
     raise SystemExit(f"child for {p} failed ({proc.returncode})")
@@ -150,6 +166,7 @@ COLUMNS = [
     ("PDUs/s", "pdu_per_s", "{:,.0f}"),
     ("CPU µs/PDU", "cpu_us_per_pdu", "{:.1f}"),
     ("CPU ms/txn", "cpu_ms_per_txn", "{:.2f}"),
+    ("receiver CPU s", "receiver_cpu_s", "{:.1f}"),
     ("RSS before MB", "rss_before_mb", "{:.0f}"),
     ("peak RSS MB", "peak_rss_mb", "{:.0f}"),
 ]
@@ -193,7 +210,8 @@ def main() -> None:
             print(f"{p.sweep:>12}: {p.destinations:>5} dests {p.rooms:>5} rooms "
                   f"{p.events:>6} events -> {r['delivered']:>8} PDUs in {r['txns']:>6} txns, "
                   f"{r['wall_s']:6.2f} s wall, {r['cpu_s']:6.2f} s CPU, "
-                  f"peak RSS {r['peak_rss_mb']:.0f} MB", flush=True)
+                  f"peak RSS {r['peak_rss_mb']:.0f} MB, receiver CPU {r['receiver_cpu_s']:.1f} s",
+                  flush=True)
     for sweep in dict.fromkeys(r["sweep"] for r in results):
         print(f"\n== scaling with {sweep}\n")
         print(table([r for r in results if r["sweep"] == sweep]))
