@@ -309,6 +309,9 @@ def write_outputs(df: DataFrame, out_dir: str | Path, name: str) -> Any:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pdf: Any = df.toPandas()
+    # Spark Connect attaches its query metrics (PlanMetrics objects) as pandas attrs,
+    # which pandas then tries to store as JSON in the Parquet metadata and fails.
+    pdf.attrs.clear()
     pdf.to_parquet(out / f"{name}.parquet", index=False)
     pdf.to_csv(out / f"{name}.csv", index=False)
     return pdf

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import argparse
 import io
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from federation_sender.batch.cli import add_batch_parser
-from federation_sender.batch.io import Database
+from federation_sender.batch.io import Database, write_outputs
 from federation_sender.batch.progress import Progress, format_summary
-from federation_sender.batch.session import SessionOptions, session_conf
+from federation_sender.batch.session import (
+    SessionOptions,
+    remote_session_conf,
+    session_conf,
+)
 from federation_sender.testing.clock import FakeClock
 
 
@@ -74,3 +80,32 @@ def test_progress_and_summary() -> None:
                           p.elapsed_s)
     assert "undelivered_lost  12,345" in text and "time: read" in text
     assert text.splitlines()[-1].endswith("2.0 s")
+
+
+def test_remote_session_conf_is_runtime_sql_settings() -> None:
+    conf = remote_session_conf(SessionOptions(remote="sc://h:15002", shuffle_partitions=6,
+                                              conf={"spark.sql.ansi.enabled": "true"}))
+    assert conf == {"spark.sql.session.timeZone": "UTC", "spark.sql.shuffle.partitions": "6",
+                    "spark.sql.ansi.enabled": "true"}
+
+
+class _ConnectLikeFrame:
+    """What Spark Connect's ``toPandas`` returns: a frame with its query metrics (objects
+    that are not JSON) in ``attrs``."""
+
+    def toPandas(self) -> Any:
+        import pandas as pd
+
+        pdf = pd.DataFrame({"destination": ["a.example"], "n": [1]})
+        pdf.attrs["metrics"] = [object()]
+        return pdf
+
+
+def test_write_outputs_drops_connect_metrics(tmp_path: Path) -> None:
+    import pandas as pd
+
+    pdf = write_outputs(_ConnectLikeFrame(), tmp_path, "x")  # type: ignore[arg-type]
+    assert pdf.attrs == {}
+    assert pd.read_parquet(tmp_path / "x.parquet").to_dict("list") == {
+        "destination": ["a.example"], "n": [1]}
+    assert (tmp_path / "x.csv").read_text() == "destination,n\na.example,1\n"
