@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import random
@@ -308,6 +309,10 @@ class Worker:
 
 async def run_worker(settings: Settings, *, auto_migrate: bool = True) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or a supervised task fails (exit 1)."""
+    # Many long-lived small objects (queues, shared PDUs): with the default thresholds the
+    # cyclic collector runs constantly, +34 % CPU per transaction at 1,000 destinations
+    # (docs/benchmarks.md, "Garbage collector thresholds").
+    gc.set_threshold(100_000, 50, 100)
     token_hint = [settings.admin.token] if settings.admin.token else []
     setup_logging(settings.telemetry, secrets=token_hint)
     worker = await Worker.create(settings, auto_migrate=auto_migrate)
