@@ -5,6 +5,7 @@ migrated database per test on both PostgreSQL and SQLite, and a fake clock.
 from __future__ import annotations
 
 import itertools
+import logging
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,6 +18,10 @@ from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.postgres import PostgresCluster, ephemeral_cluster
 
 _db_counter = itertools.count()
+
+# py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
+# pytest closed its capture streams ("--- Logging error ---"); nothing of ours is lost.
+logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
 @pytest.fixture(scope="session")
