@@ -1,7 +1,7 @@
 """Run every benchmark in sequence and print a summary table.
 
-    .venv/bin/python bench/run_all.py            # modest sizes, about 4 minutes
-    .venv/bin/python bench/run_all.py --full     # the sizes of docs/benchmarks.md, ~12 min
+    .venv/bin/python bench/run_all.py            # modest sizes, about 3 minutes
+    .venv/bin/python bench/run_all.py --full     # the sizes of docs/benchmarks.md, ~7 min
     .venv/bin/python bench/run_all.py --only fanout,spike
 
 Each benchmark is its own script (run here as a child process, its output shown as it
