@@ -9,9 +9,25 @@ from pathlib import Path
 
 def test_demo_runs_end_to_end_and_passes_the_delivery_check(tmp_path: Path) -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "federation_sender", "demo", "--destinations", "8",
-         "--rooms", "5", "--events", "150", "--duration", "8", "--no-live"],
-        capture_output=True, text=True, cwd=tmp_path, timeout=180,
+        [
+            sys.executable,
+            "-m",
+            "federation_sender",
+            "demo",
+            "--destinations",
+            "8",
+            "--rooms",
+            "5",
+            "--events",
+            "150",
+            "--duration",
+            "8",
+            "--no-live",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=180,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "delivery check: OK" in proc.stdout

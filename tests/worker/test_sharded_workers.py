@@ -6,43 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from collections.abc import AsyncIterator
 from pathlib import Path
 
-import pytest
 import yaml
-from sqlalchemy.ext.asyncio import AsyncEngine
-from test_worker_process import (
+from worker_harness import (
     REMOTES,
     MainProcess,
-    _config,
-    _start_worker,
-    _stop,
-    _wait_for,
-    _wait_ready,
+    start_worker,
+    stop,
+    wait_for,
+    wait_ready,
+    write_config,
 )
 
 from federation_sender.testing.fake_homeserver import FakeHomeserver
-from federation_sender.testing.postgres import free_port
 
 ROOM = "!shared:local.test"
 DESTS = [*REMOTES, *(f"extra{i}.test" for i in range(1, 8))]
-
-
-@pytest.fixture
-async def main_process(pg_engine: AsyncEngine) -> AsyncIterator[MainProcess]:
-    mp = MainProcess(pg_engine)
-    await mp.start()
-    yield mp
-    await mp.close()
-
-
-@pytest.fixture
-async def remotes() -> AsyncIterator[FakeHomeserver]:
-    hs = FakeHomeserver()
-    await hs.start(free_port())
-    yield hs
-    await hs.close()
 
 
 def _sharded_config(
@@ -50,7 +30,7 @@ def _sharded_config(
 ) -> tuple[Path, int]:
     sub = tmp_path / name
     sub.mkdir()
-    path, admin_port = _config(sub, pg_url, port, url)
+    path, admin_port = write_config(sub, pg_url, port, url)
     cfg = yaml.safe_load(path.read_text())
     cfg["instance_name"] = name
     host_port = url.split("//", 1)[1]
@@ -77,17 +57,17 @@ async def test_two_workers_share_destinations_and_hand_over(
     mp.announce(setup)
     cfg1, admin1 = _sharded_config(tmp_path, "fed1", pg_url, mp.server.port, remotes.url)
     cfg2, admin2 = _sharded_config(tmp_path, "fed2", pg_url, mp.server.port, remotes.url)
-    w1 = _start_worker(cfg1, tmp_path / "fed1")
-    w2 = _start_worker(cfg2, tmp_path / "fed2")
+    w1 = start_worker(cfg1, tmp_path / "fed1")
+    w2 = start_worker(cfg2, tmp_path / "fed2")
     try:
-        await _wait_ready(admin1, w1)
-        await _wait_ready(admin2, w2)
+        await wait_ready(admin1, w1)
+        await wait_ready(admin2, w2)
         # Let both heartbeats see each other before traffic.
         await asyncio.sleep(2.0)
         first = await mp.db.messages(ROOM, "@alice:local.test", 10)
         mp.announce(first)
         ids = {e.event_id for e in first}
-        await _wait_for(
+        await wait_for(
             lambda: all(ids <= set(remotes.received_event_ids(d)) for d in DESTS),
             60,
             "delivery by two workers",
@@ -97,16 +77,16 @@ async def test_two_workers_share_destinations_and_hand_over(
         assert len(set().union(*senders.values())) == 2, "both instances should serve some"
 
         # fed2 leaves: its destinations move to fed1 without restarting it.
-        assert await _stop(w2, signal.SIGTERM) == 0
+        assert await stop(w2, signal.SIGTERM) == 0
         second = await mp.db.messages(ROOM, "@alice:local.test", 5)
         mp.announce(second)
         ids2 = {e.event_id for e in second}
-        await _wait_for(
+        await wait_for(
             lambda: all(ids2 <= set(remotes.received_event_ids(d)) for d in DESTS),
             60,
             "hand-over after one worker left",
         )
-        assert await _stop(w1, signal.SIGTERM) == 0
+        assert await stop(w1, signal.SIGTERM) == 0
     finally:
         for w in (w1, w2):
             if w.poll() is None:
