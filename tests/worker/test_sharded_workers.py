@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import yaml
+from sqlalchemy import func, select
 from worker_harness import (
     REMOTES,
     MainProcess,
@@ -19,6 +20,8 @@ from worker_harness import (
     write_config,
 )
 
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.schema import federation_sender_instances
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 
 ROOM = "!shared:local.test"
@@ -62,8 +65,23 @@ async def test_two_workers_share_destinations_and_hand_over(
     try:
         await wait_ready(admin1, w1)
         await wait_ready(admin2, w2)
-        # Let both heartbeats see each other before traffic.
-        await asyncio.sleep(2.0)
+        # Both registered, then two more heartbeats: each has seen the other.
+        eng = create_engine(pg_url)
+        try:
+            for _ in range(300):
+                async with eng.connect() as conn:
+                    n = (
+                        await conn.execute(
+                            select(func.count()).select_from(federation_sender_instances)
+                        )
+                    ).scalar_one()
+                if n == 2:
+                    break
+                await asyncio.sleep(0.1)
+            assert n == 2, "both instances should have registered"
+        finally:
+            await eng.dispose()
+        await asyncio.sleep(1.5)
         first = await mp.db.messages(ROOM, "@alice:local.test", 10)
         mp.announce(first)
         ids = {e.event_id for e in first}
