@@ -194,6 +194,7 @@ class Worker:
         )
 
         async def on_membership_change(live: frozenset[str]) -> None:
+            metrics.shard_membership(len(live), len(shards.held_destinations()))
             stopped = manager.rebalance()
             log.info(
                 "shard membership now %s; %d queues handed over", sorted(live), stopped
