@@ -40,6 +40,10 @@ from federation_sender.storage.rooms import RoomHostsCache
 log = logging.getLogger(__name__)
 
 
+def _everyone(_destination: str) -> bool:
+    return True
+
+
 def recipients(
     event: EventRow, joined: frozenset[str], server_name: str, shard: Callable[[str], bool]
 ) -> list[str]:
@@ -153,7 +157,11 @@ class EventIntake:
                 continue
             i = index.get(e.room_id, 0)
             index[e.room_id] = i + 1
-            dests = recipients(e, hosts[e.room_id][i], self.server_name, self.shard)
+            # Every destination is recorded in destination_rooms, whichever instance
+            # owns it now: during a shard membership change two instances' views
+            # differ, and a destination recorded by nobody would never be caught up.
+            # Only this instance's own destinations are queued.
+            dests = recipients(e, hosts[e.room_id][i], self.server_name, _everyone)
             if dests:
                 fanout.append((e, dests))
 
@@ -178,7 +186,10 @@ class EventIntake:
         self.position = new_position
         n = 0
         per_dest: dict[str, list[PduItem]] = {}
-        for e, dests in fanout:
+        for e, all_dests in fanout:
+            dests = [d for d in all_dests if self.shard(d)]
+            if not dests:
+                continue
             try:
                 pdu = json.loads(e.json)
             except ValueError:
