@@ -312,6 +312,15 @@ class QueueManager:
                 add(item)
             r.poke()
 
+    def _runner_for_edu(self, destination: str) -> DestinationRunner | None:
+        """The queue to add an ephemeral item to: none for ourselves, another shard's
+        destination, or one parked in a long backoff (volatile EDUs are not kept)."""
+        if destination == self.server_name or not self.shard_filter(destination):
+            return None
+        if self._is_parked(destination):
+            return None
+        return self._runner(destination)
+
     def enqueue_edu(
         self,
         destination: str,
@@ -320,21 +329,13 @@ class QueueManager:
         key: Hashable | None = None,
     ) -> None:
         """Queue an EDU; with ``key``, a later EDU of the same type and key replaces it."""
-        if destination == self.server_name or not self.shard_filter(destination):
-            return
-        if self._is_parked(destination):
-            return
-        r = self._runner(destination)
+        r = self._runner_for_edu(destination)
         if r is not None:
             r.core.add_edu(edu_type, content, key)
             r.poke()
 
     def enqueue_presence(self, destination: str, states: Iterable[JsonDict]) -> None:
-        if destination == self.server_name or not self.shard_filter(destination):
-            return
-        if self._is_parked(destination):
-            return
-        r = self._runner(destination)
+        r = self._runner_for_edu(destination)
         if r is not None:
             r.core.add_presence(states)
             r.poke()
@@ -342,11 +343,7 @@ class QueueManager:
     def enqueue_receipt(
         self, destination: str, room_id: str, receipt_type: str, user_id: str, data: JsonDict
     ) -> None:
-        if destination == self.server_name or not self.shard_filter(destination):
-            return
-        if self._is_parked(destination):
-            return
-        r = self._runner(destination)
+        r = self._runner_for_edu(destination)
         if r is not None:
             r.core.add_receipt(room_id, receipt_type, user_id, data)
             r.poke()
