@@ -22,20 +22,20 @@ import asyncio
 import random
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from federation_sender.clock import SystemClock
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.rows import EventRow, Row
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer, TcpTransport
+from federation_sender.testing.captures import captures_dir
 from federation_sender.testing.replication import (
     InMemoryPositionStore,
     MemorySession,
     MemoryTransport,
 )
 
-CAPTURE = Path("/work/shared/testdata/synapse-replication/spike_slice.redis.txt")
+CAPTURE = captures_dir() / "spike_slice.redis.txt"
 
 
 class CountingHandler:

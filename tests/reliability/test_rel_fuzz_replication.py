@@ -27,7 +27,6 @@ import random
 import sys
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
@@ -47,6 +46,7 @@ from federation_sender.replication.connection import (
     Role,
 )
 from federation_sender.replication.rows import ROW_PARSERS, parse_row
+from federation_sender.testing.captures import captures_dir
 from federation_sender.testing.clock import FakeClock
 
 LONG = bool(os.environ.get("FUZZ_LONG"))
@@ -335,7 +335,7 @@ def test_bus_lines_never_raise_anything_but_protocol_error(text: list[str], chun
 
 # --- mutational: many inputs per example ----------------------------------------------------
 
-CAPTURES = Path("/work/shared/testdata/synapse-replication")
+CAPTURES = captures_dir()
 SEED_LINES = [
     "SERVER localhost:8823", "PING 1490197665618", "POSITION events master 1 1",
     'RDATA caches master batch ["f",["@a:hs"],1]', "REMOTE_SERVER_UP remote.example",

@@ -6,12 +6,12 @@ import contextlib
 import os
 
 import pytest
-from conftest import capture_lines
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federation_sender.errors import ProtocolError
 from federation_sender.replication import commands as c
+from federation_sender.testing.captures import capture_lines
 
 MAX_EXAMPLES = 2000 if os.environ.get("REPLICATION_LONG_TESTS") else 200
 

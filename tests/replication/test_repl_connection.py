@@ -6,13 +6,13 @@ from __future__ import annotations
 import os
 
 import pytest
-from conftest import capture_lines
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from federation_sender.errors import ProtocolError
 from federation_sender.replication import commands as c
 from federation_sender.replication.connection import Limits, ReplicationConnection, Role
+from federation_sender.testing.captures import capture_lines
 from federation_sender.testing.clock import FakeClock
 
 MAX_EXAMPLES = 3000 if os.environ.get("REPLICATION_LONG_TESTS") else 300

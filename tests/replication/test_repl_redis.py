@@ -14,13 +14,13 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
-from conftest import capture_lines
 
 from federation_sender.clock import SystemClock
 from federation_sender.replication.client import Backoff, ReplicationClient
 from federation_sender.replication.redis import RedisTransport, RedisWriterBridge
 from federation_sender.replication.rows import EventRow, TypingRow
 from federation_sender.replication.server import ReplicationWriter
+from federation_sender.testing.captures import capture_lines
 from federation_sender.testing.replication import (
     InMemoryPositionStore,
     RecordingHandler,

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from conftest import capture_lines
 
 from federation_sender.errors import ProtocolError
 from federation_sender.replication import commands as c
 from federation_sender.replication import rows as r
+from federation_sender.testing.captures import capture_lines
 
 
 def test_capture_rows_of_consumed_streams_parse_and_round_trip() -> None:

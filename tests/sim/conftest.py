@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
 import pytest
+from sim_support import ORIGIN, PutTxn
 
 from federation_sender.sim.remotes import FakeRemote
 from federation_sender.transport.signing import (
@@ -15,10 +16,6 @@ from federation_sender.transport.signing import (
     sign_request,
     verify_key_lookup,
 )
-
-ORIGIN = "us.test"
-
-PutTxn = Callable[..., Coroutine[Any, Any, tuple[int, Any]]]
 
 
 @pytest.fixture

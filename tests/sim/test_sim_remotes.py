@@ -9,7 +9,7 @@ from typing import Any
 
 import aiohttp
 import pytest
-from conftest import ORIGIN, PutTxn
+from sim_support import ORIGIN, PutTxn
 
 from federation_sender.clock import SystemClock
 from federation_sender.sim.faults import FaultProfile
