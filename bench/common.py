@@ -146,11 +146,11 @@ class RecordingSender:
 
 
 async def bare_loop(txns: Sequence[Transaction], url: Any, concurrency: int,
-                    connection_limit: int = 1000) -> float:
+                    connection_limit: int = 1000) -> tuple[float, float]:
     """Send ``txns`` like the simplest correct sender: per destination one at a time,
     in order; destinations concurrently, at most ``concurrency`` requests in flight.
     Bodies are encoded before the clock starts (the strictest baseline: no
-    serialisation cost at all). Returns seconds."""
+    serialisation cost at all). Returns wall and CPU seconds, both from that clock."""
     by_dest: dict[str, list[tuple[str, bytes]]] = {}
     for t in txns:
         body = json.dumps({"origin": ME, "origin_server_ts": int(time.time() * 1000),
@@ -174,8 +174,9 @@ async def bare_loop(txns: Sequence[Transaction], url: Any, concurrency: int,
                     assert resp.status == 200, resp.status
 
         t0 = time.perf_counter()
+        c0 = time.process_time()
         await asyncio.gather(*(one_dest(d, items) for d, items in by_dest.items()))
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
 
 async def build_rooms(engine: Any, n_dests: int, n_rooms: int, dests_per_room: int | None = None,

@@ -2,12 +2,23 @@
 engine side by side with a bare aiohttp loop sending the same bodies to the same
 receivers (in another process).
 
-For each N: one room joined by every destination; ``--events`` events written in bursts
-of ``--burst`` with a poke after each, drained to all N; then the bare loop replays the
-exact transactions the engine sent (per destination in order, one in flight per
-destination, the same global concurrency). Prints txn/s for both and the ratio.
+For each N: one room joined by every destination; ``--events`` events, announced to the
+engine as the main process would persist them, ``--burst`` per millisecond, and drained to
+all N; then the bare loop replays the exact transactions the engine sent (per destination
+in order, one in flight per destination, the same global concurrency). Prints txn/s for
+both and the ratio.
 
-    .venv/bin/python bench/fanout.py [--db postgres|sqlite] [--dests 200 1000]
+How events are announced (``--announce``):
+
+* ``clock`` (default): at every turn of the event loop, everything persisted by now (by
+  the clock) is announced at once, as the replication reader does: it drains whatever the
+  socket buffered, however long the loop took to come back to it.
+* ``turn``: one burst per turn of the event loop, whatever the clock says (the first
+  version of this benchmark). Under load a turn takes milliseconds, so the events trickle
+  in at the loop's pace and the figure measures loop latency more than throughput.
+
+    .venv/bin/python bench/fanout.py [--db postgres|sqlite] [--dests 200 1000] \
+        [--announce clock|turn]
 """
 
 from __future__ import annotations
@@ -40,7 +51,25 @@ PROFILE: Any = None
 """A cProfile.Profile to enable around the engine phase (set by a profiling driver)."""
 
 
-async def run_one(db: str, n: int, urls: list[str], events: int, burst: int) -> dict[str, float]:
+async def announce(m: QueueManager, start: int, events: int, burst: int, mode: str) -> None:
+    """Announce ``events`` events past ``start``, ``burst`` per millisecond (see above)."""
+    end = start + events
+    if mode == "turn":
+        for upto in range(start + burst, end + burst, burst):
+            m.notify_new_events(min(upto, end))
+            await asyncio.sleep(0.001)
+        return
+    t0 = time.perf_counter()
+    upto = start
+    while upto < end:
+        due = start + burst * (1 + int((time.perf_counter() - t0) * 1000))
+        upto = min(end, due)
+        m.notify_new_events(upto)
+        await asyncio.sleep(0.001)
+
+
+async def run_one(db: str, n: int, urls: list[str], events: int, burst: int,
+                  mode: str = "clock") -> dict[str, float]:
     settings = replace(QueueSettings(), max_concurrent_transactions=500)
     async with database(db) as engine:
         rooms = await build_rooms(engine, n, 1)
@@ -68,9 +97,7 @@ async def run_one(db: str, n: int, urls: list[str], events: int, burst: int) -> 
         c0 = time.process_time()
         if PROFILE is not None:
             PROFILE.enable()
-        for upto in range(start + burst, start + events + burst, burst):
-            m.notify_new_events(min(upto, start + events))
-            await asyncio.sleep(0.001)
+        await announce(m, start, events, burst, mode)
         await asyncio.wait_for(sender.done.wait(), 600)
         t_engine = time.perf_counter() - t0
         cpu_engine = time.process_time() - c0
@@ -79,9 +106,8 @@ async def run_one(db: str, n: int, urls: list[str], events: int, burst: int) -> 
         txns = list(sender.sent)
         await m.stop(5)
         await inner.close()
-        c1 = time.process_time()
-        t_bare = await bare_loop(txns, url_for(urls), settings.max_concurrent_transactions)
-        cpu_bare = time.process_time() - c1
+        t_bare, cpu_bare = await bare_loop(txns, url_for(urls),
+                                           settings.max_concurrent_transactions)
         return {
             "txns": len(txns),
             "engine_s": t_engine,
@@ -100,12 +126,13 @@ async def main() -> None:
     ap.add_argument("--events", type=int, default=100)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--receivers", type=int, default=1)
+    ap.add_argument("--announce", default="clock", choices=["clock", "turn"])
     a = ap.parse_args()
     with receivers(a.receivers) as urls:
         for n in a.dests:
-            r = await run_one(a.db, n, urls, a.events, a.burst)
-            report(f"fan-out to {n} destinations ({a.db}, {a.events} events in bursts of "
-                   f"{a.burst})", [
+            r = await run_one(a.db, n, urls, a.events, a.burst, a.announce)
+            report(f"fan-out to {n} destinations ({a.db}, {a.events} events, {a.burst} per ms, "
+                   f"announced per {a.announce})", [
                 ("transactions", f"{int(r['txns'])}"),
                 ("engine: seconds / txn per s", f"{r['engine_s']:.2f} / {r['engine_tps']:.0f}"),
                 ("bare aiohttp loop: seconds / txn per s",

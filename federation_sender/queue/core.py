@@ -197,6 +197,15 @@ class DestinationCore:
         else:
             self.pending.add_pdu(item)
 
+    def add_pdus(self, items: Sequence[PduItem]) -> None:
+        """Like :meth:`add_pdu` for each item; ``items`` are in stream order."""
+        if not items:
+            return
+        if self.catching_up:
+            self.catchup_last_skipped = max(self.catchup_last_skipped, items[-1].stream_ordering)
+        else:
+            self.pending.add_pdus(items)
+
     def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
         self.pending.add_edu(edu_type, content, key)
 

@@ -18,6 +18,7 @@ query per room or per event.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 from collections.abc import Callable, Sequence
@@ -44,20 +45,63 @@ def _everyone(_destination: str) -> bool:
     return True
 
 
+def _leaving_server(event: EventRow) -> str | None:
+    """The target's server of a leave or ban (it receives its own kick or leave)."""
+    if event.type != "m.room.member" or not event.state_key:
+        return None
+    try:
+        membership = json.loads(event.json).get("content", {}).get("membership")
+    except ValueError:
+        membership = None
+    return server_of(event.state_key) if membership in ("leave", "ban") else None
+
+
 def recipients(
     event: EventRow, joined: frozenset[str], server_name: str, shard: Callable[[str], bool]
 ) -> list[str]:
+    return _recipients(joined, _leaving_server(event), server_name, shard)
+
+
+def _recipients(
+    joined: frozenset[str], extra: str | None, server_name: str, shard: Callable[[str], bool]
+) -> list[str]:
     dests = set(joined)
-    if event.type == "m.room.member" and event.state_key:
-        try:
-            membership = json.loads(event.json).get("content", {}).get("membership")
-        except ValueError:
-            membership = None
-        if membership in ("leave", "ban"):
-            dests.add(server_of(event.state_key))
+    if extra is not None:
+        dests.add(extra)
     dests.discard(server_name)
     dests.discard("")
     return sorted(d for d in dests if shard(d))
+
+
+class _Fanout:
+    """One batch's recipient lists, computed once per distinct membership snapshot.
+
+    Events of a room between two membership changes share one frozen set of joined
+    servers (:class:`RoomHostsCache` hands out the same object), so they share one
+    recipient tuple here too; everything per destination below is then done per
+    distinct tuple instead of per event and destination."""
+
+    def __init__(self, server_name: str, shard: Callable[[str], bool]) -> None:
+        self.server_name = server_name
+        self.shard = shard
+        self._all: dict[tuple[int, str | None], tuple[frozenset[str], tuple[str, ...]]] = {}
+        self._own: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+    def everyone(self, event: EventRow, joined: frozenset[str]) -> tuple[str, ...]:
+        extra = _leaving_server(event)
+        key = (id(joined), extra)
+        hit = self._all.get(key)
+        if hit is None:
+            dests = tuple(_recipients(joined, extra, self.server_name, _everyone))
+            # The set is kept referenced, so its id cannot be reused within the batch.
+            self._all[key] = hit = (joined, dests)
+        return hit[1]
+
+    def own(self, dests: tuple[str, ...]) -> tuple[str, ...]:
+        hit = self._own.get(id(dests))
+        if hit is None:
+            self._own[id(dests)] = hit = (dests, tuple(d for d in dests if self.shard(d)))
+        return hit[1]
 
 
 class EventIntake:
@@ -150,7 +194,8 @@ class EventIntake:
 
         rows, hosts = await run_in_transaction(self.engine, read)
         new_position = rows[-1].stream_ordering if len(rows) == self.batch_size else upto
-        fanout: list[tuple[EventRow, list[str]]] = []
+        fan = _Fanout(self.server_name, self.shard)
+        fanout: list[tuple[EventRow, tuple[str, ...]]] = []
         index: dict[str, int] = {}
         for e in rows:
             if not is_sendable(e, self.server_name):
@@ -161,18 +206,25 @@ class EventIntake:
             # owns it now: during a shard membership change two instances' views
             # differ, and a destination recorded by nobody would never be caught up.
             # Only this instance's own destinations are queued.
-            dests = recipients(e, hosts[e.room_id][i], self.server_name, _everyone)
+            dests = fan.everyone(e, hosts[e.room_id][i])
             if dests:
                 fanout.append((e, dests))
 
-        # Per (destination, room) only the batch's last event matters: walk backwards.
+        # Per (destination, room) only the batch's last event matters: walk backwards,
+        # once per distinct recipient tuple of a room.
         dr_rows: list[tuple[str, str, int]] = []
-        seen: dict[str, set[str]] = {}
+        seen: dict[str, tuple[set[str], set[int]]] = {}
         for e, ds in reversed(fanout):
-            done = seen.setdefault(e.room_id, set())
-            fresh = set(ds) - done
+            room_seen = seen.get(e.room_id)
+            if room_seen is None:
+                seen[e.room_id] = room_seen = (set(), set())
+            done, lists = room_seen
+            if id(ds) in lists:
+                continue
+            lists.add(id(ds))
+            fresh = [d for d in ds if d not in done]
             if fresh:
-                done |= fresh
+                done.update(fresh)
                 dr_rows.extend((d, e.room_id, e.stream_ordering) for d in fresh)
         new_dests = {r[0] for r in dr_rows} - self._known_destinations
 
@@ -184,10 +236,22 @@ class EventIntake:
         await run_in_transaction(self.engine, write)
         self._remember(new_dests)
         self.position = new_position
-        n = 0
-        per_dest: dict[str, list[PduItem]] = {}
+        n = self._hand_over(fanout, fan)
+        self.observer.events_processed(len(rows), new_position, n)
+        return n
+
+    def _hand_over(
+        self, fanout: Sequence[tuple[EventRow, tuple[str, ...]]], fan: _Fanout
+    ) -> int:
+        """Give each of this shard's destinations its PDUs of the batch, in stream order.
+
+        PDUs are grouped by recipient tuple ("segments"); a destination in one segment
+        (the usual case) gets that segment's tuple itself, shared with every other
+        destination in it, and one in several gets them merged. Returns the number of
+        PDUs handed over."""
+        segments: dict[int, tuple[tuple[str, ...], list[PduItem]]] = {}
         for e, all_dests in fanout:
-            dests = [d for d in all_dests if self.shard(d)]
+            dests = fan.own(all_dests)
             if not dests:
                 continue
             try:
@@ -197,10 +261,28 @@ class EventIntake:
                 continue
             # One parsed PDU shared by every destination's queue.
             item = PduItem(e.stream_ordering, e.event_id, e.room_id, pdu, len(e.json))
+            seg = segments.get(id(dests))
+            if seg is None:
+                segments[id(dests)] = seg = (dests, [])
+            seg[1].append(item)
+        per_dest: dict[str, list[tuple[PduItem, ...]]] = {}
+        n = 0
+        for dests, items in segments.values():
+            shared = tuple(items)
+            n += len(dests) * len(shared)
             for d in dests:
-                per_dest.setdefault(d, []).append(item)
-                n += 1
-        for d, items in per_dest.items():
-            self.enqueue(d, items)
-        self.observer.events_processed(len(rows), new_position, n)
+                got = per_dest.get(d)
+                if got is None:
+                    per_dest[d] = [shared]
+                else:
+                    got.append(shared)
+        for d, parts in per_dest.items():
+            if len(parts) == 1:
+                self.enqueue(d, parts[0])
+            else:
+                self.enqueue(d, tuple(heapq.merge(*parts, key=_stream_ordering)))
         return n
+
+
+def _stream_ordering(item: PduItem) -> int:
+    return item.stream_ordering

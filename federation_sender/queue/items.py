@@ -13,7 +13,7 @@ import enum
 import itertools
 import json
 from collections import deque
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +81,14 @@ class PendingItems:
         if self.pdus and item.stream_ordering < self.pdus[-1].stream_ordering:
             self._unsorted = True
         self.pdus.append(item)
+
+    def add_pdus(self, items: Sequence[PduItem]) -> None:
+        """Append PDUs given in stream order (the intake's hand-over)."""
+        if not items:
+            return
+        if self.pdus and items[0].stream_ordering < self.pdus[-1].stream_ordering:
+            self._unsorted = True
+        self.pdus.extend(items)
 
     def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
         if key is None:

@@ -307,9 +307,7 @@ class QueueManager:
             return
         r = self._runner(destination)
         if r is not None:
-            add = r.core.add_pdu
-            for item in items:
-                add(item)
+            r.core.add_pdus(items)
             r.poke()
 
     def _runner_for_edu(self, destination: str) -> DestinationRunner | None:

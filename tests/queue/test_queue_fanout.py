@@ -154,3 +154,41 @@ async def test_poll_mode_finds_events_without_a_poke(h: Harness) -> None:
     e = await h.writer.message("!a:l", ALICE)
     await h.advance(1.0)
     assert h.fake.received_event_ids("r1.test") == [e.event_id]
+
+
+async def test_one_batch_across_rooms_and_membership_changes(h: Harness) -> None:
+    """Recipient lists are shared between events with the same membership snapshot; a
+    destination in several rooms (or several snapshots) still gets each of its events
+    once, in stream order, and destination_rooms holds the last one per room."""
+    await room_with(h, "!a:l", "r1.test", "r2.test")
+    await room_with(h, "!b:l", "r1.test", "r3.test")
+    await h.start()
+    sent: list[tuple[str, str, int]] = []  # (room, event id, stream ordering) of ours
+    for i in range(6):
+        for room in ("!a:l", "!b:l"):
+            e = await h.writer.message(room, ALICE)
+            sent.append((room, e.event_id, e.stream_ordering))
+        if i == 2:
+            join = await h.writer.join("!a:l", "@carol:r3.test")  # not ours: not sent
+            leave = await h.writer.membership("!b:l", "@bob:r1.test", "leave")  # not ours
+    kick = await h.writer.membership("!b:l", "@bob:r3.test", "leave", sender=ALICE)
+    sent.append(("!b:l", kick.event_id, kick.stream_ordering))
+    h.poke()
+    await h.settle()
+
+    def ids(pick: list[tuple[str, str, int]]) -> list[str]:
+        return [e for _, e, _ in pick]
+
+    want = {
+        # r1: all of !a:l; !b:l until its user left.
+        "r1.test": [x for x in sent if x[0] == "!a:l" or x[2] < leave.stream_ordering],
+        "r2.test": [x for x in sent if x[0] == "!a:l"],
+        # r3: all of !b:l (its own kick included); !a:l once carol joined.
+        "r3.test": [x for x in sent if x[0] == "!b:l" or x[2] > join.stream_ordering],
+    }
+    for d, evs in want.items():
+        assert h.fake.received_event_ids(d) == ids(evs), d
+    async with h.engine.connect() as conn:
+        rows = (await conn.execute(select(s.destination_rooms))).all()
+    last = {(d, r): so for d, evs in want.items() for r, _, so in evs}
+    assert sorted(tuple(r) for r in rows) == sorted((d, r, so) for (d, r), so in last.items())
