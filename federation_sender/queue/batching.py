@@ -141,7 +141,12 @@ def take_batch(pending: PendingItems, limits: Limits) -> Batch:
     budget = _Budget(limits)
     queue = pending.pdus
     n = min(len(queue), limits.max_pdus)
-    pdus = [queue.popleft() for _ in range(n)]
+    if n == len(queue):
+        pdus = list(queue)
+        queue.clear()
+    else:
+        popleft = queue.popleft
+        pdus = [popleft() for _ in range(n)]
     total = sum([p.size for p in pdus]) + n
     if budget.used + total <= limits.max_bytes:
         # The common case: the next ``max_pdus`` fit the byte budget.
@@ -154,8 +159,10 @@ def take_batch(pending: PendingItems, limits: Limits) -> Batch:
             p = queue.popleft()
             budget.add(p.size)
             pdus.append(p)
-    edus = take_edus(pending, limits, budget)
-    return Batch(tuple(pdus), tuple(edus), _size=budget.used)
+    edus = take_edus(pending, limits, budget) if pending.has_edus() else []
+    # PDUs handed over in stream order end with the highest one.
+    top = None if not pdus or pending.unsorted else pdus[-1].stream_ordering
+    return Batch(tuple(pdus), tuple(edus), _size=budget.used, _max_so=top)
 
 
 def take_edus(

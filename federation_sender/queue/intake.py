@@ -4,11 +4,18 @@ On a poke (or a poll), read events past the persisted position up to the poked t
 ``batch_size`` at a time. For each event that originates here and is not out-of-band,
 the destinations are the servers joined to the room after the event, plus the target's
 server of a leave/ban (a kicked or leaving server receives its own kick or leave), minus
-ourselves, filtered by the shard. Per batch, in one database transaction:
-``destinations`` and ``destination_rooms`` are upserted and the position is saved; only
-then are the PDUs handed to the queues, in stream order. A crash between the commit and
-the hand-over loses nothing: queues start in catch-up mode, which reads
-``destination_rooms``.
+ourselves, filtered by the shard.
+
+Each batch is one database transaction: read the events and the membership they need,
+hand this shard's PDUs to the queues (in stream order), then upsert ``destinations`` and
+``destination_rooms`` and save the position, and commit. Handing over before the commit
+lets sending start one round trip per statement earlier; it is safe because:
+
+* a crash before the commit leaves the position where it was: the batch is read and
+  sent again (receivers deduplicate transactions' PDUs), never skipped;
+* a queue in catch-up mode keeps no PDU in memory and relies on ``destination_rooms``
+  instead; every catch-up read first waits for the batch in flight to commit
+  (:meth:`EventIntake.wait_committed`), so it cannot miss a row that is still uncommitted.
 
 Room membership for all rooms of a batch is resolved with at most two queries through
 :class:`RoomHostsCache` (rooms in parallel, events of a room in order), instead of a
@@ -21,8 +28,7 @@ import asyncio
 import heapq
 import json
 import logging
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
@@ -133,6 +139,8 @@ class EventIntake:
         self._poked = asyncio.Event()
         self.stopping = False
         self._known_destinations: set[str] = set()
+        self._committed = asyncio.Event()
+        self._committed.set()
 
     def _remember(self, names: set[str]) -> None:
         # Known to exist in ``destinations``: skip re-inserting them every batch. Bounded;
@@ -179,66 +187,52 @@ class EventIntake:
         self.stopping = True
         self._poked.set()
 
-    async def process_batch(self) -> int:
-        """Handle one batch; returns how many PDUs were handed to queues."""
-        after, upto = self.position, self.target
+    async def wait_committed(self) -> None:
+        """Return once every PDU handed to the queues is recorded in the database.
 
-        async def read(conn: AsyncConnection) -> tuple[list[EventRow], dict[str, list[Any]]]:
+        PDUs are handed over before the batch's ``destination_rooms`` rows commit, so
+        that sending starts at once. A queue in catch-up mode does not keep them: it
+        relies on those rows. Every catch-up read of ``destination_rooms`` therefore
+        waits here first; a queue that skipped (or dropped, entering catch-up) a PDU
+        before that read is then sure to find its row."""
+        if not self._committed.is_set():
+            await self._committed.wait()
+
+    async def process_batch(self) -> int:
+        """Handle one batch (one database transaction); returns how many PDUs were
+        handed to queues."""
+        after, upto = self.position, self.target
+        handed: list[int] = []
+
+        async def fn(conn: AsyncConnection) -> tuple[int, set[str]]:
             rows = await ev.events_after(conn, after, upto, self.batch_size)
             sendable = [e for e in rows if is_sendable(e, self.server_name)]
             by_room: dict[str, list[int]] = {}
             for e in sendable:
                 by_room.setdefault(e.room_id, []).append(e.stream_ordering)
             hosts = await self.hosts.hosts_for_events(conn, by_room)
-            return rows, dict(hosts)
-
-        rows, hosts = await run_in_transaction(self.engine, read)
-        new_position = rows[-1].stream_ordering if len(rows) == self.batch_size else upto
-        fan = _Fanout(self.server_name, self.shard)
-        fanout: list[tuple[EventRow, tuple[str, ...]]] = []
-        index: dict[str, int] = {}
-        for e in rows:
-            if not is_sendable(e, self.server_name):
-                continue
-            i = index.get(e.room_id, 0)
-            index[e.room_id] = i + 1
-            # Every destination is recorded in destination_rooms, whichever instance
-            # owns it now: during a shard membership change two instances' views
-            # differ, and a destination recorded by nobody would never be caught up.
-            # Only this instance's own destinations are queued.
-            dests = fan.everyone(e, hosts[e.room_id][i])
-            if dests:
-                fanout.append((e, dests))
-
-        # Per (destination, room) only the batch's last event matters: walk backwards,
-        # once per distinct recipient tuple of a room.
-        dr_rows: list[tuple[str, str, int]] = []
-        seen: dict[str, tuple[set[str], set[int]]] = {}
-        for e, ds in reversed(fanout):
-            room_seen = seen.get(e.room_id)
-            if room_seen is None:
-                seen[e.room_id] = room_seen = (set(), set())
-            done, lists = room_seen
-            if id(ds) in lists:
-                continue
-            lists.add(id(ds))
-            fresh = [d for d in ds if d not in done]
-            if fresh:
-                done.update(fresh)
-                dr_rows.extend((d, e.room_id, e.stream_ordering) for d in fresh)
-        new_dests = {r[0] for r in dr_rows} - self._known_destinations
-
-        async def write(conn: AsyncConnection) -> None:
+            new_position = rows[-1].stream_ordering if len(rows) == self.batch_size else upto
+            fan = _Fanout(self.server_name, self.shard)
+            fanout = _fan_out(rows, hosts, fan, self.server_name)
+            dr_rows = _last_per_room(fanout)
+            new_dests = {r[0] for r in dr_rows} - self._known_destinations
+            if not handed:  # a retried transaction does not hand the PDUs over twice
+                self._committed.clear()
+                handed.append(self._hand_over(fanout, fan))
+                self.observer.events_processed(len(rows), new_position, handed[0])
             await dst.ensure_destinations(conn, new_dests)
             await dst.upsert_destination_rooms(conn, dr_rows, skip_destinations=True)
             await pos.save_position(conn, pos.EVENTS_STREAM, self.instance_name, new_position)
+            return new_position, new_dests
 
-        await run_in_transaction(self.engine, write)
+        try:
+            new_position, new_dests = await run_in_transaction(self.engine, fn)
+        finally:
+            # On failure the position stays: the batch is read (and handed over) again.
+            self._committed.set()
         self._remember(new_dests)
         self.position = new_position
-        n = self._hand_over(fanout, fan)
-        self.observer.events_processed(len(rows), new_position, n)
-        return n
+        return handed[0] if handed else 0
 
     def _hand_over(
         self, fanout: Sequence[tuple[EventRow, tuple[str, ...]]], fan: _Fanout
@@ -286,3 +280,49 @@ class EventIntake:
 
 def _stream_ordering(item: PduItem) -> int:
     return item.stream_ordering
+
+
+def _fan_out(
+    rows: Sequence[EventRow],
+    hosts: Mapping[str, Sequence[frozenset[str]]],
+    fan: _Fanout,
+    server_name: str,
+) -> list[tuple[EventRow, tuple[str, ...]]]:
+    """The sendable events of a batch with every recipient (all shards)."""
+    fanout: list[tuple[EventRow, tuple[str, ...]]] = []
+    index: dict[str, int] = {}
+    for e in rows:
+        if not is_sendable(e, server_name):
+            continue
+        i = index.get(e.room_id, 0)
+        index[e.room_id] = i + 1
+        # Every destination is recorded in destination_rooms, whichever instance owns
+        # it now: during a shard membership change two instances' views differ, and a
+        # destination recorded by nobody would never be caught up. Only this
+        # instance's own destinations are queued.
+        dests = fan.everyone(e, hosts[e.room_id][i])
+        if dests:
+            fanout.append((e, dests))
+    return fanout
+
+
+def _last_per_room(
+    fanout: Sequence[tuple[EventRow, tuple[str, ...]]],
+) -> list[tuple[str, str, int]]:
+    """``destination_rooms`` rows: per (destination, room) only the batch's last event
+    matters. Walks backwards, once per distinct recipient tuple of a room."""
+    dr_rows: list[tuple[str, str, int]] = []
+    seen: dict[str, tuple[set[str], set[int]]] = {}
+    for e, ds in reversed(fanout):
+        room_seen = seen.get(e.room_id)
+        if room_seen is None:
+            seen[e.room_id] = room_seen = (set(), set())
+        done, lists = room_seen
+        if id(ds) in lists:
+            continue
+        lists.add(id(ds))
+        fresh = [d for d in ds if d not in done]
+        if fresh:
+            done.update(fresh)
+            dr_rows.extend((d, e.room_id, e.stream_ordering) for d in fresh)
+    return dr_rows

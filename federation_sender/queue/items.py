@@ -132,6 +132,17 @@ class PendingItems:
         )
 
     @property
+    def unsorted(self) -> bool:
+        """PDUs may not be in stream order (one was added below the tail)."""
+        return self._unsorted
+
+    def has_edus(self) -> bool:
+        return bool(
+            self.presence or self.receipts or self.keyed or self.other
+            or self.to_device or self.device_lists
+        )
+
+    @property
     def edu_count(self) -> int:
         return self.volatile_edu_count + len(self.to_device) + len(self.device_lists)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
-from collections.abc import Callable
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
+from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.core import (
@@ -37,6 +38,15 @@ from federation_sender.transport.result import (
 )
 
 log = logging.getLogger(__name__)
+
+_NO_EDUS: Mapping[str, int] = MappingProxyType({})
+
+async def _nothing_uncommitted() -> None:
+    return None
+
+
+MAX_UNPERSISTED = 8
+"""Results of one queue that may await their commit while it goes on sending."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,12 +86,19 @@ class DestinationRunner:
         self.loaded = False
         self.stopping = False
         self.finished = False
-        self._persisting: asyncio.Future[None] | None = None
+        self._unpersisted: deque[asyncio.Future[None]] = deque()
+        """Results submitted to the group commit and not yet known to be committed,
+        oldest first."""
         self.idle_since: float | None = None
         """Monotonic time the queue went idle (None while busy)."""
         self.evict = False
         self.deadline_hit = False
         self.may_send: Callable[[], bool] = lambda: True
+        """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
+        queue before it sends; the transaction stays owed in the database."""
+        self.rows_committed: Callable[[], Awaitable[None]] = _nothing_uncommitted
+        """Awaited before every read of ``destination_rooms`` in catch-up: PDUs handed
+        over by the intake may still be waiting for their rows' commit."""
         """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
         queue before it sends; the transaction stays owed in the database."""
 
@@ -92,13 +109,18 @@ class DestinationRunner:
         try:
             await self._loop()
         finally:
-            if self._persisting is not None and not self._persisting.done():
-                # Let the last result reach the database even when cancelled.
-                await asyncio.shield(self._persisting)
+            # Let the submitted results reach the database even when cancelled (the
+            # group commit writes them in submission order: the newest is the last).
+            pending = [f for f in self._unpersisted if not f.done()]
+            if pending:
+                await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
+        await self._flush_persist()  # a normal exit: a failed write still surfaces
 
     async def _loop(self) -> None:
         c = self.core
         if not self.loaded:
+            if c.catching_up:
+                await self.rows_committed()
             async with self.db_slots:
                 boot = await self.store.bootstrap(
                     self.destination,
@@ -142,6 +164,7 @@ class DestinationRunner:
                 if step.exhausted:
                     plans = []
                 else:
+                    await self.rows_committed()
                     async with self.db_slots:
                         plans = await self.store.plan_catchup(
                             self.destination,
@@ -244,12 +267,16 @@ class DestinationRunner:
                 max_stream_ordering=batch.max_stream_ordering,
                 error=result.error or None,
             )
-        # Persisting is pipelined one deep: the next transaction may go out while this
-        # result is written (group-committed with other destinations' results). Safe:
-        # a crash before the write only means resending (receivers deduplicate), and
-        # writes of one destination stay in order.
-        await self._flush_persist()
-        self._persisting = self.store.submit(self.destination, eff, log_row, now)
+        # Persisting is pipelined: the next transactions may go out while up to
+        # ``MAX_UNPERSISTED`` results are written (group-committed with other
+        # destinations' results). Safe: a crash before the write only means resending
+        # (receivers deduplicate), and writes of one destination commit in order.
+        # One deep was not enough: every queue then waited for the same commit, and
+        # sending stopped altogether while it ran.
+        await self._flush_persist(MAX_UNPERSISTED - 1)
+        fut = self.store.submit(self.destination, eff, log_row, now)
+        if fut is not None:
+            self._unpersisted.append(fut)
         if batch:
             self.observer.transaction_sent(
                 self.destination,
@@ -258,18 +285,19 @@ class DestinationRunner:
                 result.status,
                 len(batch.pdus),
                 len(batch.edus),
-                Counter(e.edu_type for e in batch.edus),
+                Counter(e.edu_type for e in batch.edus) if batch.edus else _NO_EDUS,
                 result.request_bytes or batch.size_bytes,
                 result.duration_s,
                 batch.catchup,
             )
         self._report(eff, result)
 
-    async def _flush_persist(self) -> None:
-        """Wait for the previous result's write; its failure surfaces here."""
-        fut, self._persisting = self._persisting, None
-        if fut is not None:
-            await fut
+    async def _flush_persist(self, keep: int = 0) -> None:
+        """Wait until at most ``keep`` results are uncommitted; a failed write surfaces
+        here (and fails the queue, whose supervisor restarts it in catch-up mode)."""
+        q = self._unpersisted
+        while q and (len(q) > keep or q[0].done()):
+            await q.popleft()
 
     def _report(self, eff: Effects, result: SendResult) -> None:
         d = self.destination

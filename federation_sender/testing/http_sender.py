@@ -13,8 +13,11 @@ import asyncio
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
+from aiohttp.payload import BytesPayload
+from yarl import URL
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.transport.result import Outcome, SendResult, Transaction
@@ -50,6 +53,7 @@ class HttpTransactionSender:
         self._session: aiohttp.ClientSession | None = None
         self._pdu_cache: dict[int, tuple[dict[str, Any], bytes]] = {}
         self._pdu_cache_size = 50_000
+        self._bases: dict[str, URL] = {}
         self.sent = 0
 
     def _get_session(self) -> aiohttp.ClientSession:
@@ -106,20 +110,28 @@ class HttpTransactionSender:
             b'],"edus":', edus, b"}",
         ))
 
+    def _request_url(self, destination: str, txn_id: str) -> URL:
+        # Parsed once per base URL; per request only the path is added (as the real
+        # client builds its URLs), not a whole URL string parsed again.
+        base_s = self._url(destination)
+        base = self._bases.get(base_s)
+        if base is None:
+            base = self._bases[base_s] = URL(base_s)
+        return base.with_path(
+            f"{base.raw_path.rstrip('/')}/_matrix/federation/v1/send/{quote(txn_id, safe='')}",
+            encoded=True,
+        )
+
     async def send_transaction(self, txn: Transaction) -> SendResult:
         body = self.encode(time_ms(self.clock), txn)
-        url = f"{self._url(txn.destination)}/_matrix/federation/v1/send/{txn.txn_id}"
+        url = self._request_url(txn.destination, txn.txn_id)
         t0 = self.clock.monotonic_s()
         self.sent += 1
         try:
             async with self._get_session().put(
                 url,
-                data=body,
-                headers={
-                    "Content-Type": "application/json",
-                    "Host": txn.destination,
-                    "X-Destination": txn.destination,
-                },
+                data=BytesPayload(body, content_type="application/json"),
+                headers={"Host": txn.destination, "X-Destination": txn.destination},
             ) as resp:
                 payload = await resp.read()
                 status = resp.status

@@ -48,6 +48,7 @@ from urllib.parse import quote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
+from aiohttp.payload import BytesPayload
 from canonicaljson import encode_canonical_json
 from yarl import URL
 
@@ -313,11 +314,11 @@ class FederationClient:
                 )
                 async with session.put(
                     url,
-                    data=body,
+                    # A ready payload skips aiohttp's lookup of a payload type per request.
+                    data=BytesPayload(body, content_type="application/json"),
                     headers={
                         "Host": resolved.host_header,
                         "Authorization": auth,
-                        "Content-Type": "application/json",
                         "User-Agent": self._user_agent,
                     },
                     allow_redirects=False,

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
+import pytest
 from sqlalchemy import select
 
 from federation_sender.queue import FederationEdu
@@ -248,3 +252,43 @@ async def test_idle_queues_are_dropped(h: Harness) -> None:
     h.poke()
     await h.settle()
     assert h.fake.received_event_ids(D)[-1] == e.event_id
+
+
+async def test_catchup_waits_for_rows_of_pdus_handed_over_before_commit(
+    hdb: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The intake hands PDUs over before its destination_rooms rows commit. A queue in
+    catch-up mode skips them and relies on those rows: its read of destination_rooms
+    must wait for the commit, or it would find nothing, leave catch-up and the event
+    would never be sent."""
+    h = hdb
+    await room_with(h, "!a:l", D)
+    await h.start()
+    h.fake.behave(D, status=503)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    await fail_until_catchup(h)
+    h.fake.behave(D)
+    release = asyncio.Event()
+    held = asyncio.Event()
+    real = dst.upsert_destination_rooms
+
+    async def slow_upsert(*a: Any, **kw: Any) -> None:
+        held.set()
+        await release.wait()
+        await real(*a, **kw)
+
+    monkeypatch.setattr(dst, "upsert_destination_rooms", slow_upsert)
+    e = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await asyncio.wait_for(held.wait(), 10)  # handed over to D's queue, not committed
+    await h.m.remote_server_up(D)  # catch-up starts now, while the row is uncommitted
+    await asyncio.sleep(0.3)  # real HTTP and database run in real time
+    assert e.event_id not in h.fake.received_event_ids(D)
+    release.set()
+    await h.settle()
+    assert h.fake.received_event_ids(D)[-1] == e.event_id
+    st = h.m.status(D)
+    assert st is not None and not st.catching_up
+    assert (await h.dest_row(D)).last_successful_stream_ordering == e.stream_ordering

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import json
+
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.storage import outboxes as ob
@@ -48,3 +50,24 @@ async def test_txlog_round_trip(engine: AsyncEngine) -> None:
         await txlog.log_transactions(conn, [])
         got = await txlog.recent_transactions(conn, "d")
     assert got == [row]
+
+
+async def test_txlog_keeps_any_event_id_and_null_fields(engine: AsyncEngine) -> None:
+    """Ordinary ids are joined without encoding; ids that would need escaping (quotes,
+    backslashes, control or non-ASCII characters, as a hostile room v1 id could hold)
+    go through the JSON encoder: every one reads back exactly."""
+    odd = ('$plain:l', '$q"uote:l', "$back\\slash:l", "$ctl\x01:l", "$ünï:l", "$tab\t:l")
+    rows = [
+        txlog.TxnLogRow("t1", "d2", "w1", 1, 0, 10, "success", 200, 1000, 1, False, 5,
+                        ("$abc:l", "$def_-1"), None),
+        txlog.TxnLogRow("t2", "d2", "w1", len(odd), 0, 10, "transient", None, 1001, 0, True,
+                        None, odd, 'connection "refused"'),
+        txlog.TxnLogRow("t3", "d2", "w1", 0, 3, 10, "success", 200, 1002, 0, False, None,
+                        (), None),
+    ]
+    async with engine.begin() as conn:
+        await txlog.log_transactions(conn, rows)
+        got = await txlog.recent_transactions(conn, "d2")
+    assert got == rows[::-1]
+    for ids in ((), ("$a",), odd):
+        assert json.loads(txlog.event_ids_json(ids)) == list(ids)
