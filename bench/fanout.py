@@ -76,7 +76,7 @@ async def run_one(db: str, n: int, urls: list[str], events: int, burst: int,
         writer = await HomeserverWriter(engine, ME).init()
         inner = HttpTransactionSender(url_for(urls), ME, clock(), timeout_s=60)
         sender = RecordingSender(inner, keep=False)
-        m = QueueManager(engine, sender, settings, ME, "bench", clock(), random.Random(1),
+        m = QueueManager(engine, sender.inner, settings, ME, "bench", clock(), random.Random(1),
                          lambda _d: True, attempt_deadline_s=60)
         await m.start()
         # Warm-up: create every queue and connection once.

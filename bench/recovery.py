@@ -70,7 +70,7 @@ async def main() -> None:
             t_setup = time.perf_counter() - t_setup
             inner = HttpTransactionSender(url_for_dest(urls), ME, clock(), timeout_s=60)
             sender = RecordingSender(inner, keep=False)
-            m = QueueManager(engine, sender, QueueSettings(), ME, "bench", clock(),
+            m = QueueManager(engine, sender.inner, QueueSettings(), ME, "bench", clock(),
                              random.Random(1), lambda _d: True, attempt_deadline_s=60,
                              db_concurrency=24)
             await m.start()

@@ -84,7 +84,7 @@ async def measure(p: Point, db_url: str, receiver: str) -> dict[str, Any]:
         writer = await HomeserverWriter(engine, ME).init()
         inner = HttpTransactionSender(url_for([receiver]), ME, clock(), timeout_s=60)
         sender = RecordingSender(inner, keep=False)
-        m = QueueManager(engine, sender, QueueSettings(), ME, "bench", clock(),
+        m = QueueManager(engine, sender.inner, QueueSettings(), ME, "bench", clock(),
                          random.Random(1), lambda _d: True, attempt_deadline_s=60)
         await m.start()
         sender.target_pdus = p.rooms * p.per_room

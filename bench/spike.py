@@ -37,7 +37,7 @@ async def main() -> None:
             writer = await HomeserverWriter(engine, ME).init()
             inner = HttpTransactionSender(url_for_dest(urls), ME, clock(), timeout_s=60)
             sender = RecordingSender(inner, keep=False)
-            m = QueueManager(engine, sender, QueueSettings(), ME, "bench", clock(),
+            m = QueueManager(engine, sender.inner, QueueSettings(), ME, "bench", clock(),
                              random.Random(1), lambda _d: True, attempt_deadline_s=60)
             await m.start()
             # Warm-up: one event so queues and connections exist, as in a live server.

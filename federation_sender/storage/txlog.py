@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -17,8 +17,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from federation_sender.storage.schema import federation_transaction_log as tl
 
 
-@dataclass(frozen=True, slots=True)
-class TxnLogRow:
+class TxnLogRow(NamedTuple):
+    """One attempt (a tuple: one is built per transaction sent, on the hot path)."""
+
     txn_id: str
     destination: str
     instance_name: str
