@@ -37,6 +37,7 @@ from federation_sender.queue.intake import EventIntake
 from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
+from federation_sender.queue.slots import Slots
 from federation_sender.queue.status import DestinationStatus
 from federation_sender.queue.store import QueueStore
 from federation_sender.queue.timing import wait_or_timeout
@@ -120,8 +121,8 @@ class QueueManager:
             catchup_max_gap_events=settings.catchup_max_gap_events,
             outbox_read_limit=settings.max_edus_per_txn,
         )
-        self.txn_slots = asyncio.Semaphore(settings.max_concurrent_transactions)
-        self.db_slots = asyncio.Semaphore(db_concurrency)
+        self.txn_slots = Slots(settings.max_concurrent_transactions)
+        self.db_slots = Slots(db_concurrency)
         self._runners: dict[str, DestinationRunner] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._parked: dict[str, tuple[int, int]] = {}

@@ -28,6 +28,7 @@ from federation_sender.queue.core import (
     Wait,
 )
 from federation_sender.queue.observer import QueueObserver
+from federation_sender.queue.slots import Slots
 from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import wait_or_timeout
 from federation_sender.transport.result import (
@@ -66,8 +67,8 @@ class DestinationRunner:
         core: DestinationCore,
         store: QueueStore,
         sender: TransactionSender,
-        txn_slots: asyncio.Semaphore,
-        db_slots: asyncio.Semaphore,
+        txn_slots: Slots,
+        db_slots: Slots,
         clock: Clock,
         observer: QueueObserver,
         config: RunnerConfig,
