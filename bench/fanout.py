@@ -123,7 +123,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default="postgres", choices=["postgres", "sqlite"])
     ap.add_argument("--dests", type=int, nargs="+", default=[200, 1000])
-    ap.add_argument("--events", type=int, default=100)
+    ap.add_argument("--events", type=int, default=400)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--receivers", type=int, default=1)
     ap.add_argument("--announce", default="clock", choices=["clock", "turn"])
