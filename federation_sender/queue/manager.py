@@ -241,7 +241,6 @@ class QueueManager:
             self.observer,
             self.runner_config,
         )
-        r.rows_committed = self.intake.wait_committed
         self._runners[destination] = r
         task = asyncio.create_task(self._run(r))
         self._tasks[destination] = task

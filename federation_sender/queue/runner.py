@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -41,10 +41,6 @@ from federation_sender.transport.result import (
 log = logging.getLogger(__name__)
 
 _NO_EDUS: Mapping[str, int] = MappingProxyType({})
-
-async def _nothing_uncommitted() -> None:
-    return None
-
 
 MAX_UNPERSISTED = 8
 """Results of one queue that may await their commit while it goes on sending."""
@@ -97,9 +93,6 @@ class DestinationRunner:
         self.may_send: Callable[[], bool] = lambda: True
         """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
         queue before it sends; the transaction stays owed in the database."""
-        self.rows_committed: Callable[[], Awaitable[None]] = _nothing_uncommitted
-        """Awaited before every read of ``destination_rooms`` in catch-up: PDUs handed
-        over by the intake may still be waiting for their rows' commit."""
         """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
         queue before it sends; the transaction stays owed in the database."""
 
@@ -120,8 +113,6 @@ class DestinationRunner:
     async def _loop(self) -> None:
         c = self.core
         if not self.loaded:
-            if c.catching_up:
-                await self.rows_committed()
             async with self.db_slots:
                 boot = await self.store.bootstrap(
                     self.destination,
@@ -165,7 +156,6 @@ class DestinationRunner:
                 if step.exhausted:
                     plans = []
                 else:
-                    await self.rows_committed()
                     async with self.db_slots:
                         plans = await self.store.plan_catchup(
                             self.destination,

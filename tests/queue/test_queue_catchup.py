@@ -254,13 +254,12 @@ async def test_idle_queues_are_dropped(h: Harness) -> None:
     assert h.fake.received_event_ids(D)[-1] == e.event_id
 
 
-async def test_catchup_waits_for_rows_of_pdus_handed_over_before_commit(
+async def test_catchup_while_the_intake_commit_is_held_back_loses_nothing(
     hdb: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The intake hands PDUs over before its destination_rooms rows commit. A queue in
-    catch-up mode skips them and relies on those rows: its read of destination_rooms
-    must wait for the commit, or it would find nothing, leave catch-up and the event
-    would never be sent."""
+    """A queue catches up (after REMOTE_SERVER_UP) while the intake's transaction for a
+    new event has not committed: catch-up finds no row and ends, and the event, handed
+    over only after the commit, is still delivered, and the position lands on it."""
     h = hdb
     await room_with(h, "!a:l", D)
     await h.start()
@@ -282,7 +281,7 @@ async def test_catchup_waits_for_rows_of_pdus_handed_over_before_commit(
     monkeypatch.setattr(dst, "upsert_destination_rooms", slow_upsert)
     e = await h.writer.message("!a:l", ALICE)
     h.poke()
-    await asyncio.wait_for(held.wait(), 10)  # handed over to D's queue, not committed
+    await asyncio.wait_for(held.wait(), 10)  # read, rows not yet committed
     await h.m.remote_server_up(D)  # catch-up starts now, while the row is uncommitted
     await asyncio.sleep(0.3)  # real HTTP and database run in real time
     assert e.event_id not in h.fake.received_event_ids(D)
