@@ -31,6 +31,9 @@ CLOCK = web.AppKey("clock", Clock)
 READY: web.AppKey[ReadinessCheck] = web.AppKey("ready")
 
 MAX_LIMIT = 1000
+MAX_OFFSET = 2**62
+"""Larger offsets would overflow the databases' 64-bit integers (a 500, found by
+schemathesis); no listing is that long."""
 """Upper bound on ``limit``; Synapse has none, but one request should not read a
 whole 100k-row table into memory."""
 
@@ -79,7 +82,7 @@ async def _known(request: web.Request, destination: str) -> DestinationRow:
 
 
 def _page(query: Mapping[str, str]) -> tuple[int, int]:
-    start = parse_int(query, "from", 0)
+    start = parse_int(query, "from", 0, maximum=MAX_OFFSET)
     limit = parse_int(query, "limit", 100, maximum=MAX_LIMIT)
     return start, limit
 

@@ -110,7 +110,8 @@ async def test_destination_filter_is_a_literal_case_insensitive_substring(
 
 
 @pytest.mark.parametrize("params", [
-    {"from": "-1"}, {"from": "x"}, {"limit": "-5"}, {"limit": "1.5"}, {"limit": "1001"},
+    {"from": "-1"}, {"from": "x"}, {"from": "267844613659076620314971471872"},
+    {"from": str(2**62 + 1)}, {"limit": "-5"}, {"limit": "1.5"}, {"limit": "1001"},
     {"limit": "+3"}, {"order_by": "bogus"}, {"dir": "sideways"}, {"destination": "x" * 300},
 ])
 async def test_bad_parameters_are_400_invalid_param(client: TestClient[Any, Any],
