@@ -93,8 +93,6 @@ class DestinationRunner:
         self.may_send: Callable[[], bool] = lambda: True
         """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
         queue before it sends; the transaction stays owed in the database."""
-        """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
-        queue before it sends; the transaction stays owed in the database."""
 
     def poke(self) -> None:
         self.wake.set()

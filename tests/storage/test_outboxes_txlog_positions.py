@@ -53,9 +53,9 @@ async def test_txlog_round_trip(engine: AsyncEngine) -> None:
 
 
 async def test_txlog_keeps_any_event_id_and_null_fields(engine: AsyncEngine) -> None:
-    """Ordinary ids are joined without encoding; ids that would need escaping (quotes,
+    """Rows travel to PostgreSQL as one jsonb array: ids that need escaping (quotes,
     backslashes, control or non-ASCII characters, as a hostile room v1 id could hold)
-    go through the JSON encoder: every one reads back exactly."""
+    and NULL columns read back exactly, on both databases."""
     odd = ('$plain:l', '$q"uote:l', "$back\\slash:l", "$ctl\x01:l", "$ünï:l", "$tab\t:l")
     rows = [
         txlog.TxnLogRow("t1", "d2", "w1", 1, 0, 10, "success", 200, 1000, 1, False, 5,
