@@ -10,7 +10,9 @@ the full sizes (``--full``); at the modest default sizes the figures show the co
 and roughly how fast, and the "vs target" column is left blank where the size differs.
 
 Not run here: ``batch.py`` (needs Spark and minutes per size: ``--batch`` adds it at
-100,000 events) and ``chaos.py`` (a long fault-injection test, not a benchmark figure).
+100,000 events), ``chaos.py`` (a long fault-injection test, not a benchmark figure),
+and the diagnostics behind the fan-out figures (``fanout_diagnostics.py``,
+``txlog_insert.py``, ``profile_fanout.py``).
 """
 
 from __future__ import annotations
