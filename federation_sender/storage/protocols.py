@@ -1,0 +1,322 @@
+"""The storage boundary: everything the queue engine, the admin API and the adapters read
+or write, as typed Protocols over the neutral rows of :mod:`federation_sender.model`.
+
+A :class:`Backend` owns connections and transactions. :meth:`Backend.run` calls a
+function with a :class:`Tx`, one database transaction's view of the storage, which
+hands out one object per aggregate (``tx.events``, ``tx.destinations``, ...). Whatever a
+function does through one ``Tx`` commits or rolls back together; this is how the
+intake keeps invariant 1 (``destination_rooms`` and its position in one transaction)
+on any backend.
+
+Two implementations are planned behind the same Protocols:
+
+* ``native`` (:mod:`federation_sender.storage.native`): the project's own schema
+  (``storage/schema.py``), on PostgreSQL or SQLite.
+* ``synapse``: Synapse's own tables (``events`` + ``event_json``, ``destinations``,
+  ``destination_rooms``, ``federation_stream_position``, ``device_federation_outbox``,
+  ``device_lists_outbound_pokes``, state groups), with the project-only tables in a
+  schema of their own. Where the two differ, the Protocol states the meaning and each
+  backend keeps it its own way; the rules that differ are behind a method here, not in
+  the callers (which servers receive an event; what "acknowledging" an outbox row does;
+  where positions live).
+
+Rules every backend keeps (``tests/storage/test_backend_contract.py`` checks them):
+
+* positions never move backwards (a lower save is ignored);
+* ``destination_rooms``: per (destination, room) the highest stream ordering wins;
+  ``last_successful_stream_ordering`` only moves forwards; a stored retry interval is
+  only replaced by a longer one or reset by 0;
+* reads "past" a stream id or a keyset cursor are strict (``>``), oldest first;
+* :meth:`Backend.run` retries the whole function on transient database errors, so the
+  function must have no effect outside the transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import Protocol, TypeVar
+
+from federation_sender.model import (
+    DestinationOrder,
+    DestinationRow,
+    DeviceListRow,
+    Direction,
+    EventRow,
+    MembershipRow,
+    ToDeviceRow,
+    TxnLogRow,
+)
+
+T = TypeVar("T")
+
+
+class EventReader(Protocol):
+    """Persisted events (the main process writes them; we only read)."""
+
+    async def max_stream_ordering(self) -> int:
+        """Highest persisted stream ordering, 0 when there is none."""
+        ...
+
+    async def events_after(self, after: int, upto: int, limit: int) -> list[EventRow]:
+        """Events with ``after < stream_ordering <= upto``, oldest first, at most
+        ``limit``."""
+        ...
+
+    async def events_at(self, stream_orderings: Collection[int]) -> dict[int, EventRow]:
+        """The events at these stream orderings (missing ones are absent)."""
+        ...
+
+    async def room_events_between(
+        self, room_ids: Collection[str], after: int, upto: int, per_room_limit: int
+    ) -> dict[str, list[EventRow]]:
+        """Per room, its first ``per_room_limit`` events with ``after < so <= upto``,
+        oldest first (rooms without any are absent)."""
+        ...
+
+    async def forward_extremities(self, room_ids: Collection[str]) -> dict[str, list[EventRow]]:
+        """Each room's forward extremities that exist as events, oldest first."""
+        ...
+
+    async def partial_state(self, room_ids: Collection[str]) -> set[str]:
+        """Those of the rooms we only have partial state for."""
+        ...
+
+
+class RoomHostsReader(Protocol):
+    """Which servers must receive an event: the backend's rule, not the caller's
+    (native: servers joined after the event from ``room_memberships``, plus the target
+    of a leave or ban; Synapse: the hosts of the state before the event, from state
+    groups). The result may contain our own server and empty names; the caller removes
+    them and applies its shard."""
+
+    async def hosts_for_events(
+        self, events: Mapping[str, Sequence[EventRow]]
+    ) -> dict[str, list[frozenset[str]]]:
+        """For each room, for each of its given events (ascending stream order, as
+        passed), the servers that must receive it. Consecutive events with the same
+        answer may share one set object: callers may key their own work by identity."""
+        ...
+
+    async def current_hosts(self, room_ids: Collection[str]) -> dict[str, frozenset[str]]:
+        """Servers joined to each room now (receipts, typing, presence)."""
+        ...
+
+
+class DestinationStore(Protocol):
+    """``destinations`` (backoff, catch-up position) and ``destination_rooms``."""
+
+    async def get_destination(self, destination: str) -> DestinationRow | None: ...
+
+    async def get_destinations(self, names: Collection[str]) -> dict[str, DestinationRow]: ...
+
+    async def ensure_destinations(self, names: Collection[str]) -> None:
+        """Create the missing rows (no retry timings, no position)."""
+        ...
+
+    async def set_retry_timings(
+        self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
+    ) -> None:
+        """Persist backoff: ``retry_interval == 0`` resets; otherwise the stored interval
+        is only replaced by a longer one (a racing writer cannot shorten a backoff)."""
+        ...
+
+    async def clear_retry(self, destination: str) -> bool:
+        """Reset backoff; True if the destination was backing off."""
+        ...
+
+    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
+        """Move each ``last_successful_stream_ordering`` forwards (never backwards);
+        creates missing destinations."""
+        ...
+
+    async def upsert_destination_rooms(
+        self, rows: Sequence[tuple[str, str, int]], *, skip_destinations: bool = False
+    ) -> None:
+        """Record (destination, room_id, stream_ordering); per (destination, room) the
+        highest stream ordering wins. Creates missing destinations unless the caller
+        says they all exist."""
+        ...
+
+    async def delete_destination_rooms(
+        self, destination: str, rows: Sequence[tuple[str, int]]
+    ) -> None:
+        """Prune (room_id, stream_ordering) rows, each only if it still has that stream
+        ordering (a newer event since keeps the row)."""
+        ...
+
+    async def destinations_behind(self) -> list[str]:
+        """Destinations with ``destination_rooms`` rows past their position."""
+        ...
+
+    async def destinations_with_outstanding_work(
+        self, after: str | None, limit: int, now_ms: int
+    ) -> list[str]:
+        """Keyset page (by name, strictly after ``after``) of destinations not backing
+        off at ``now_ms`` that are behind or have unsent outbox rows (the wake-up
+        sweep)."""
+        ...
+
+
+class CatchUpReader(Protocol):
+    """What catch-up planning reads besides events."""
+
+    async def catchup_rows(
+        self, destination: str, after: int, limit: int, after_room: str | None = None
+    ) -> list[tuple[str, int]]:
+        """The ``limit`` oldest (room_id, stream_ordering) ``destination_rooms`` rows of
+        the destination past the keyset (``after``, ``after_room``) in (stream_ordering,
+        room_id) order; without ``after_room``, simply past ``after``."""
+        ...
+
+    async def server_membership_history(
+        self, server_name: str, room_ids: Collection[str]
+    ) -> dict[str, list[MembershipRow]]:
+        """Every room asked for, with the membership rows of ``server_name``'s users in
+        it, oldest first (empty lists for rooms it never had a member in)."""
+        ...
+
+
+class OutboxStore(Protocol):
+    """The durable EDU outboxes (to-device messages, device-list updates), read per
+    destination past a stream id. Acknowledging a row (after the remote's 200) makes it
+    unsent no more: native marks it, Synapse deletes it."""
+
+    async def unsent_outbox(
+        self, destination: str, to_device_after: int, device_lists_after: int, limit: int
+    ) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
+        """Unacknowledged rows past the given stream ids, oldest first, at most
+        ``limit`` of each kind."""
+        ...
+
+    async def ack_to_device(
+        self, destination: str, stream_ids: Collection[int], now_ms: int
+    ) -> None: ...
+
+    async def ack_device_lists(
+        self, destination: str, keys: Collection[tuple[int, str, str]]
+    ) -> None:
+        """``keys`` are (stream_id, user_id, device_id)."""
+        ...
+
+    async def device_list_destinations(self, user_ids: Collection[str]) -> list[str]:
+        """Destinations with unacknowledged device-list rows for these users."""
+        ...
+
+
+class PositionStore(Protocol):
+    """Stream positions keyed by (stream, instance); saving never moves one backwards.
+
+    ``load``/``save`` hold this worker's own progress (:data:`~federation_sender.model.
+    EVENTS_STREAM`, :data:`~federation_sender.model.FEDERATION_STREAM`). The replication
+    methods hold a reader's per-(stream, writer instance) tokens, namespaced by the
+    reader's instance name so several workers can share one database."""
+
+    async def load(self, stream: str, instance: str) -> int | None: ...
+
+    async def save(self, stream: str, instance: str, stream_id: int) -> None: ...
+
+    async def load_replication(self, reader: str) -> dict[tuple[str, str], int]:
+        """(stream, writer instance) -> token."""
+        ...
+
+    async def save_replication(self, reader: str, stream: str, writer: str, token: int) -> None:
+        ...
+
+
+class TxnLog(Protocol):
+    """The log of transaction attempts (one row per attempt, whatever its outcome)."""
+
+    async def log_transactions(self, rows: Sequence[TxnLogRow]) -> None: ...
+
+    async def recent_transactions(self, destination: str, limit: int = 100) -> list[TxnLogRow]:
+        """Newest first."""
+        ...
+
+
+class AdminReads(Protocol):
+    """The admin API's reads. Sorting is stable (ties by destination / room id / log
+    order) and NULLs sort as the smallest value, so offset pagination is the same on
+    every backend."""
+
+    async def list_destinations(
+        self,
+        *,
+        start: int,
+        limit: int,
+        search: str | None = None,
+        order_by: DestinationOrder = DestinationOrder.DESTINATION,
+        direction: Direction = Direction.FORWARDS,
+    ) -> tuple[list[DestinationRow], int]:
+        """One page and the total matching ``search`` (a case-insensitive substring of
+        the name)."""
+        ...
+
+    async def find_destination(self, destination: str) -> DestinationRow | None:
+        """As Synapse: known when it has a ``destinations`` row or appears in
+        ``destination_rooms`` (the latter alone reads as never failed); else None."""
+        ...
+
+    async def list_destination_rooms(
+        self,
+        destination: str,
+        *,
+        start: int,
+        limit: int,
+        direction: Direction = Direction.FORWARDS,
+    ) -> tuple[list[tuple[str, int]], int]:
+        """A page of (room_id, stream_ordering) by room id, and the total."""
+        ...
+
+    async def list_transactions(
+        self, destination: str, *, start: int, limit: int, status: str | None = None
+    ) -> tuple[list[TxnLogRow], int]:
+        """A page of the destination's transaction log, newest attempt first."""
+        ...
+
+    async def count_destinations_backing_off(self) -> int:
+        """Destinations with a retry scheduled (``retry_last_ts`` set, as Synapse)."""
+        ...
+
+
+class Tx(Protocol):
+    """One database transaction's view of the storage, one object per aggregate."""
+
+    @property
+    def events(self) -> EventReader: ...
+
+    @property
+    def hosts(self) -> RoomHostsReader: ...
+
+    @property
+    def destinations(self) -> DestinationStore: ...
+
+    @property
+    def catchup(self) -> CatchUpReader: ...
+
+    @property
+    def outbox(self) -> OutboxStore: ...
+
+    @property
+    def positions(self) -> PositionStore: ...
+
+    @property
+    def txlog(self) -> TxnLog: ...
+
+    @property
+    def admin(self) -> AdminReads: ...
+
+
+class Backend(Protocol):
+    """Owns connections and transactions (and any cache that outlives one, such as the
+    native room-membership cache)."""
+
+    @property
+    def name(self) -> str:
+        """``native`` or ``synapse``: for logs and the admin API."""
+        ...
+
+    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        """Run ``fn`` in one transaction, committed when it returns; retried whole on
+        transient database errors (bounded, jittered), so ``fn`` must have no effect
+        outside the transaction."""
+        ...
