@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up everything this project needs on a fresh Debian machine with Python 3.11:
 # system packages (PostgreSQL, Redis, Java + the PostgreSQL JDBC driver for Spark,
-# Chromium for the dashboard's browser test) and the virtualenv in .venv.
+# the SQLite JDBC driver, Chromium for the dashboard's browser test) and the virtualenv in .venv.
 # Idempotent and quick when nothing changed.  Usage: scripts/bootstrap.sh [runtime|test]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -24,6 +24,8 @@ if [ "$profile" = test ]; then
   have_cmd redis-server || need+=(redis-server)
   have_cmd java || need+=(openjdk-17-jre-headless)
   [ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
+  # The batch jobs read the demo's SQLite database through this driver.
+  [ -f /usr/share/java/sqlite-jdbc.jar ] || need+=(libxerial-sqlite-jdbc-java)
   have_cmd chromium || need+=(chromium)
   have_cmd chromedriver || need+=(chromium-driver)
   have_cmd openssl || need+=(openssl)

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
-import subprocess
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -24,6 +22,7 @@ from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.admin_fakes import FakeQueueControl, seed_destinations
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.prereq import missing, require_module
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -57,15 +56,9 @@ async def test_dashboard_is_served_with_a_strict_csp(tmp_path: Path) -> None:
 
 
 def _ensure_chromium() -> None:
-    if os.path.exists(CHROMIUM) and os.path.exists(CHROMEDRIVER):
-        return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        pytest.skip("chromium/chromium-driver missing and cannot be installed")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", "chromium", "chromium-driver"]
-    if subprocess.run(cmd, env=env, capture_output=True, timeout=900).returncode != 0:
-        subprocess.run(["apt-get", "update"], env=env, capture_output=True, timeout=300)
-        subprocess.run(cmd, env=env, capture_output=True, timeout=900, check=True)
+    for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
+        if not os.path.exists(path):
+            missing(f"{path} (Debian package {package})")
 
 
 @dataclass
@@ -110,7 +103,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    webdriver = pytest.importorskip("selenium.webdriver")
+    webdriver: Any = require_module("selenium.webdriver", "pip install -e '.[dev]'")
     from selenium.webdriver.chrome.service import Service
 
     _ensure_chromium()

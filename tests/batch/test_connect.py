@@ -20,14 +20,15 @@ from typing import Any
 
 import pytest
 
+from federation_sender.testing.prereq import require_module, unavailable
+
 from .histories import OUR, expected_diff, load_pg, scenario
 from .test_jobs import broken, run
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
-pytest.importorskip("grpc", reason="Spark Connect client needs pip install 'pyspark[connect]'")
-pytest.importorskip("zstandard", reason="Spark Connect client needs pip install "
-                    "'pyspark[connect]'")
+require_module("grpc", "the Spark Connect client: pip install 'pyspark[connect]'")
+require_module("zstandard", "the Spark Connect client: pip install 'pyspark[connect]'")
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 START_TIMEOUT_S = 90.0
@@ -76,7 +77,7 @@ class ConnectServer:
         while not _listening(self.port):
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 tail = self.log.read_text(errors="replace")[-2000:]
-                pytest.skip(f"the Spark Connect server did not start (exit status "
+                unavailable(f"the Spark Connect server did not start (exit status "
                             f"{self.proc.poll()}): {tail}")
             time.sleep(0.25)
         return f"sc://127.0.0.1:{self.port}"

@@ -21,6 +21,7 @@ from federation_sender.replication.redis import RedisTransport, RedisWriterBridg
 from federation_sender.replication.rows import EventRow, TypingRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.testing.captures import capture_lines
+from federation_sender.testing.prereq import missing
 from federation_sender.testing.replication import (
     InMemoryPositionStore,
     RecordingHandler,
@@ -41,10 +42,7 @@ def _free_port() -> int:
 def redis_url() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
-        subprocess.run(["apt-get", "install", "-y", "redis-server"], check=False, timeout=300)
-        binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.skip("redis-server is not installed and could not be installed")
+        missing("redis-server (Debian package redis-server)")
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen(
