@@ -14,8 +14,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
+from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.postgres import PostgresCluster, ephemeral_cluster
+from federation_sender.testing.redis_server import RedisServer, ephemeral_redis
+from federation_sender.testing.synapse_config import RedisAddress
+from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 
 _db_counter = itertools.count()
 
@@ -28,6 +32,43 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 def pg_cluster() -> Iterator[PostgresCluster]:
     with ephemeral_cluster() as cluster:
         yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    """A throwaway redis-server on loopback for the whole session."""
+    with ephemeral_redis() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def loopback_ca(tmp_path_factory: pytest.TempPathFactory) -> LoopbackCA:
+    """The CA behind every certificate of the Synapse deployment and its peers."""
+    return LoopbackCA.create(tmp_path_factory.mktemp("loopback-ca"))
+
+
+@pytest.fixture(scope="session")
+def synapse_deployment(
+    pg_cluster: PostgresCluster,
+    redis_server: RedisServer,
+    loopback_ca: LoopbackCA,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SynapseDeployment]:
+    """Synapse 1.163 main on PostgreSQL and Redis, shared by the session.
+
+    Main runs; no federation sender does. A test that starts one (Synapse's own, with
+    ``start_federation_sender()``, or ours as ``instance_name``) stops it again.
+    """
+    deployment = create_deployment(
+        tmp_path_factory.mktemp("synapse"),
+        ca=loopback_ca,
+        cluster=pg_cluster,
+        database_name="synapse_session",
+        redis=RedisAddress(redis_server.host, redis_server.port),
+    )
+    deployment.start()
+    yield deployment
+    deployment.stop()
 
 
 @pytest.fixture

@@ -68,15 +68,22 @@ class FakeQueueControl:
         live = self.states.get(destination)
         backing_off = live is not None and live["state"] == "backing_off"
         if self._engine is not None:
+
             async def clear(conn: AsyncConnection) -> bool:
-                persisted = (await conn.execute(
-                    select(destinations.c.retry_last_ts)
-                    .where(destinations.c.destination == destination))).scalar_one_or_none()
+                persisted = (
+                    await conn.execute(
+                        select(destinations.c.retry_last_ts).where(
+                            destinations.c.destination == destination
+                        )
+                    )
+                ).scalar_one_or_none()
                 if not (persisted or backing_off):
                     return False
                 await conn.execute(
-                    update(destinations).where(destinations.c.destination == destination)
-                    .values(retry_last_ts=0, retry_interval=0, failure_ts=None))
+                    update(destinations)
+                    .where(destinations.c.destination == destination)
+                    .values(retry_last_ts=0, retry_interval=0, failure_ts=None)
+                )
                 return True
 
             backing_off = await run_in_transaction(self._engine, clear)
@@ -85,7 +92,9 @@ class FakeQueueControl:
         if live is not None:
             self.states[destination] = live_state(
                 "sending" if live["pending_pdus"] or live["pending_edus"] else "idle",
-                pending_pdus=live["pending_pdus"], pending_edus=live["pending_edus"])
+                pending_pdus=live["pending_pdus"],
+                pending_edus=live["pending_edus"],
+            )
         self.resets.append(destination)
         return True
 
@@ -116,42 +125,63 @@ async def seed_destinations(
         names.append(name)
         failing = kind in ("failing", "catchup")
         interval = (600_000 if kind == "failing" else 4 * 3_600_000) if failing else 0
-        dest_rows.append({
-            "destination": name,
-            "retry_last_ts": now - rng.randint(1, 300) * 1000 if failing else 0,
-            "retry_interval": interval,
-            "failure_ts": now - rng.randint(3600, 90_000) * 1000 if failing else None,
-            "last_successful_stream_ordering": rng.randint(1, 10_000),
-        })
+        dest_rows.append(
+            {
+                "destination": name,
+                "retry_last_ts": now - rng.randint(1, 300) * 1000 if failing else 0,
+                "retry_interval": interval,
+                "failure_ts": now - rng.randint(3600, 90_000) * 1000 if failing else None,
+                "last_successful_stream_ordering": rng.randint(1, 10_000),
+            }
+        )
         for r in range(rooms_per_destination):
-            room_rows.append({"destination": name, "room_id": f"!room{r}-{i}:example.com",
-                              "stream_ordering": rng.randint(1, 10_000)})
+            room_rows.append(
+                {
+                    "destination": name,
+                    "room_id": f"!room{r}-{i}:example.com",
+                    "stream_ordering": rng.randint(1, 10_000),
+                }
+            )
         for t in range(transactions_per_destination):
             ok = not failing or t > 0
-            txn_rows.append({
-                "txn_id": f"{1_700_000_000_000 + i * 100 + t}", "destination": name,
-                "instance_name": "federation_sender1", "pdu_count": rng.randint(0, 50),
-                "edu_count": rng.randint(0, 10), "request_bytes": rng.randint(200, 90_000),
-                "status": "success" if ok else "transient",
-                "http_status": 200 if ok else None,
-                "started_ts": now - (transactions_per_destination - t) * 60_000,
-                "duration_ms": rng.randint(5, 2000), "catchup": kind == "catchup",
-                "max_stream_ordering": rng.randint(1, 10_000),
-                "pdu_event_ids": json.dumps([f"$ev{i}-{t}"]),
-                "error": None if ok else "connection refused",
-            })
+            txn_rows.append(
+                {
+                    "txn_id": f"{1_700_000_000_000 + i * 100 + t}",
+                    "destination": name,
+                    "instance_name": "federation_sender1",
+                    "pdu_count": rng.randint(0, 50),
+                    "edu_count": rng.randint(0, 10),
+                    "request_bytes": rng.randint(200, 90_000),
+                    "status": "success" if ok else "transient",
+                    "http_status": 200 if ok else None,
+                    "started_ts": now - (transactions_per_destination - t) * 60_000,
+                    "duration_ms": rng.randint(5, 2000),
+                    "catchup": kind == "catchup",
+                    "max_stream_ordering": rng.randint(1, 10_000),
+                    "pdu_event_ids": json.dumps([f"$ev{i}-{t}"]),
+                    "error": None if ok else "connection refused",
+                }
+            )
         if queues is not None:
             if kind == "failing":
-                queues.set_state(name, "backing_off", pending_pdus=rng.randint(1, 40),
-                                 last_error="connection refused",
-                                 next_retry_ts=dest_rows[-1]["retry_last_ts"] + interval)
+                queues.set_state(
+                    name,
+                    "backing_off",
+                    pending_pdus=rng.randint(1, 40),
+                    last_error="connection refused",
+                    next_retry_ts=dest_rows[-1]["retry_last_ts"] + interval,
+                )
             elif kind == "catchup":
                 queues.set_state(name, "catching_up", last_error="timed out")
             elif kind == "busy":
-                queues.set_state(name, "sending", pending_pdus=rng.randint(1, 200),
-                                 pending_edus=rng.randint(0, 50),
-                                 in_flight_txn_id=f"{now}{i}",
-                                 in_flight_age_s=round(rng.uniform(0.1, 30.0), 1))
+                queues.set_state(
+                    name,
+                    "sending",
+                    pending_pdus=rng.randint(1, 200),
+                    pending_edus=rng.randint(0, 50),
+                    in_flight_txn_id=f"{now}{i}",
+                    in_flight_age_s=round(rng.uniform(0.1, 30.0), 1),
+                )
 
     async def write(conn: AsyncConnection) -> None:
         if dest_rows:

@@ -164,8 +164,11 @@ class FakeHomeserver:
         if b.delay_s > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._release.wait(), b.delay_s)
-        if not self.record and b.status == 200 and b.max_body_bytes is None and not (
-            b.reject_event_ids or b.reject_edu_types
+        if (
+            not self.record
+            and b.status == 200
+            and b.max_body_bytes is None
+            and not (b.reject_event_ids or b.reject_edu_types)
         ):
             body = json.loads(raw)
             self.txn_counts[dest] += 1
@@ -200,10 +203,17 @@ class FakeHomeserver:
                 self.pdu_counts[dest] += len(pdus)
         if self.record:
             self.attempts[dest].append(
-                ReceivedTxn(dest, txn_id, str(body.get("origin", "")), pdus, edus, len(raw),
-                            status, duplicate)
+                ReceivedTxn(
+                    dest,
+                    txn_id,
+                    str(body.get("origin", "")),
+                    pdus,
+                    edus,
+                    len(raw),
+                    status,
+                    duplicate,
+                )
             )
         if status == 200:
             return web.json_response({"pdus": {str(p.get("event_id")): {} for p in pdus}})
-        return web.json_response({"errcode": "M_UNKNOWN", "error": f"fake {status}"},
-                                 status=status)
+        return web.json_response({"errcode": "M_UNKNOWN", "error": f"fake {status}"}, status=status)

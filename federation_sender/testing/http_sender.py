@@ -107,10 +107,17 @@ class HttpTransactionSender:
             hit = cache.get(id(p))
             parts.append(hit[1] if hit is not None and hit[0] is p else self._pdu_bytes(p))
         edus = _COMPACT.encode(list(txn.edus)).encode() if txn.edus else b"[]"
-        return b"".join((
-            self._head, str(ts_ms).encode(), b',"pdus":[', b",".join(parts),
-            b'],"edus":', edus, b"}",
-        ))
+        return b"".join(
+            (
+                self._head,
+                str(ts_ms).encode(),
+                b',"pdus":[',
+                b",".join(parts),
+                b'],"edus":',
+                edus,
+                b"}",
+            )
+        )
 
     def _request_url(self, destination: str, txn_id: str) -> URL:
         # Parsed once per base URL; per request only the path is added (as the real
@@ -138,11 +145,19 @@ class HttpTransactionSender:
                 payload = await resp.read()
                 status = resp.status
         except (TimeoutError, asyncio.TimeoutError):  # noqa: UP041 - aiohttp raises either
-            return SendResult(Outcome.TRANSIENT, error="timeout", request_bytes=len(body),
-                              duration_s=self.clock.monotonic_s() - t0)
+            return SendResult(
+                Outcome.TRANSIENT,
+                error="timeout",
+                request_bytes=len(body),
+                duration_s=self.clock.monotonic_s() - t0,
+            )
         except aiohttp.ClientError as e:
-            return SendResult(Outcome.TRANSIENT, error=f"connection: {type(e).__name__}",
-                              request_bytes=len(body), duration_s=self.clock.monotonic_s() - t0)
+            return SendResult(
+                Outcome.TRANSIENT,
+                error=f"connection: {type(e).__name__}",
+                request_bytes=len(body),
+                duration_s=self.clock.monotonic_s() - t0,
+            )
         duration = self.clock.monotonic_s() - t0
         try:
             parsed = json.loads(payload) if payload else {}
@@ -159,8 +174,13 @@ class HttpTransactionSender:
             }
             if self.on_success is not None:
                 self.on_success(txn)
-            return SendResult(Outcome.SUCCESS, status=200, pdu_errors=errors,
-                              request_bytes=len(body), duration_s=duration)
+            return SendResult(
+                Outcome.SUCCESS,
+                status=200,
+                pdu_errors=errors,
+                request_bytes=len(body),
+                duration_s=duration,
+            )
         errcode = parsed.get("errcode")
         error = f"HTTP {status}" + (f" {errcode}" if errcode else "")
         retry_after: float | None = None
@@ -172,7 +192,12 @@ class HttpTransactionSender:
             outcome = Outcome.PERMANENT
         else:
             outcome = Outcome.TRANSIENT
-        return SendResult(outcome, status=status, error=error,
-                          errcode=errcode if isinstance(errcode, str) else None,
-                          retry_after_s=retry_after, request_bytes=len(body),
-                          duration_s=duration)
+        return SendResult(
+            outcome,
+            status=status,
+            error=error,
+            errcode=errcode if isinstance(errcode, str) else None,
+            retry_after_s=retry_after,
+            request_bytes=len(body),
+            duration_s=duration,
+        )

@@ -35,17 +35,25 @@ class RecordingObserver:
         self.states: list[tuple[str, DestinationState, DestinationState]] = []
         self.catchups: list[tuple[str, int]] = []
 
-    def transaction_sent(self, destination: str, txn_id: str, outcome: Outcome,
-                         http_status: int | None, pdu_count: int, edu_count: int,
-                         edu_types: Any, request_bytes: int, duration_s: float,
-                         catchup: bool) -> None:
+    def transaction_sent(
+        self,
+        destination: str,
+        txn_id: str,
+        outcome: Outcome,
+        http_status: int | None,
+        pdu_count: int,
+        edu_count: int,
+        edu_types: Any,
+        request_bytes: int,
+        duration_s: float,
+        catchup: bool,
+    ) -> None:
         self.sent.append((destination, outcome, http_status, pdu_count, edu_count))
 
     def item_dropped(self, destination: str, item_type: str, reason: str) -> None:
         self.dropped.append((destination, item_type, reason))
 
-    def state_changed(self, destination: str, old: DestinationState,
-                      new: DestinationState) -> None:
+    def state_changed(self, destination: str, old: DestinationState, new: DestinationState) -> None:
         self.states.append((destination, old, new))
 
     def backoff_changed(self, destination: str, retry_interval_s: float) -> None:
@@ -87,9 +95,19 @@ class Harness:
     manager: QueueManager | None = None
 
     def make_manager(self, **kw: Any) -> QueueManager:
-        return QueueManager(self.engine, self.sender, self.settings, ME, "fs1", self.clock,
-                            random.Random(1), lambda d: self.shard(d), self.observer,
-                            attempt_deadline_s=kw.pop("attempt_deadline_s", 30.0), **kw)
+        return QueueManager(
+            self.engine,
+            self.sender,
+            self.settings,
+            ME,
+            "fs1",
+            self.clock,
+            random.Random(1),
+            lambda d: self.shard(d),
+            self.observer,
+            attempt_deadline_s=kw.pop("attempt_deadline_s", 30.0),
+            **kw,
+        )
 
     async def start(self, **kw: Any) -> QueueManager:
         self.manager = self.make_manager(**kw)
@@ -129,8 +147,9 @@ class Harness:
 
     async def dest_row(self, d: str) -> Any:
         async with self.engine.connect() as conn:
-            return (await conn.execute(select(s.destinations)
-                                       .where(s.destinations.c.destination == d))).first()
+            return (
+                await conn.execute(select(s.destinations).where(s.destinations.c.destination == d))
+            ).first()
 
     async def txlog(self, d: str | None = None) -> list[Any]:
         q = select(s.federation_transaction_log).order_by(s.federation_transaction_log.c.id)

@@ -38,8 +38,13 @@ class HomeserverWriter:
 
     async def init(self) -> HomeserverWriter:
         async with self.engine.connect() as conn:
-            v = (await conn.execute(select(s.events.c.stream_ordering)
-                                    .order_by(s.events.c.stream_ordering.desc()).limit(1))).scalar()
+            v = (
+                await conn.execute(
+                    select(s.events.c.stream_ordering)
+                    .order_by(s.events.c.stream_ordering.desc())
+                    .limit(1)
+                )
+            ).scalar()
         self.stream_ordering = int(v or 0)
         return self
 
@@ -47,8 +52,14 @@ class HomeserverWriter:
         return json.dumps(ev, separators=(",", ":"))
 
     def _rows(
-        self, room_id: str, sender: str, etype: str, content: dict[str, Any],
-        state_key: str | None, outlier: bool, pad: int,
+        self,
+        room_id: str,
+        sender: str,
+        etype: str,
+        content: dict[str, Any],
+        state_key: str | None,
+        outlier: bool,
+        pad: int,
     ) -> tuple[dict[str, Any], WrittenEvent]:
         self.stream_ordering += 1
         so = self.stream_ordering
@@ -86,8 +97,12 @@ class HomeserverWriter:
         }
         return row, WrittenEvent(so, event_id, room_id)
 
-    async def _write(self, rows: Sequence[dict[str, Any]],
-                     memberships: Sequence[dict[str, Any]], set_extremity: bool) -> None:
+    async def _write(
+        self,
+        rows: Sequence[dict[str, Any]],
+        memberships: Sequence[dict[str, Any]],
+        set_extremity: bool,
+    ) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(insert(s.events), list(rows))
             if memberships:
@@ -98,16 +113,22 @@ class HomeserverWriter:
                     if not r["outlier"]:
                         last[r["room_id"]] = r["event_id"]
                 for room, eid in last.items():
-                    await conn.execute(delete(s.event_forward_extremities)
-                                       .where(s.event_forward_extremities.c.room_id == room))
-                    await conn.execute(insert(s.event_forward_extremities)
-                                       .values(room_id=room, event_id=eid))
+                    await conn.execute(
+                        delete(s.event_forward_extremities).where(
+                            s.event_forward_extremities.c.room_id == room
+                        )
+                    )
+                    await conn.execute(
+                        insert(s.event_forward_extremities).values(room_id=room, event_id=eid)
+                    )
 
-    async def membership(self, room_id: str, user_id: str, membership: str,
-                         sender: str | None = None) -> WrittenEvent:
+    async def membership(
+        self, room_id: str, user_id: str, membership: str, sender: str | None = None
+    ) -> WrittenEvent:
         sender = sender or user_id
-        row, ev = self._rows(room_id, sender, "m.room.member", {"membership": membership},
-                             user_id, False, 0)
+        row, ev = self._rows(
+            room_id, sender, "m.room.member", {"membership": membership}, user_id, False, 0
+        )
         m = {
             "event_id": ev.event_id,
             "event_stream_ordering": ev.stream_ordering,
@@ -123,10 +144,16 @@ class HomeserverWriter:
     async def join(self, room_id: str, user_id: str) -> WrittenEvent:
         return await self.membership(room_id, user_id, "join")
 
-    async def message(self, room_id: str, sender: str, *, outlier: bool = False,
-                      pad: int = 0, set_extremity: bool = True) -> WrittenEvent:
-        row, ev = self._rows(room_id, sender, "m.room.message", {"body": "hi"}, None,
-                             outlier, pad)
+    async def message(
+        self,
+        room_id: str,
+        sender: str,
+        *,
+        outlier: bool = False,
+        pad: int = 0,
+        set_extremity: bool = True,
+    ) -> WrittenEvent:
+        row, ev = self._rows(room_id, sender, "m.room.message", {"body": "hi"}, None, outlier, pad)
         await self._write([row], [], set_extremity and not outlier)
         return ev
 
@@ -135,16 +162,18 @@ class HomeserverWriter:
     ) -> list[WrittenEvent]:
         rows, evs = [], []
         for _ in range(n):
-            row, ev = self._rows(room_id, sender, "m.room.message", {"body": "hi"}, None,
-                                 False, pad)
+            row, ev = self._rows(
+                room_id, sender, "m.room.message", {"body": "hi"}, None, False, pad
+            )
             rows.append(row)
             evs.append(ev)
         if rows:
             await self._write(rows, [], True)
         return evs
 
-    async def messages_in_rooms(self, pairs: Sequence[tuple[str, str]], *,
-                                pad: int = 0) -> list[WrittenEvent]:
+    async def messages_in_rooms(
+        self, pairs: Sequence[tuple[str, str]], *, pad: int = 0
+    ) -> list[WrittenEvent]:
         """One message per (room, sender), written in one transaction."""
         rows, evs = [], []
         for room, sender in pairs:
@@ -160,18 +189,30 @@ class HomeserverWriter:
         for u in user_ids:
             row, ev = self._rows(room_id, u, "m.room.member", {"membership": "join"}, u, False, 0)
             rows.append(row)
-            ms.append({"event_id": ev.event_id, "event_stream_ordering": ev.stream_ordering,
-                       "room_id": room_id, "user_id": u, "server_name": server_of(u),
-                       "sender": u, "membership": "join"})
+            ms.append(
+                {
+                    "event_id": ev.event_id,
+                    "event_stream_ordering": ev.stream_ordering,
+                    "room_id": room_id,
+                    "user_id": u,
+                    "server_name": server_of(u),
+                    "sender": u,
+                    "membership": "join",
+                }
+            )
         await self._write(rows, ms, True)
 
     async def set_extremities(self, room_id: str, event_ids: Sequence[str]) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(delete(s.event_forward_extremities)
-                               .where(s.event_forward_extremities.c.room_id == room_id))
+            await conn.execute(
+                delete(s.event_forward_extremities).where(
+                    s.event_forward_extremities.c.room_id == room_id
+                )
+            )
             for e in event_ids:
-                await conn.execute(insert(s.event_forward_extremities)
-                                   .values(room_id=room_id, event_id=e))
+                await conn.execute(
+                    insert(s.event_forward_extremities).values(room_id=room_id, event_id=e)
+                )
 
     async def mark_partial_state(self, room_id: str) -> None:
         async with self.engine.begin() as conn:
@@ -180,21 +221,36 @@ class HomeserverWriter:
     async def purge_room(self, room_id: str) -> None:
         async with self.engine.begin() as conn:
             await conn.execute(delete(s.events).where(s.events.c.room_id == room_id))
-            await conn.execute(delete(s.event_forward_extremities)
-                               .where(s.event_forward_extremities.c.room_id == room_id))
+            await conn.execute(
+                delete(s.event_forward_extremities).where(
+                    s.event_forward_extremities.c.room_id == room_id
+                )
+            )
 
     async def to_device(self, destination: str, content: dict[str, Any]) -> int:
         self._outbox_stream += 1
         async with self.engine.begin() as conn:
-            await conn.execute(insert(s.device_federation_outbox).values(
-                destination=destination, stream_id=self._outbox_stream, queued_ts=0,
-                messages_json=json.dumps(content)))
+            await conn.execute(
+                insert(s.device_federation_outbox).values(
+                    destination=destination,
+                    stream_id=self._outbox_stream,
+                    queued_ts=0,
+                    messages_json=json.dumps(content),
+                )
+            )
         return self._outbox_stream
 
     async def device_list(self, destination: str, user_id: str, device_id: str) -> int:
         self._outbox_stream += 1
         async with self.engine.begin() as conn:
-            await conn.execute(insert(s.device_lists_outbound_pokes).values(
-                destination=destination, stream_id=self._outbox_stream, user_id=user_id,
-                device_id=device_id, ts=0, content_json=json.dumps({"deleted": False})))
+            await conn.execute(
+                insert(s.device_lists_outbound_pokes).values(
+                    destination=destination,
+                    stream_id=self._outbox_stream,
+                    user_id=user_id,
+                    device_id=device_id,
+                    ts=0,
+                    content_json=json.dumps({"deleted": False}),
+                )
+            )
         return self._outbox_stream

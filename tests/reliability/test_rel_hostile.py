@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from transport.certs import CertFiles, make_certs
 from transport.dns_server import LoopbackDns, start_dns
 
 from federation_sender.app import Worker
@@ -35,6 +34,7 @@ from federation_sender.config import (
 )
 from federation_sender.queue.destination import DestinationState
 from federation_sender.storage.engine import create_engine
+from federation_sender.testing.certs import CertFiles, make_certs
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.queue_writer import HomeserverWriter

@@ -28,7 +28,6 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
-from transport.certs import CertFiles, make_certs
 
 from federation_sender.admin.app import build_admin_app, openapi_document
 from federation_sender.app import (
@@ -50,6 +49,7 @@ from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.testing.admin_fakes import FakeQueueControl
+from federation_sender.testing.certs import CertFiles, make_certs
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.postgres import free_port
 from federation_sender.testing.queue_writer import HomeserverWriter

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from aiohttp import web
 
+from federation_sender.testing.certs import CertFiles, make_certs
 from federation_sender.testing.clock import FakeClock
 from federation_sender.transport.signing import SigningKey
 
-from .certs import CertFiles, make_certs
 from .dns_server import LoopbackDns, start_dns
 
 TLS_NAMES = [

@@ -11,11 +11,11 @@ import pytest
 from aiohttp import web
 
 from federation_sender.clock import SystemClock
+from federation_sender.testing.certs import CertFiles
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import SigningKey, verify_key_lookup, verify_request
 
-from .certs import CertFiles
 from .conftest import LOOPBACK, FakeRemote, RawRemote
 
 ORIGIN = "origin.test"

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from federation_sender.clock import SystemClock
+from federation_sender.testing.certs import CertFiles
 from federation_sender.testing.clock import FakeClock
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.discovery import (
@@ -31,7 +32,6 @@ from federation_sender.transport.dns import DnsError, DnsLookup, SrvAnswer, SrvR
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import SigningKey
 
-from .certs import CertFiles
 from .conftest import LOOPBACK, FakeRemote
 from .dns_server import LoopbackDns
 

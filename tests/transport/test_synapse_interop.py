@@ -20,16 +20,18 @@ from typing import Any
 import pytest
 
 from federation_sender.clock import SystemClock, time_ms
+from federation_sender.testing.certs import LoopbackCA
+from federation_sender.testing.postgres import free_port
+from federation_sender.testing.synapse_client import User
+from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.keyserver import make_key_app
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import SigningKey
 
-from .certs import make_certs
 from .conftest import LOOPBACK
 from .keyserver_thread import ThreadedSite
 from .pdus import make_message_pdu
-from .synapse_harness import Synapse, free_port, make_synapse
 
 
 @dataclass
@@ -38,22 +40,20 @@ class Ours:
     key: SigningKey
 
 
-@dataclass
-class User:
-    user_id: str
-    token: str
-    device_id: str
+@pytest.fixture(scope="module")
+def ca(tmp_path_factory: pytest.TempPathFactory) -> LoopbackCA:
+    return LoopbackCA.create(tmp_path_factory.mktemp("ca"))
 
 
 @pytest.fixture(scope="module")
-def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ours]:
+def ours(tmp_path_factory: pytest.TempPathFactory, ca: LoopbackCA) -> Iterator[Ours]:
     port = free_port()
     # A hostname, not an IP literal: Synapse checks IP-literal server names against
     # its block list without consulting ip_range_whitelist, but resolved names are
     # checked with the allow list.
     name = f"localhost:{port}"
     key = SigningKey.generate("a_interop")
-    certs = make_certs(tmp_path_factory.mktemp("ours-tls"), ["localhost"], self_signed=True)
+    certs = ca.issue(tmp_path_factory.mktemp("ours-tls"), ["localhost"])
     site = ThreadedSite(
         make_key_app(server_name=name, signing_key=key, clock=SystemClock()),
         certs.server_context(),
@@ -65,26 +65,30 @@ def ours(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ours]:
 
 
 @pytest.fixture(scope="module")
-def synapse(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Synapse]:
-    server = make_synapse(Path(tmp_path_factory.mktemp("synapse")))
+def synapse(
+    tmp_path_factory: pytest.TempPathFactory, ca: LoopbackCA
+) -> Iterator[SynapseDeployment]:
+    """One Synapse process on SQLite, sending federation itself (no workers)."""
+    server = create_deployment(Path(tmp_path_factory.mktemp("synapse")), ca=ca)
     server.start()
     yield server
     server.stop()
 
 
 @pytest.fixture(scope="module")
-def alice(synapse: Synapse) -> User:
-    r = synapse.register("alice", "correct horse battery")
-    return User(r["user_id"], r["access_token"], r["device_id"])
+def alice(synapse: SynapseDeployment) -> User:
+    return synapse.client.register("alice", "correct horse battery")
 
 
-def client_for(ours: Ours, synapse: Synapse, key: SigningKey | None = None) -> FederationClient:
+def client_for(
+    ours: Ours, synapse: SynapseDeployment, key: SigningKey | None = None
+) -> FederationClient:
     return FederationClient(
         server_name=ours.server_name,
         signing_key=key or ours.key,
         clock=SystemClock(),
         attempt_timeout_s=15.0,
-        tls_extra_ca_file=str(synapse.certs.ca_cert),  # Synapse's self-signed cert
+        tls_extra_ca_file=str(synapse.ca_cert),  # the test CA
         ip_allow_list=LOOPBACK,
     )
 
@@ -101,16 +105,16 @@ def to_device_edu(ours: Ours, user: User, message: dict[str, Any]) -> dict[str, 
     }
 
 
-async def sync(synapse: Synapse, user: User, since: str | None) -> dict[str, Any]:
+async def sync(synapse: SynapseDeployment, user: User, since: str | None) -> dict[str, Any]:
     query = {"timeout": "0"}
     if since:
         query["since"] = since
     path = "/_matrix/client/v3/sync?" + urllib.parse.urlencode(query)
-    return await asyncio.to_thread(synapse.call, "GET", path, None, user.token)
+    return await asyncio.to_thread(synapse.client.call, "GET", path, None, user.access_token)
 
 
 async def to_device_events(
-    synapse: Synapse, user: User, since: str | None, wait_s: float
+    synapse: SynapseDeployment, user: User, since: str | None, wait_s: float
 ) -> tuple[list[dict[str, Any]], str]:
     """Sync until to-device events arrive or ``wait_s`` passes."""
     loop = asyncio.get_running_loop()
@@ -125,7 +129,7 @@ async def to_device_events(
 
 
 async def test_to_device_edu_and_unknown_room_pdu_delivered_once(
-    ours: Ours, synapse: Synapse, alice: User
+    ours: Ours, synapse: SynapseDeployment, alice: User
 ) -> None:
     _, since = await to_device_events(synapse, alice, None, 0)
     marker = uuid.uuid4().hex
@@ -145,7 +149,7 @@ async def test_to_device_edu_and_unknown_room_pdu_delivered_once(
     )
     async with client_for(ours, synapse) as client:
         result = await client.send_transaction(txn)
-        assert result.outcome is Outcome.SUCCESS, (result, synapse.log_tail())
+        assert result.outcome is Outcome.SUCCESS, (result, synapse.main.log_tail())
         assert result.pdu_errors == {}  # a valid PDU for an unknown room is dropped quietly
 
         events, since = await to_device_events(synapse, alice, since, 5.0)
@@ -159,20 +163,14 @@ async def test_to_device_edu_and_unknown_room_pdu_delivered_once(
 
 
 async def test_pdu_with_bad_signature_is_reported_per_pdu(
-    ours: Ours, synapse: Synapse, alice: User
+    ours: Ours, synapse: SynapseDeployment, alice: User
 ) -> None:
-    room = await asyncio.to_thread(
-        synapse.call,
-        "POST",
-        "/_matrix/client/v3/createRoom",
-        {"room_version": "10", "preset": "public_chat"},
-        alice.token,
-    )
+    room_id = await asyncio.to_thread(synapse.client.create_room, alice, room_version="10")
     forger = SigningKey.generate(ours.key.version)
     event_id, pdu = make_message_pdu(
         ours.key,
         ours.server_name,
-        room_id=room["room_id"],
+        room_id=room_id,
         sender=f"@bob:{ours.server_name}",
         body="forged",
         ts_ms=time_ms(SystemClock()),
@@ -181,13 +179,13 @@ async def test_pdu_with_bad_signature_is_reported_per_pdu(
     txn = Transaction(synapse.server_name, f"bad-pdu-{uuid.uuid4().hex}", [pdu], [])
     async with client_for(ours, synapse) as client:
         result = await client.send_transaction(txn)
-    assert result.outcome is Outcome.SUCCESS, (result, synapse.log_tail())
+    assert result.outcome is Outcome.SUCCESS, (result, synapse.main.log_tail())
     assert set(result.pdu_errors) == {event_id}, result
     assert client.stats.pdu_errors == 1
 
 
 async def test_wrongly_signed_request_is_refused_and_classified_permanent(
-    ours: Ours, synapse: Synapse, alice: User
+    ours: Ours, synapse: SynapseDeployment, alice: User
 ) -> None:
     impostor = SigningKey.generate(ours.key.version)  # same key id, other secret
     txn = Transaction(
@@ -198,7 +196,7 @@ async def test_wrongly_signed_request_is_refused_and_classified_permanent(
     )
     async with client_for(ours, synapse, key=impostor) as client:
         result = await client.send_transaction(txn)
-    assert result.outcome is Outcome.PERMANENT, (result, synapse.log_tail())
+    assert result.outcome is Outcome.PERMANENT, (result, synapse.main.log_tail())
     assert (result.status, result.errcode) == (401, "M_UNAUTHORIZED")
     events, _ = await to_device_events(synapse, alice, None, 0)
     assert all(e["content"] != {"forged": True} for e in events)
