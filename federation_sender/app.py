@@ -101,6 +101,7 @@ def build_federation_client(settings: Settings, key: SigningKey, clock: Clock) -
         tls_verify=f.verify_tls,
         tls_extra_ca_file=f.extra_ca_file,
         ip_allow_list=f.ip_allow_list,
+        ip_deny_list=f.ip_deny_list,
         destination_overrides=f.destination_overrides or None,
         plain_http=not f.use_tls,
     )

@@ -30,6 +30,17 @@ def _add_config_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_synapse_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--synapse-config",
+        metavar="FILE",
+        action="append",
+        default=None,
+        help="Synapse's homeserver.yaml (repeat for a worker file): run beside Synapse, "
+        "on its database and Redis (docs/synapse.md)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="federation-sender",
@@ -40,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("worker", help="run the federation sender worker")
     _add_config_arg(p)
+    _add_synapse_arg(p)
     p.add_argument(
         "--no-migrate",
         action="store_true",
@@ -48,10 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("migrate", help="upgrade the database schema (idempotent)")
     _add_config_arg(p)
+    _add_synapse_arg(p)
     p.add_argument("--revision", default="head", help="target revision (default: head)")
 
     p = sub.add_parser("check-config", help="validate the configuration and print it")
     _add_config_arg(p)
+    _add_synapse_arg(p)
 
     p = sub.add_parser("generate-key", help="write a new ed25519 signing key file")
     p.add_argument("path", help="where to write the key file (mode 0600)")
@@ -81,7 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _load(args: argparse.Namespace) -> Settings:
-    return load_settings(getattr(args, "config", None))
+    settings = load_settings(getattr(args, "config", None))
+    synapse_files = getattr(args, "synapse_config", None)
+    if synapse_files:
+        from federation_sender.synapse.config import load_synapse_config, merge_settings
+
+        settings = merge_settings(settings, load_synapse_config(synapse_files))
+    return settings
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -121,6 +141,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(json.dumps(data, indent=2, sort_keys=True))
         return 0
     if cmd == "migrate":
+        if args.synapse_config:
+            return asyncio.run(_migrate_beside_synapse(settings, args.revision))
         return asyncio.run(_migrate(settings, args.revision))
     if cmd == "worker":
         from federation_sender.app import run_worker
@@ -152,6 +174,28 @@ async def _migrate(settings: Settings, revision: str) -> int:
         print(f"database already at revision {after}")
     else:
         print(f"database migrated from {before or 'empty'} to {after}")
+    return 0
+
+
+async def _migrate_beside_synapse(settings: Settings, revision: str) -> int:
+    from federation_sender.synapse.database import (
+        OWN_SCHEMA,
+        create_synapse_engine,
+        own_revision,
+        upgrade_own_schema,
+    )
+
+    engine = create_synapse_engine(settings.database.url)
+    try:
+        before = await own_revision(engine)
+        await upgrade_own_schema(engine, revision)
+        after = await own_revision(engine)
+    finally:
+        await engine.dispose()
+    if before == after:
+        print(f"schema {OWN_SCHEMA} already at revision {after}")
+    else:
+        print(f"schema {OWN_SCHEMA} migrated from {before or 'empty'} to {after}")
     return 0
 
 

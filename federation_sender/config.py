@@ -53,6 +53,9 @@ class FederationSettings:
     extra_ca_file: str | None = None
     ip_allow_list: list[str] = field(default_factory=list)
     """CIDRs outbound federation may reach even though they are private/reserved."""
+    ip_deny_list: list[str] = field(default_factory=list)
+    """CIDRs refused in addition to the built-in private/reserved ranges (the allow list
+    still wins, as with Synapse's ``ip_range_blacklist``/``ip_range_whitelist``)."""
     request_timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
     max_response_bytes: int = 1_048_576

@@ -18,8 +18,9 @@ Every address is therefore checked *after* name resolution, at three points:
 
 Refused by default: every address that is not globally routable (private, loopback,
 link-local, CGNAT, documentation, benchmarking, reserved, unique-local, site-local,
-IPv4-mapped/translated forms), plus multicast and unspecified addresses. An explicit
-allow list (CIDR networks) overrides the refusal; tests allow ``127.0.0.0/8`` and
+IPv4-mapped/translated forms), plus multicast and unspecified addresses, plus an
+optional deny list of extra networks. An explicit allow list (CIDR networks) overrides
+the refusal; tests allow ``127.0.0.0/8`` and
 ``::1``. IPv4-mapped IPv6 addresses are judged as the IPv4 address they carry.
 """
 
@@ -92,9 +93,14 @@ def _normalise(ip: IPAddress) -> IPAddress:
 class AddressFilter:
     """Decides whether an IP address may be connected to."""
 
-    def __init__(self, allow: Sequence[IPNetwork | str] = ()) -> None:
+    def __init__(
+        self, allow: Sequence[IPNetwork | str] = (), deny: Sequence[IPNetwork | str] = ()
+    ) -> None:
         self._allow: tuple[IPNetwork, ...] = tuple(
             n if not isinstance(n, str) else ipaddress.ip_network(n, strict=False) for n in allow
+        )
+        self._deny: tuple[IPNetwork, ...] = DENIED_NETWORKS + tuple(
+            n if not isinstance(n, str) else ipaddress.ip_network(n, strict=False) for n in deny
         )
 
     @property
@@ -110,7 +116,7 @@ class AddressFilter:
             return True
         if ip.is_multicast or ip.is_unspecified or ip.is_reserved or not ip.is_global:
             return False
-        return not any(ip.version == n.version and ip in n for n in DENIED_NETWORKS)
+        return not any(ip.version == n.version and ip in n for n in self._deny)
 
     def check(self, address: str | IPAddress) -> None:
         """Raise :class:`AddressRefusedError` if ``address`` may not be used."""

@@ -108,6 +108,7 @@ class FederationClient:
         tls_verify: bool = True,
         tls_extra_ca_file: str | None = None,
         ip_allow_list: Sequence[IPNetwork | str] = (),
+        ip_deny_list: Sequence[IPNetwork | str] = (),
         nameservers: Sequence[Nameserver] | None = None,
         well_known_port: int = 443,
         destination_overrides: Mapping[str, str] | None = None,
@@ -140,7 +141,7 @@ class FederationClient:
         self._ssl: ssl.SSLContext | bool = make_ssl_context(
             verify=tls_verify, extra_ca_file=tls_extra_ca_file
         )
-        self._filter = AddressFilter(ip_allow_list)
+        self._filter = AddressFilter(ip_allow_list, ip_deny_list)
         self._dns = DnsLookup(nameservers)
         self._explicit_nameservers = bool(nameservers)
         self._well_known_port = well_known_port

@@ -30,6 +30,7 @@ no other way to fail.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import secrets
@@ -54,6 +55,10 @@ from federation_sender.errors import LocalPermanentError, RemotePermanentError
 ED25519 = "ed25519"
 _KEY_VERSION_RE = re.compile(r"^[A-Za-z0-9_]+$")
 _FORBIDDEN_KEY_FILE_BITS = stat.S_IRWXO | stat.S_IWGRP
+# Synapse writes its key file 0644; beside Synapse, others' read access is its choice.
+_READ_BY_OTHERS = stat.S_IROTH
+
+log = logging.getLogger(__name__)
 """Other users may not touch the file at all; the group may at most read it."""
 
 
@@ -139,25 +144,39 @@ def format_key_file(keys: Iterable[SigningKey]) -> str:
     return "".join(f"{ED25519} {k.version} {encode_signing_key_base64(k.raw)}\n" for k in keys)
 
 
-def check_key_file_permissions(path: Path) -> None:
-    """Refuse a key file that is not a regular file or that others can read or write."""
+def check_key_file_permissions(path: Path, *, others_may_read: bool = False) -> None:
+    """Refuse a key file that is not a regular file or that others can read or write.
+
+    ``others_may_read`` (Synapse's own key file, which Synapse writes with mode 0644):
+    read access for others is only warned about; write or execute access is still
+    refused."""
     try:
         st = path.stat()
     except OSError as e:
         raise KeyFileError(f"cannot stat signing key file {str(path)!r}: {e.strerror}") from e
     if not stat.S_ISREG(st.st_mode):
         raise KeyFileError(f"signing key file {str(path)!r} is not a regular file")
-    if st.st_mode & _FORBIDDEN_KEY_FILE_BITS:
+    forbidden = st.st_mode & _FORBIDDEN_KEY_FILE_BITS
+    if others_may_read and forbidden == _READ_BY_OTHERS:
+        log.warning(
+            "signing key file %s has mode %o (as Synapse writes it); consider chmod 640",
+            path,
+            stat.S_IMODE(st.st_mode),
+        )
+        return
+    if forbidden:
         raise KeyFileError(
             f"signing key file {str(path)!r} has mode {stat.S_IMODE(st.st_mode):o}; "
             "other users must have no access (try: chmod 600)"
         )
 
 
-def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
+def load_signing_key(
+    path: str | os.PathLike[str], *, others_may_read: bool = False
+) -> SigningKey:
     """Load the first (signing) key of a key file after checking its permissions."""
     p = Path(path)
-    check_key_file_permissions(p)
+    check_key_file_permissions(p, others_may_read=others_may_read)
     try:
         text = p.read_text(encoding="ascii")
     except (OSError, UnicodeDecodeError) as e:

@@ -1,0 +1,140 @@
+"""Our schema beside Synapse's: migrate never touches a Synapse table, and the start-up
+check refuses databases we do not support with one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from backend_support import (  # noqa: F401
+    synapse_db_url_fixture,
+    synapse_engine_fixture,
+    synapse_template_fixture,
+)
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from federation_sender.cli import main
+from federation_sender.errors import SchemaVersionError
+from federation_sender.storage.engine import create_engine
+from federation_sender.synapse.database import (
+    OWN_SCHEMA,
+    check_own_schema,
+    check_synapse,
+    own_head,
+    own_revision,
+    upgrade_own_schema,
+)
+
+pytestmark = pytest.mark.postgres
+
+_COLUMNS = text(
+    "SELECT table_schema, table_name, column_name, data_type, is_nullable, "
+    "column_default FROM information_schema.columns "
+    "WHERE table_schema NOT IN ('pg_catalog', 'information_schema', :own) "
+    "ORDER BY 1, 2, 3"
+)
+_INDEXES = text(
+    "SELECT schemaname, tablename, indexname, indexdef FROM pg_indexes "
+    "WHERE schemaname NOT IN ('pg_catalog', :own) ORDER BY 1, 2, 3"
+)
+
+
+async def _synapse_shape(engine: AsyncEngine) -> tuple[list[tuple[object, ...]], ...]:
+    async with engine.connect() as conn:
+        cols = [tuple(r) for r in await conn.execute(_COLUMNS, {"own": OWN_SCHEMA})]
+        idx = [tuple(r) for r in await conn.execute(_INDEXES, {"own": OWN_SCHEMA})]
+    return cols, idx
+
+
+async def test_migrate_creates_only_our_schema(synapse_engine: AsyncEngine) -> None:
+    before = await _synapse_shape(synapse_engine)
+    assert len(before[0]) > 500  # Synapse's schema is there
+    with pytest.raises(SchemaVersionError, match="not initialised"):
+        await check_own_schema(synapse_engine)
+    await upgrade_own_schema(synapse_engine)
+    await upgrade_own_schema(synapse_engine)  # idempotent
+    assert await own_revision(synapse_engine) == own_head()
+    await check_own_schema(synapse_engine)
+    assert await _synapse_shape(synapse_engine) == before
+    async with synapse_engine.connect() as conn:
+        ours = set(
+            (
+                await conn.execute(
+                    text("SELECT table_name FROM information_schema.tables WHERE table_schema=:s"),
+                    {"s": OWN_SCHEMA},
+                )
+            ).scalars()
+        )
+        assert ours == {
+            "alembic_version",
+            "federation_transaction_log",
+            "federation_sender_instances",
+            "destination_leases",
+            "stream_positions",
+        }
+        # Unqualified names: ours first, Synapse's for everything else.
+        where = text(
+            "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE c.oid = CAST(:t AS regclass)"
+        )
+        assert (await conn.execute(where, {"t": "stream_positions"})).scalar() == OWN_SCHEMA
+        assert (await conn.execute(where, {"t": "destinations"})).scalar() == "public"
+        assert (await conn.execute(where, {"t": "federation_stream_position"})).scalar() == (
+            "public"
+        )
+
+
+async def test_synapse_version_check(synapse_engine: AsyncEngine) -> None:
+    assert await check_synapse(synapse_engine) == (94, 84)
+    async with synapse_engine.begin() as conn:
+        await conn.execute(text("UPDATE schema_compat_version SET compat_version = 95"))
+    with pytest.raises(SchemaVersionError) as e:
+        await upgrade_own_schema(synapse_engine)
+    assert "newer than this federation sender supports" in str(e.value)
+    async with synapse_engine.begin() as conn:
+        await conn.execute(text("UPDATE schema_compat_version SET compat_version = 84"))
+        await conn.execute(text("UPDATE schema_version SET version = 93"))
+    with pytest.raises(SchemaVersionError, match="older than 94"):
+        await check_synapse(synapse_engine)
+    async with synapse_engine.connect() as conn:
+        assert not (
+            await conn.execute(
+                text("SELECT count(*) FROM pg_namespace WHERE nspname = :s"), {"s": OWN_SCHEMA}
+            )
+        ).scalar()
+
+
+async def test_not_a_synapse_database(pg_url: str) -> None:
+    engine = create_engine(pg_url)
+    try:
+        with pytest.raises(SchemaVersionError, match="not a Synapse database"):
+            await check_synapse(engine)
+    finally:
+        await engine.dispose()
+
+
+def test_cli_migrate_with_synapse_config(
+    synapse_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    u = make_url(synapse_db_url)
+    hs = {
+        "server_name": "example.org",
+        "signing_key_path": str(tmp_path / "signing.key"),
+        "database": {
+            "name": "psycopg2",
+            "args": {"user": u.username, "host": u.host, "port": u.port, "dbname": u.database},
+        },
+        "redis": {"enabled": True},
+        "federation_sender_instances": ["fed1"],
+    }
+    (tmp_path / "hs.yaml").write_text(json.dumps(hs))
+    (tmp_path / "ours.yaml").write_text("instance_name: fed1\n")
+    ours, hs_file = str(tmp_path / "ours.yaml"), str(tmp_path / "hs.yaml")
+    argv = ["migrate", "-c", ours, "--synapse-config", hs_file]
+    assert main(argv) == 0
+    assert "schema federation_sender migrated from empty to" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "already at revision" in capsys.readouterr().out
