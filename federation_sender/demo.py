@@ -44,7 +44,7 @@ from federation_sender.sim.remotes import RemoteFleet, RemoteRecord
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.telemetry.logging import setup_logging
-from federation_sender.testing.postgres import free_port
+from federation_sender.testing.ports import free_port
 from federation_sender.transport.signing import verify_key_lookup
 
 SERVER_NAME = "demo.local"

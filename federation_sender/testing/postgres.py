@@ -12,12 +12,13 @@ import contextlib
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+
+from federation_sender.testing.ports import free_port
 
 
 def find_pg_bin() -> Path:
@@ -33,22 +34,6 @@ def find_pg_bin() -> Path:
         subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=True, env=env)
         return find_pg_bin()
     raise RuntimeError("PostgreSQL binaries not found; install the 'postgresql' package")
-
-
-def free_port(below: int = 32768) -> int:
-    """A free loopback TCP port below ``below`` (outside the ephemeral range)."""
-    import random
-
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randint(20000, below - 1)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port found")
 
 
 @dataclass

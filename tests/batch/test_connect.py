@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from federation_sender.testing.ports import free_port
 from federation_sender.testing.prereq import require_module, unavailable
 
 from .histories import OUR, expected_diff, load_pg, scenario
@@ -33,11 +34,6 @@ require_module("zstandard", "the Spark Connect client: pip install 'pyspark[conn
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 START_TIMEOUT_S = 90.0
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _listening(port: int) -> bool:
@@ -92,7 +88,7 @@ def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Connect
     spark_home = Path(pyspark.__file__).parent
     script = spark_home / "sbin" / "start-connect-server.sh"
     work = tmp_path_factory.mktemp("spark-connect")
-    port = _free_port()
+    port = free_port()
     env = dict(
         os.environ,
         SPARK_HOME=str(spark_home),

@@ -49,7 +49,8 @@ from federation_sender.sim.publish import WriterPublisher
 from federation_sender.sim.remotes import RemoteFleet
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
-from federation_sender.testing.postgres import PostgresCluster, free_port
+from federation_sender.testing.ports import free_port
+from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.transport.signing import generate_key_file, verify_key_lookup
 
 SERVER_NAME = "sim.local"

@@ -51,7 +51,7 @@ from federation_sender.telemetry.logging import setup_logging
 from federation_sender.testing.admin_fakes import FakeQueueControl
 from federation_sender.testing.certs import CertFiles, make_certs
 from federation_sender.testing.clock import FakeClock
-from federation_sender.testing.postgres import free_port
+from federation_sender.testing.ports import free_port
 from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import KeyFileError, SigningKey, parse_x_matrix

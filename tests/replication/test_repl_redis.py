@@ -21,6 +21,7 @@ from federation_sender.replication.redis import RedisTransport, RedisWriterBridg
 from federation_sender.replication.rows import EventRow, TypingRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.testing.captures import capture_lines
+from federation_sender.testing.ports import free_port
 from federation_sender.testing.prereq import missing
 from federation_sender.testing.replication import (
     InMemoryPositionStore,
@@ -31,19 +32,13 @@ from federation_sender.testing.replication import (
 SERVER = "localhost:28448"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
 
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         missing("redis-server (Debian package redis-server)")
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.Popen(
             [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp],

@@ -21,7 +21,7 @@ import pytest
 
 from federation_sender.clock import SystemClock, time_ms
 from federation_sender.testing.certs import LoopbackCA
-from federation_sender.testing.postgres import free_port
+from federation_sender.testing.ports import free_port
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.transport.client import FederationClient

@@ -9,7 +9,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from worker_harness import MainProcess
 
 from federation_sender.testing.fake_homeserver import FakeHomeserver
-from federation_sender.testing.postgres import free_port
+from federation_sender.testing.ports import free_port
 
 
 @pytest.fixture

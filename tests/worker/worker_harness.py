@@ -20,7 +20,7 @@ from federation_sender.replication.rows import EventRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.testing.fake_homeserver import FakeHomeserver
-from federation_sender.testing.postgres import free_port
+from federation_sender.testing.ports import free_port
 from federation_sender.testing.queue_writer import HomeserverWriter, WrittenEvent
 
 LOCAL = "local.test"
