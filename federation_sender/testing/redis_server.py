@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from federation_sender.clock import SystemClock
-from federation_sender.testing.postgres import free_port
+from federation_sender.testing.ports import free_port
 
 START_TIMEOUT_S = 10.0
 

@@ -38,7 +38,8 @@ from typing import Any
 
 from federation_sender.clock import SystemClock
 from federation_sender.testing.certs import CertFiles, LoopbackCA
-from federation_sender.testing.postgres import PostgresCluster, free_port
+from federation_sender.testing.ports import free_port
+from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.synapse_client import SynapseClient
 from federation_sender.testing.synapse_config import (
     PostgresDatabase,
