@@ -1,6 +1,8 @@
 """Glue between subsystems that were built against narrow interfaces.
 
-* :class:`WorkerReplicationHandler`: replication rows -> queue engine calls.
+* :class:`WorkerReplicationHandler`: replication rows -> queue engine calls (typing and
+  receipts through :mod:`federation_sender.edus`).
+* :class:`NativeRoomHosts`: current hosts and event metadata on the native schema.
 * :class:`DbPositionStore`: the replication client's per-(stream, writer) positions in
   ``stream_positions``, namespaced by our instance name so several workers can share
   one database.
@@ -11,7 +13,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import select
@@ -19,6 +21,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.admin.protocols import LiveState
 from federation_sender.clock import Clock, time_ms
+from federation_sender.edus import EventMeta, RoomHosts
+from federation_sender.edus.receipts import ReceiptFanout
+from federation_sender.edus.typing_edus import TypingFanout
 from federation_sender.queue import DestinationState, DestinationStatus, FederationEdu, QueueManager
 from federation_sender.replication.rows import (
     DeviceListsRow,
@@ -29,11 +34,12 @@ from federation_sender.replication.rows import (
     ReceiptsRow,
     Row,
     ToDeviceRow,
+    TypingRow,
 )
 from federation_sender.storage import positions as pos
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.rooms import joined_servers_at
-from federation_sender.storage.schema import device_lists_outbound_pokes, stream_positions
+from federation_sender.storage.schema import device_lists_outbound_pokes, events, stream_positions
 from federation_sender.telemetry.metrics import Metrics, QueueSnapshot
 
 log = logging.getLogger(__name__)
@@ -68,6 +74,7 @@ class WorkerReplicationHandler:
         clock: Clock,
         metrics: Metrics | None = None,
         on_events_token: Callable[[int], None] | None = None,
+        room_hosts: RoomHosts | None = None,
     ) -> None:
         self._m = manager
         self._on_events_token = on_events_token
@@ -76,6 +83,14 @@ class WorkerReplicationHandler:
         self._clock = clock
         self._metrics = metrics
         self.rows_seen = 0
+        hosts = room_hosts or NativeRoomHosts(engine)
+        self.typing = TypingFanout(server_name, hosts, manager, clock)
+        self.receipts = ReceiptFanout(server_name, hosts, manager, clock)
+
+    def background(self) -> dict[str, Callable[[], Awaitable[None]]]:
+        """Loops to run beside the replication client (typing re-sends, receipt
+        wake-ups), by name."""
+        return {"typing-resend": self.typing.run, "receipt-wakeups": self.receipts.wakeups.run}
 
     async def on_rows(
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
@@ -103,7 +118,9 @@ class WorkerReplicationHandler:
                 for dest in await self._device_list_destinations(users):
                     self._m.notify_outbox(dest)
         elif stream_name == "receipts":
-            await self._receipts([r for r in rows if isinstance(r, ReceiptsRow)])
+            await self.receipts.on_rows(r for r in rows if isinstance(r, ReceiptsRow))
+        elif stream_name == "typing":
+            await self.typing.on_rows(token, (r for r in rows if isinstance(r, TypingRow)))
 
     async def _federation(self, token: int, rows: Sequence[Row]) -> None:
         edus: list[FederationEdu] = []
@@ -133,32 +150,33 @@ class WorkerReplicationHandler:
 
         return await run_in_transaction(self._engine, fn)
 
-    async def _receipts(self, rows: list[ReceiptsRow]) -> None:
-        local = [r for r in rows if server_of(r.user_id) == self._server_name]
-        if not local:
-            return
-        rooms = {r.room_id for r in local}
-
-        async def fn(conn: AsyncConnection) -> dict[str, frozenset[str]]:
-            return {room: await joined_servers_at(conn, room, LATEST) for room in rooms}
-
-        hosts = await run_in_transaction(self._engine, fn)
-        for r in local:
-            data = dict(r.data)
-            if r.thread_id is not None:
-                data["thread_id"] = r.thread_id
-            for dest in hosts.get(r.room_id, frozenset()):
-                if dest != self._server_name:
-                    self._m.enqueue_receipt(
-                        dest,
-                        r.room_id,
-                        r.receipt_type,
-                        r.user_id,
-                        {"event_ids": [r.event_id], "data": data},
-                    )
-
     async def on_remote_server_up(self, server: str) -> None:
         await self._m.remote_server_up(server)
+
+
+class NativeRoomHosts:
+    """Implements :class:`federation_sender.edus.RoomHosts` on the native schema: the
+    hosts from the membership replay, the event's ``origin_server_ts`` as its
+    reception time (the native schema keeps no other)."""
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self._engine = engine
+
+    async def current_hosts(self, room_id: str) -> frozenset[str]:
+        async def fn(conn: AsyncConnection) -> frozenset[str]:
+            return await joined_servers_at(conn, room_id, LATEST)
+
+        return await run_in_transaction(self._engine, fn)
+
+    async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
+        async def fn(conn: AsyncConnection) -> EventMeta | None:
+            q = select(events.c.sender, events.c.origin_server_ts).where(
+                events.c.event_id == event_id, events.c.room_id == room_id
+            )
+            row = (await conn.execute(q)).first()
+            return None if row is None else EventMeta(str(row[0]), int(row[1]))
+
+        return await run_in_transaction(self._engine, fn)
 
 
 class DbPositionStore:

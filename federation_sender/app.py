@@ -58,7 +58,9 @@ from federation_sender.transport.signing import SigningKey, generate_key_file, l
 
 log = logging.getLogger(__name__)
 
-CONSUMED_STREAMS = ("events", "federation", "to_device", "device_lists", "receipts")
+CONSUMED_STREAMS = (
+    "events", "federation", "to_device", "device_lists", "receipts", "typing"
+)
 
 
 def load_or_create_signing_key(path: str) -> SigningKey:
@@ -253,6 +255,8 @@ class Worker:
 
             self.manager.set_federation_ack(ack)
             self.supervisor.start("replication", client.run, restart=True)
+            for name, loop in handler.background().items():
+                self.supervisor.start(name, loop, restart=True)
         if s.admin.enabled:
             app = build_admin_app(
                 engine=self.engine,

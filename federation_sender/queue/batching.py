@@ -4,7 +4,8 @@ A transaction carries at most ``max_pdus`` PDUs and ``max_edus`` EDUs and its es
 body stays under ``max_bytes`` (an item larger than the budget on its own still goes,
 alone, so it can be refused with 413 and dropped rather than stall the queue). EDUs go
 in this order: presence, receipts, to-device (leaving slots for device-list updates),
-device lists, other EDUs, keyed EDUs.
+device lists, other EDUs, keyed EDUs. As in Synapse, one presence EDU carries at most
+50 states and at most 5 receipt EDUs go in one transaction.
 
 :meth:`Batch.split` halves a batch; the queue uses it on 413 and to isolate the item a
 destination keeps refusing.
@@ -12,6 +13,7 @@ destination keeps refusing.
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -28,6 +30,9 @@ from federation_sender.queue.items import (
 TXN_OVERHEAD_BYTES = 160
 """origin, origin_server_ts, the two array brackets and keys."""
 
+MAX_PRESENCE_STATES_PER_EDU = 50
+"""Synapse's bound on one ``m.presence`` EDU; the rest waits for the next transaction."""
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
@@ -36,6 +41,9 @@ class Limits:
     max_bytes: int = 4_000_000
     device_list_reserve: int = 10
     """EDU slots kept from to-device messages while device-list updates wait."""
+    max_receipt_edus: int = 5
+    """Receipt EDUs per transaction (Synapse's limit): a burst of receipts cannot crowd
+    out to-device messages and device-list updates."""
 
     @classmethod
     def from_settings(cls, q: QueueSettings) -> Limits:
@@ -174,19 +182,27 @@ def take_edus(
     room = limits.max_edus
 
     if pending.presence and room > 0:
-        edu = make_edu(EduKind.PRESENCE, "m.presence", {"push": list(pending.presence.values())})
+        users = list(itertools.islice(pending.presence, MAX_PRESENCE_STATES_PER_EDU))
+        edu = make_edu(
+            EduKind.PRESENCE, "m.presence", {"push": [pending.presence[u] for u in users]}
+        )
         if budget.fits(edu.size):
-            pending.presence.clear()
+            for u in users:
+                del pending.presence[u]
             budget.add(edu.size)
             edus.append(edu)
             room -= 1
-    if pending.receipts and room > 0:
-        edu = make_edu(EduKind.RECEIPT, "m.receipt", dict(pending.receipts))
-        if budget.fits(edu.size):
-            pending.receipts.clear()
-            budget.add(edu.size)
-            edus.append(edu)
-            room -= 1
+    receipts = pending.receipts
+    receipt_room = limits.max_receipt_edus
+    while receipts and room > 0 and receipt_room > 0:
+        edu = make_edu(EduKind.RECEIPT, "m.receipt", receipts[0])
+        if not budget.fits(edu.size):
+            break
+        del receipts[0]
+        budget.add(edu.size)
+        edus.append(edu)
+        room -= 1
+        receipt_room -= 1
 
     reserve = min(len(pending.device_lists), limits.device_list_reserve)
     _drain(pending.to_device, max(0, room - reserve), budget, edus)

@@ -1,10 +1,12 @@
 """What a destination queue holds: PDUs and EDUs waiting for a transaction.
 
 Memory is proportional to what is pending: presence is one entry per user (latest
-wins), receipts are merged per room/type/user, keyed EDUs clobber by ``(type, key)``
-(typing per room), and outbox EDUs are only a window read from the database. Volatile
-items (everything except outbox rows) are dropped when the queue falls back to
-catch-up; outbox rows stay in the database until a 200 and are read again.
+wins), receipts are merged per room/type/user/thread (as Synapse does: a receipt of the
+same room, type and user for another thread goes into the next receipt EDU, so none is
+lost), keyed EDUs clobber by ``(type, key)`` (typing per room and user), and outbox
+EDUs are only a window read from the database. Volatile items (everything except
+outbox rows) are dropped when the queue falls back to catch-up; outbox rows stay in
+the database until a 200 and are read again.
 """
 
 from __future__ import annotations
@@ -66,11 +68,17 @@ def make_edu(kind: EduKind, edu_type: str, content: JsonDict,
     return EduItem(kind, edu_type, content, json_size(content) + len(edu_type) + 30, outbox_key)
 
 
+def _thread_of(receipt: JsonDict) -> object:
+    data = receipt.get("data")
+    return data.get("thread_id") if isinstance(data, dict) else None
+
+
 @dataclass(slots=True)
 class PendingItems:
     pdus: deque[PduItem] = field(default_factory=deque)
     presence: dict[str, JsonDict] = field(default_factory=dict)
-    receipts: dict[str, dict[str, dict[str, JsonDict]]] = field(default_factory=dict)
+    receipts: list[dict[str, dict[str, dict[str, JsonDict]]]] = field(default_factory=list)
+    """The contents of pending ``m.receipt`` EDUs: room -> type -> user -> receipt."""
     keyed: dict[tuple[str, Hashable], EduItem] = field(default_factory=dict)
     other: deque[EduItem] = field(default_factory=deque)
     to_device: deque[EduItem] = field(default_factory=deque)
@@ -104,7 +112,18 @@ class PendingItems:
             self.presence[user] = st
 
     def add_receipt(self, room_id: str, receipt_type: str, user_id: str, data: JsonDict) -> None:
-        self.receipts.setdefault(room_id, {}).setdefault(receipt_type, {})[user_id] = data
+        """``data`` is the receipt as sent (``{"event_ids": [...], "data": {...}}``, the
+        thread id in ``data``). It replaces a pending receipt of the same room, type,
+        user and thread, else joins the first EDU that has none for that room, type
+        and user (Synapse's ``queue_read_receipt``)."""
+        thread = _thread_of(data)
+        for content in self.receipts:
+            users = content.setdefault(room_id, {}).setdefault(receipt_type, {})
+            old = users.get(user_id)
+            if old is None or _thread_of(old) == thread:
+                users[user_id] = data
+                return
+        self.receipts.append({room_id: {receipt_type: {user_id: data}}})
 
     def drop_volatile(self) -> int:
         """Drop everything that is not durable elsewhere; returns how many items."""
@@ -126,7 +145,7 @@ class PendingItems:
     def volatile_edu_count(self) -> int:
         return (
             (1 if self.presence else 0)
-            + (1 if self.receipts else 0)
+            + len(self.receipts)
             + len(self.keyed)
             + len(self.other)
         )

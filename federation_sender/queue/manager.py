@@ -340,12 +340,42 @@ class QueueManager:
             r.poke()
 
     def enqueue_receipt(
-        self, destination: str, room_id: str, receipt_type: str, user_id: str, data: JsonDict
-    ) -> None:
+        self,
+        destination: str,
+        room_id: str,
+        receipt_type: str,
+        user_id: str,
+        data: JsonDict,
+        *,
+        wake: bool = True,
+    ) -> bool:
+        """Queue a receipt. With ``wake=False`` it only joins a live queue, without
+        starting a transaction: it rides on that queue's next one (or the caller's later
+        :meth:`wake`). Returns False when it was not taken because no queue is live
+        (the caller enqueues it again, waking, when it is time)."""
+        if not wake:
+            if destination == self.server_name or not self.shard_filter(destination):
+                return True
+            if self._is_parked(destination):
+                return True
+            live = self._runner(destination, create=False)
+            if live is None:
+                return False
+            live.core.add_receipt(room_id, receipt_type, user_id, data)
+            return True
         r = self._runner_for_edu(destination)
         if r is not None:
             r.core.add_receipt(room_id, receipt_type, user_id, data)
             r.poke()
+        return True
+
+    def wake(self, destination: str) -> bool:
+        """Start a transaction for what a live queue holds; False if it holds nothing."""
+        r = self._runner(destination, create=False)
+        if r is None or r.core.is_empty():
+            return False
+        r.poke()
+        return True
 
     def notify_outbox(self, destination: str) -> None:
         """New to-device or device-list rows for ``destination`` were persisted."""
