@@ -32,9 +32,8 @@ async def test_private_and_remote_receipts_never_leave(h: Harness) -> None:
     ]
     await handler.on_rows("receipts", "master", 7, rows)
     await h.settle()
-    assert receipt_edus(h, "r1.test") == [
-        {"!a:l": {"m.read": {ALICE: {"event_ids": ["$x"], "data": {"ts": 3, "thread_id": "thread1"}}}}}
-    ]
+    sent = {"event_ids": ["$x"], "data": {"ts": 3, "thread_id": "thread1"}}
+    assert receipt_edus(h, "r1.test") == [{"!a:l": {"m.read": {ALICE: sent}}}]
 
 
 def test_receipts_merge_per_thread_and_at_most_five_edus_per_transaction() -> None:
@@ -43,7 +42,7 @@ def test_receipts_merge_per_thread_and_at_most_five_edus_per_transaction() -> No
     p.add_receipt("!a", "m.read", "@u:l", {"event_ids": ["$2"], "data": {}})  # replaces $1
     p.add_receipt("!a", "m.read", "@v:l", {"event_ids": ["$3"], "data": {}})
     for i in range(7):  # one thread each: none may replace another
-        p.add_receipt("!a", "m.read", "@u:l", {"event_ids": [f"$t{i}"], "data": {"thread_id": f"t{i}"}})
+        p.add_receipt("!a", "m.read", "@u:l", {"event_ids": [f"$t{i}"], "data": {"thread_id": i}})
     assert len(p.receipts) == 8
     assert p.receipts[0] == {"!a": {"m.read": {
         "@u:l": {"event_ids": ["$2"], "data": {}}, "@v:l": {"event_ids": ["$3"], "data": {}}}}}
