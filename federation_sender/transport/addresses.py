@@ -102,12 +102,25 @@ class AddressFilter:
         self._deny: tuple[IPNetwork, ...] = DENIED_NETWORKS + tuple(
             n if not isinstance(n, str) else ipaddress.ip_network(n, strict=False) for n in deny
         )
+        # Verdicts by address as written: the policy is fixed for the filter's life, and
+        # a busy sender asks about the same few thousand addresses on every connection.
+        self._verdicts: dict[str, bool] = {}
 
     @property
     def allow_list(self) -> tuple[IPNetwork, ...]:
         return self._allow
 
     def is_allowed(self, address: str | IPAddress) -> bool:
+        if not isinstance(address, str):
+            return self._decide(address)
+        verdict = self._verdicts.get(address)
+        if verdict is None:
+            if len(self._verdicts) >= 65_536:
+                self._verdicts.clear()
+            verdict = self._verdicts[address] = self._decide(address)
+        return verdict
+
+    def _decide(self, address: str | IPAddress) -> bool:
         try:
             ip = _normalise(ipaddress.ip_address(address))
         except ValueError:

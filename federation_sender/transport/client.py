@@ -8,8 +8,10 @@ Theory of operation
 
 1. refuse locally (``TOO_LARGE``) a transaction over 50 PDUs or 100 EDUs, so the
    queue splits it instead of the remote answering 400;
-2. build the body (``origin``, ``origin_server_ts``, ``pdus``, ``edus``), sign the
-   request (X-Matrix) and encode the body as canonical JSON;
+2. build the body (``origin``, ``origin_server_ts``, ``pdus``, ``edus``) as canonical
+   JSON and sign the request (X-Matrix) over those same bytes, once per transaction
+   content: a retry of a transient failure reuses both
+   (:mod:`federation_sender.transport.prepare`);
 3. discover the destination (or use a test override), then try its targets in order
    until one accepts a connection; the Host header and the TLS server name come from
    discovery, never from the SRV target;
@@ -43,16 +45,13 @@ import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from types import TracebackType
-from typing import Any
-from urllib.parse import quote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.payload import BytesPayload
-from canonicaljson import encode_canonical_json
 from yarl import URL
 
-from federation_sender.clock import Clock, time_ms
+from federation_sender.clock import Clock
 from federation_sender.errors import FederationSenderError
 from federation_sender.transport.addresses import (
     AddressFilter,
@@ -70,14 +69,15 @@ from federation_sender.transport.discovery import (
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
 from federation_sender.transport.http import WellKnownClient, make_ssl_context, read_limited
+from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
 from federation_sender.transport.result import Outcome, SendResult, Transaction
-from federation_sender.transport.signing import SigningKey, sign_request
+from federation_sender.transport.signing import SigningKey
 
 logger = logging.getLogger(__name__)
 
 MAX_PDUS_PER_TXN = 50
 MAX_EDUS_PER_TXN = 100
-SEND_PATH = "/_matrix/federation/v1/send/"
+__all__ = ["SEND_PATH", "FederationClient", "TransportStats"]
 
 
 @dataclasses.dataclass
@@ -149,6 +149,10 @@ class FederationClient:
         self._user_agent = user_agent
         self._session: aiohttp.ClientSession | None = None
         self._discovery: Discovery | None = None
+        self._resolved_overrides: dict[str, ResolvedServer] = {}
+        self._urls: dict[tuple[str, int, str], URL] = {}
+        self._literals: dict[str, bool] = {}
+        self.requests = RequestBuilder(origin=server_name, key=signing_key, clock=clock)
         self.stats = TransportStats()
 
     @property
@@ -215,36 +219,26 @@ class FederationClient:
 
     async def resolve(self, destination: str) -> ResolvedServer:
         """Where ``destination`` is reached (override or discovery)."""
+        resolved = self._resolved_overrides.get(destination)
+        if resolved is not None:
+            return resolved
         override = self._overrides.get(destination)
         if override is not None:
             target = parse_server_name(override)
-            return ResolvedServer(
+            resolved = self._resolved_overrides[destination] = ResolvedServer(
                 ((target.host, target.port or 8448),),
                 host_header=destination,
                 tls_server_name=target.host,
             )
+            return resolved
         if self._discovery is None:
             raise RuntimeError("FederationClient used before start()")
         return await self._discovery.resolve(destination)
 
     def build_request(self, txn: Transaction) -> tuple[str, bytes, str]:
         """``(path, body, Authorization header)`` for a transaction."""
-        content: dict[str, Any] = {
-            "origin": self._server_name,
-            "origin_server_ts": time_ms(self._clock),
-            "pdus": list(txn.pdus),
-            "edus": list(txn.edus),
-        }
-        path = SEND_PATH + quote(txn.txn_id, safe="")
-        auth = sign_request(
-            key=self._key,
-            origin=self._server_name,
-            destination=txn.destination,
-            method="PUT",
-            uri=path,
-            content=content,
-        )
-        return path, encode_canonical_json(content), auth
+        prepared = self.requests.prepare(txn)
+        return prepared.path, prepared.body, prepared.authorization
 
     async def send_transaction(self, txn: Transaction) -> SendResult:
         started = self._clock.monotonic_s()
@@ -256,10 +250,10 @@ class FederationClient:
                 f"{MAX_PDUS_PER_TXN} / {MAX_EDUS_PER_TXN}",
             )
             return self._finish(txn, result, 0, started)
-        path, body, auth = self.build_request(txn)
+        prepared = self.requests.prepare(txn)
         try:
             async with asyncio.timeout(self._attempt_timeout_s):
-                result = await self._attempt(txn.destination, path, body, auth)
+                result = await self._attempt(txn.destination, prepared)
         except TimeoutError:
             result = SendResult(
                 Outcome.TRANSIENT, error=f"no response within {self._attempt_timeout_s:g} s"
@@ -272,7 +266,8 @@ class FederationClient:
             # as transient so the queue backs off rather than dying.
             logger.exception("unexpected failure sending %s to %s", txn.txn_id, txn.destination)
             result = classify_exception(e)
-        return self._finish(txn, result, len(body), started)
+        self.requests.finished(txn.destination, result.outcome)
+        return self._finish(txn, result, len(prepared.body), started)
 
     def _finish(
         self, txn: Transaction, result: SendResult, size: int, started: float
@@ -297,7 +292,7 @@ class FederationClient:
             )
         return result
 
-    async def _attempt(self, destination: str, path: str, body: bytes, auth: str) -> SendResult:
+    async def _attempt(self, destination: str, prepared: PreparedRequest) -> SendResult:
         session = self._session
         if session is None:
             raise RuntimeError("FederationClient used before start()")
@@ -308,26 +303,23 @@ class FederationClient:
         last_failure: SendResult | None = None
         for host, port in resolved.targets:
             try:
-                if _is_ip_literal(host):  # aiohttp's resolver never sees literals
+                if self._is_ip_literal(host):  # aiohttp's resolver never sees literals
                     self._filter.check(host)
-                url = URL.build(
-                    scheme=self._scheme, host=host, port=port, path=path, encoded=True
-                )
                 async with session.put(
-                    url,
+                    self._url(host, port, prepared.path),
                     # A ready payload skips aiohttp's lookup of a payload type per request.
-                    data=BytesPayload(body, content_type="application/json"),
+                    data=BytesPayload(prepared.body, content_type="application/json"),
                     headers={
                         "Host": resolved.host_header,
-                        "Authorization": auth,
+                        "Authorization": prepared.authorization,
                         "User-Agent": self._user_agent,
                     },
                     allow_redirects=False,
                     server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
                 ) as response:
                     content = await read_limited(response, self._max_response_bytes)
-                    headers = {k.lower(): v for k, v in response.headers.items()}
-                    return classify_response(response.status, headers, content)
+                    # Case-insensitive already: classify looks up lower-case names.
+                    return classify_response(response.status, response.headers, content)
             except (aiohttp.ClientConnectorError, OSError) as e:
                 # Could not connect (or refused by policy): try the next SRV target.
                 last_failure = classify_exception(e)
@@ -337,6 +329,26 @@ class FederationClient:
                     return last_failure  # the connection broke after it was made
         assert last_failure is not None  # discovery always yields at least one target
         return last_failure
+
+
+    def _url(self, host: str, port: int, path: str) -> URL:
+        # Transaction paths are unique, so only the base is worth keeping; built per
+        # request from it without parsing a URL string.
+        key = (host, port, self._scheme)
+        base = self._urls.get(key)
+        if base is None:
+            if len(self._urls) > 10_000:
+                self._urls.clear()
+            base = self._urls[key] = URL.build(scheme=self._scheme, host=host, port=port)
+        return base.with_path(path, encoded=True)
+
+    def _is_ip_literal(self, host: str) -> bool:
+        known = self._literals.get(host)
+        if known is None:
+            if len(self._literals) > 10_000:
+                self._literals.clear()
+            known = self._literals[host] = _is_ip_literal(host)
+        return known
 
 
 def _is_ip_literal(host: str) -> bool:

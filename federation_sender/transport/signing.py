@@ -49,6 +49,7 @@ from signedjson.key import (
     get_verify_key,
 )
 from signedjson.sign import SignatureVerifyException, sign_json, verify_signed_json
+from unpaddedbase64 import encode_base64
 
 from federation_sender.errors import LocalPermanentError, RemotePermanentError
 
@@ -335,6 +336,17 @@ def sign_request(
     """
     signed = key.sign_json(_request_json(method, uri, origin, destination, content), origin)
     sig = signed["signatures"][origin][key.key_id]
+    return format_x_matrix(XMatrixAuth(origin, destination, key.key_id, sig))
+
+
+def sign_request_bytes(*, key: SigningKey, origin: str, destination: str, message: bytes) -> str:
+    """The ``Authorization`` header value for a request whose canonical request object
+    (:func:`federation_sender.transport.encoding.signing_bytes`) is ``message``.
+
+    The same header as :func:`sign_request` (ed25519 is deterministic), without
+    encoding the content again: ``sign_json`` is canonical JSON, then this signature.
+    """
+    sig = encode_base64(key.raw.sign(message).signature)
     return format_x_matrix(XMatrixAuth(origin, destination, key.key_id, sig))
 
 

@@ -328,3 +328,45 @@ async def test_unresolvable_and_invalid_destinations(
         invalid = await client.send_transaction(txn("bad name!"))
     assert missing.outcome is Outcome.TRANSIENT
     assert invalid.outcome is Outcome.PERMANENT
+
+
+async def test_a_retry_reuses_the_body_and_signature_of_the_same_transaction(
+    certs: CertFiles, our_key: SigningKey, remote: FakeRemote
+) -> None:
+    answers = [500, 200]
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        verify_request(
+            authorization=request.headers.getall("Authorization"),
+            method=request.method,
+            uri=request.raw_path,
+            our_server_name=request.headers["Host"],
+            content=json.loads(await request.read()),
+            lookup_key=verify_key_lookup({ORIGIN: {our_key.key_id: our_key.verify_key}}),
+        )
+        return web.json_response({"pdus": {}}, status=answers.pop(0))
+
+    remote.handler = handler
+    pdus = [{"event_id": f"$e{i}", "type": "m.test", "content": {"n": i}} for i in range(3)]
+
+    def attempt(txn_id: str) -> Transaction:
+        # As the queue retries: a new Transaction, the same PDU objects, equal EDUs.
+        return Transaction(remote.name, txn_id, list(pdus), [{"edu_type": "m.x", "content": {}}])
+
+    async with make_client(certs, our_key) as client:
+        first = await client.send_transaction(attempt("t1"))
+        retry = await client.send_transaction(attempt("t1"))
+        assert (first.outcome, retry.outcome) == (Outcome.TRANSIENT, Outcome.SUCCESS)
+        assert (client.requests.encodes, client.requests.signatures) == (1, 1)
+        assert client.requests.pdus.encodes == 3
+        assert client.requests.kept == 0  # acknowledged: nothing held for a retry
+        # A new transaction with the same PDUs (another destination's, say) re-signs
+        # but does not re-encode the PDUs.
+        answers.append(200)
+        assert (await client.send_transaction(attempt("t2"))).outcome is Outcome.SUCCESS
+        assert (client.requests.encodes, client.requests.signatures) == (2, 2)
+        assert client.requests.pdus.encodes == 3
+    (r1, body1), (r2, body2), (_r3, body3) = remote.requests
+    assert body1 == body2 and body3 != body1
+    assert r1.headers["Authorization"] == r2.headers["Authorization"]
+    assert json.loads(body1)["pdus"] == pdus

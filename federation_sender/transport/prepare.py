@@ -1,0 +1,127 @@
+"""Building a transaction's request once: path, canonical body and X-Matrix header.
+
+Theory of operation
+-------------------
+:class:`RequestBuilder` turns a :class:`Transaction` into what one attempt sends. The
+body is assembled from canonical PDU encodings shared by every destination
+(:class:`federation_sender.transport.encoding.PduEncodings`), and the signature is
+computed over those same bytes wrapped in the request object: one encoding and one
+ed25519 signature per transaction content.
+
+A transaction that failed transiently is retried by the queue with the same id and the
+same PDU objects (its frozen batch). The builder keeps the last prepared request per
+destination until an attempt ends in anything but TRANSIENT; a retry whose id, PDU
+objects and EDUs match reuses it -- body, ``origin_server_ts`` and signature -- so a
+retry costs neither an encoding nor a signature, and the remote receives the same bytes
+under the same transaction id. What is kept is bounded in bytes (oldest dropped first);
+a retry whose request was dropped is simply prepared again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from urllib.parse import quote
+
+from federation_sender.clock import Clock, time_ms
+from federation_sender.transport.encoding import (
+    PduEncodings,
+    canonical_json,
+    signing_bytes,
+    transaction_body,
+)
+from federation_sender.transport.result import JsonDict, Outcome, Transaction
+from federation_sender.transport.signing import SigningKey, sign_request_bytes
+
+SEND_PATH = "/_matrix/federation/v1/send/"
+DEFAULT_KEPT_BYTES = 32 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRequest:
+    txn_id: str
+    pdus: tuple[JsonDict, ...]
+    edus: tuple[JsonDict, ...]
+    path: str
+    body: bytes
+    authorization: str
+
+    def matches(self, txn: Transaction) -> bool:
+        """Same id, the very same PDU objects in order, equal EDUs."""
+        if txn.txn_id != self.txn_id or len(txn.pdus) != len(self.pdus):
+            return False
+        for a, b in zip(txn.pdus, self.pdus, strict=True):
+            if a is not b:
+                return False
+        return tuple(txn.edus) == self.edus
+
+
+class RequestBuilder:
+    """Prepares requests for one origin and key; counts encodings and signatures."""
+
+    def __init__(
+        self,
+        *,
+        origin: str,
+        key: SigningKey,
+        clock: Clock,
+        pdu_cache_entries: int = 8192,
+        kept_bytes: int = DEFAULT_KEPT_BYTES,
+    ) -> None:
+        self._origin = origin
+        self._origin_json = canonical_json(origin)
+        self._key = key
+        self._clock = clock
+        self.pdus = PduEncodings(pdu_cache_entries)
+        self._kept: dict[str, PreparedRequest] = {}
+        self._kept_bytes = 0
+        self._max_kept_bytes = kept_bytes
+        self.encodes = 0
+        """Bodies encoded (not reused)."""
+        self.signatures = 0
+        """Signatures computed (not reused)."""
+
+    @property
+    def kept(self) -> int:
+        return len(self._kept)
+
+    def prepare(self, txn: Transaction) -> PreparedRequest:
+        prev = self._kept.get(txn.destination)
+        if prev is not None and prev.matches(txn):
+            return prev
+        encoded = [self.pdus.get(p) for p in txn.pdus]
+        body = transaction_body(self._origin_json, time_ms(self._clock), encoded, txn.edus)
+        self.encodes += 1
+        path = SEND_PATH + quote(txn.txn_id, safe="")
+        message = signing_bytes(
+            content=body, destination=txn.destination, method="PUT", origin=self._origin,
+            uri=path,
+        )
+        auth = sign_request_bytes(
+            key=self._key, origin=self._origin, destination=txn.destination, message=message
+        )
+        self.signatures += 1
+        prepared = PreparedRequest(
+            txn.txn_id, tuple(txn.pdus), tuple(txn.edus), path, body, auth
+        )
+        self._keep(txn.destination, prepared)
+        return prepared
+
+    def finished(self, destination: str, outcome: Outcome) -> None:
+        """An attempt ended: keep the request only for a retry of a transient failure."""
+        if outcome is not Outcome.TRANSIENT:
+            self._forget(destination)
+
+    def _keep(self, destination: str, prepared: PreparedRequest) -> None:
+        self._forget(destination)
+        self._kept[destination] = prepared
+        self._kept_bytes += len(prepared.body)
+        kept = self._kept
+        while self._kept_bytes > self._max_kept_bytes and len(kept) > 1:
+            oldest = next(iter(kept))
+            self._kept_bytes -= len(kept.pop(oldest).body)
+
+    def _forget(self, destination: str) -> None:
+        old = self._kept.pop(destination, None)
+        if old is not None:
+            self._kept_bytes -= len(old.body)
+

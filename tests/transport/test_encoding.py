@@ -1,0 +1,153 @@
+"""The fast canonical JSON writes exactly the bytes canonicaljson writes, and the
+assembled body and signed request object are the canonical encodings of the objects
+they stand for."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from canonicaljson import encode_canonical_json
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from federation_sender.transport.encoding import (
+    PduEncodings,
+    canonical_json,
+    orjson_safe,
+    signing_bytes,
+    transaction_body,
+)
+from federation_sender.transport.signing import (
+    SigningKey,
+    sign_request,
+    sign_request_bytes,
+    verify_key_lookup,
+    verify_request,
+)
+
+# Strings from every plane, control characters, quotes and backslashes, the line and
+# paragraph separators, and lone surrogates (which neither encoder may write).
+_text = st.text(
+    alphabet=st.one_of(
+        st.characters(codec=None),
+        st.sampled_from(['"', "\\", "\x00", "\x1f", "\x7f", "\u2028", "\u2029", "\ud800",
+                         "\U0001f600", "\uffff", "\ue000", "é"]),
+    ),
+    max_size=12,
+)
+_plain_scalars = st.one_of(
+    st.none(), st.booleans(), _text,
+    st.integers(min_value=-(2**53) + 1, max_value=2**53 - 1),
+)
+# What Matrix does not allow but old events may carry, and what orjson refuses.
+_awkward_scalars = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(2**70), max_value=2**70),
+)
+_json = st.recursive(
+    st.one_of(_plain_scalars, _awkward_scalars),
+    lambda children: st.one_of(
+        st.lists(children, max_size=5),
+        st.tuples(children, children),
+        st.dictionaries(_text, children, max_size=5),
+        # Non-str keys: canonicaljson turns them into strings (or refuses a mix).
+        st.dictionaries(st.integers(-5, 5), children, max_size=3),
+    ),
+    max_leaves=25,
+)
+
+
+@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_json)
+def test_byte_identical_to_canonicaljson(value: Any) -> None:
+    try:
+        expected: bytes | None = encode_canonical_json(value)
+    except (TypeError, ValueError):  # includes UnicodeEncodeError (surrogates), NaN
+        expected = None
+    if expected is None:
+        try:
+            canonical_json(value)
+        except (TypeError, ValueError):
+            return
+        raise AssertionError("canonical_json accepted what canonicaljson refuses")
+    assert canonical_json(value) == expected
+
+
+@given(st.dictionaries(_text, st.one_of(_plain_scalars, st.lists(_plain_scalars)), max_size=8))
+def test_plain_json_takes_the_fast_path(value: dict[str, Any]) -> None:
+    assert orjson_safe(value)
+
+
+def test_keys_sort_by_code_point_not_utf16() -> None:
+    # U+FF61 sorts after U+1F600 in UTF-16 (surrogates are D800-DFFF) but before it by
+    # code point, which is canonical JSON's order.
+    value = {"\U0001f600": 1, "\uff61": 2, "a": {"\ue000": [1, "x"], "\U00010000": None}}
+    assert canonical_json(value) == encode_canonical_json(value)
+    assert orjson_safe(value)
+
+
+def test_floats_and_deep_nesting_fall_back() -> None:
+    assert not orjson_safe({"a": [1, 2.5]})
+    assert canonical_json({"a": 1e16, "b": -0.0}) == b'{"a":1e+16,"b":-0.0}'
+    deep: Any = 1
+    for _ in range(400):  # past orjson's depth limit, within the standard library's
+        deep = [deep]
+    assert canonical_json(deep) == encode_canonical_json(deep)
+
+
+_no_surrogates = st.text(st.characters(codec="utf-8"), max_size=12)
+_pdu_list = st.lists(st.dictionaries(_text, _plain_scalars, max_size=4), max_size=4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(origin=_text, ts=st.integers(0, 2**53 - 1), pdus=_pdu_list, edus=_pdu_list)
+def test_assembled_body_is_the_canonical_body(
+    origin: str, ts: int, pdus: list[dict[str, Any]], edus: list[dict[str, Any]]
+) -> None:
+    try:
+        expected = encode_canonical_json(
+            {"origin": origin, "origin_server_ts": ts, "pdus": pdus, "edus": edus}
+        )
+    except ValueError:  # lone surrogates
+        return
+    cache = PduEncodings()
+    body = transaction_body(canonical_json(origin), ts, [cache.get(p) for p in pdus], edus)
+    assert body == expected
+
+
+@settings(max_examples=100, deadline=None)
+@given(dest=_no_surrogates, uri=_no_surrogates)
+def test_signature_over_assembled_bytes_equals_signedjson(dest: str, uri: str) -> None:
+    key = _KEY
+    content = {"origin": "o.test", "origin_server_ts": 5, "pdus": [{"k": "é"}], "edus": []}
+    body = encode_canonical_json(content)
+    message = signing_bytes(content=body, destination=dest, method="PUT", origin="o.test",
+                            uri=uri)
+    assert message == encode_canonical_json(
+        {"content": content, "destination": dest, "method": "PUT", "origin": "o.test",
+         "uri": uri}
+    )
+    header = sign_request_bytes(key=key, origin="o.test", destination=dest, message=message)
+    assert header == sign_request(key=key, origin="o.test", destination=dest, method="PUT",
+                                  uri=uri, content=content)
+    assert verify_request(
+        authorization=[header], method="PUT", uri=uri, our_server_name=dest,
+        content=json.loads(body),
+        lookup_key=verify_key_lookup({"o.test": {key.key_id: key.verify_key}}),
+    ) == "o.test"
+
+
+_KEY = SigningKey.generate("a_enc")
+
+
+def test_a_shared_pdu_is_encoded_once_and_a_dead_ones_id_is_never_a_hit() -> None:
+    cache = PduEncodings(max_entries=2)
+    pdu = {"event_id": "$1", "content": {"body": "hi"}}
+    first = cache.get(pdu)
+    assert cache.get(pdu) is first and cache.encodes == 1
+    other = {"event_id": "$2"}
+    assert cache.get(other) == b'{"event_id":"$2"}'
+    cache.get({"event_id": "$3"})  # evicts the oldest: bounded
+    assert len(cache) == 2
+    assert cache.get(pdu) == first and cache.encodes == 4
