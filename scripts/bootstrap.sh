@@ -29,6 +29,9 @@ if [ "$profile" = test ]; then
   have_cmd chromium || need+=(chromium)
   have_cmd chromedriver || need+=(chromium-driver)
   have_cmd openssl || need+=(openssl)
+  # Synapse's [postgres] extra builds psycopg2 from source.
+  have_cmd pg_config || need+=(libpq-dev)
+  have_cmd gcc || need+=(gcc)
 fi
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -56,4 +59,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
     .venv/bin/python -m pip install -q -e .
   fi
   echo "$want" > "$stamp"
+fi
+if [ "$profile" = test ]; then
+  # The real-Synapse tests' pinned Synapse, in its own cached virtualenv (once per machine).
+  .venv/bin/python -m federation_sender.testing.synapse_install
 fi

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.postgres import PostgresCluster, ephemeral_cluster
+from federation_sender.testing.prereq import missing
 from federation_sender.testing.redis_server import RedisServer, ephemeral_redis
 from federation_sender.testing.synapse_config import RedisAddress
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
@@ -37,6 +39,8 @@ def pg_cluster() -> Iterator[PostgresCluster]:
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     """A throwaway redis-server on loopback for the whole session."""
+    if shutil.which("redis-server") is None:
+        missing("redis-server")
     with ephemeral_redis() as server:
         yield server
 

@@ -10,7 +10,8 @@ must not be set beside it).
 Outbound federation verifies certificates against the test CA
 (``federation_custom_ca_list``) and may reach loopback (``ip_range_whitelist``):
 both are needed for peers named ``localhost:<port>``. Rate limits are raised so that
-scripted traffic is never throttled; everything else stays at Synapse's defaults.
+scripted traffic is never throttled, and a failing outbound request gives up after
+about a second; everything else stays at Synapse's defaults.
 
 Every file is written as JSON, which is YAML.
 """
@@ -162,6 +163,16 @@ def homeserver_config(layout: SynapseLayout) -> dict[str, Any]:
             "sleep_delay": 1,
             "reject_limit": 10000,
             "concurrent": 100,
+        },
+        # A failing request gives up after about a second instead of ~10 minutes of
+        # in-request retries (a test sees the failure); the persisted backoff schedule
+        # (destination_*_retry_interval) stays Synapse's default.
+        "federation": {
+            "client_timeout": "20s",
+            "max_long_retries": 2,
+            "max_long_retry_delay": 500,
+            "max_short_retries": 1,
+            "max_short_retry_delay": 200,
         },
         "rc_message": _UNLIMITED,
         "rc_registration": _UNLIMITED,

@@ -82,3 +82,10 @@ def _install(venv: Path, python: Path) -> None:
         capture_output=True,
         check=False,
     )
+
+
+if __name__ == "__main__":  # scripts/bootstrap.sh test
+    try:
+        print(synapse_python())
+    except SynapseInstallError as e:
+        raise SystemExit(f"bootstrap: {e}") from None

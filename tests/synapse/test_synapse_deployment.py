@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import stat
 
+from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 
 
@@ -27,14 +28,15 @@ def test_client_api_and_own_federation_sender(synapse_deployment: SynapseDeploym
     event_id = d.client.send_message(alice, room_id, "hello")
     assert d.sql(f"SELECT room_id FROM events WHERE event_id = '{event_id}'").strip() == room_id
     assert d.client.joined_members(alice, room_id) == [alice.user_id]
-    d.start_federation_sender()
-    try:
-        assert d.sender is not None and d.sender.running
-        rows = d.sql(
-            "SELECT type FROM federation_stream_position "
-            f"WHERE instance_name = '{d.instance_name}' ORDER BY type"
-        )
-        assert rows.split() == ["events", "federation"]
-    finally:
-        d.stop_federation_sender()
+    with ReplicationTap(d.redis_url, d.server_name) as tap:
+        d.start_federation_sender()
+        try:
+            assert d.sender is not None and d.sender.running
+            # The worker joined replication on Redis under the configured instance name.
+            tap.wait_for(
+                lambda lines: f"POSITION caches {d.instance_name} " in "\n".join(lines),
+                what="the worker's POSITION caches",
+            )
+        finally:
+            d.stop_federation_sender()
     assert not d.sender.running

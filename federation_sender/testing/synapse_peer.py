@@ -1,0 +1,409 @@
+"""Fake remote homeservers on loopback that join Synapse's rooms over federation.
+
+Theory of operation
+-------------------
+A :class:`PeerNetwork` runs any number of :class:`FederationPeer` servers on one
+event loop in a background thread, so they outlive individual tests (and their event
+loops) and serve a module's rooms throughout. Its API is blocking and thread-safe;
+async tests call it through ``asyncio.to_thread``.
+
+Each peer is a real homeserver as far as the wire goes: it is named
+``localhost:<port>``, serves HTTPS with a certificate from the test CA (Synapse
+trusts that CA through ``federation_custom_ca_list``), publishes its ed25519 key at
+``/_matrix/key/v2/server`` and signs every request it makes with the X-Matrix scheme
+(:mod:`federation_sender.transport.signing`). :meth:`PeerNetwork.join` joins a room
+as Synapse's own remote servers do: ``make_join`` for a template, a content hash and
+signature under the room version's redaction rules, ``send_join`` (v2).
+
+A peer verifies the X-Matrix signature of every ``/send`` against the origin's key,
+fetched over HTTPS from the origin's server name, and answers 401 when it does not
+verify: it accepts only what a real server would. Accepted transactions are recorded
+once per ``(origin, txn_id)`` (a retried id is counted, not recorded twice, as
+Synapse deduplicates), with the event id of each PDU computed from its reference
+hash. Tests wait on :meth:`PeerNetwork.wait_for` with a predicate over what was
+recorded; every recording wakes the waiters, so nothing sleeps.
+
+``peer.send_status`` makes a peer refuse transactions (for backoff scenarios);
+:meth:`PeerNetwork.send_transaction` sends one signed transaction to a server (for
+instance to main, which is how a destination that came back "contacts main").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import threading
+import urllib.parse
+import uuid
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+from aiohttp import web
+from canonicaljson import encode_canonical_json
+from yarl import URL
+
+from federation_sender.clock import SystemClock, time_ms
+from federation_sender.testing.certs import CertFiles, LoopbackCA
+from federation_sender.testing.signed_events import SUPPORTED_ROOM_VERSIONS, event_id, hash_and_sign
+from federation_sender.transport.keyserver import (
+    SERVER_KEYS_PATH,
+    add_key_routes,
+    parse_server_keys,
+)
+from federation_sender.transport.signing import (
+    AuthenticationError,
+    SigningKey,
+    parse_x_matrix,
+    sign_request,
+    verify_request,
+)
+
+T = TypeVar("T")
+REQUEST_TIMEOUT_S = 30.0
+DEFAULT_WAIT_S = 30.0
+
+
+class PeerRequestError(RuntimeError):
+    """A request a peer made was refused; one line with status and body."""
+
+
+@dataclass(frozen=True)
+class ReceivedTransaction:
+    origin: str
+    txn_id: str
+    pdus: tuple[dict[str, Any], ...]
+    edus: tuple[dict[str, Any], ...]
+    event_ids: tuple[str, ...]
+    received_s: float
+
+
+@dataclass(frozen=True)
+class JoinedRoom:
+    room_id: str
+    room_version: str
+    join_event_id: str
+    via: str
+    state_event_count: int
+
+
+@dataclass
+class FederationPeer:
+    """One fake homeserver. Read its records only inside :meth:`PeerNetwork.wait_for`
+    predicates or after a wait returned (the network's lock guards them)."""
+
+    server_name: str
+    key: SigningKey
+    sockets: list[socket.socket]
+    transactions: list[ReceivedTransaction] = field(default_factory=list)
+    retried_transactions: int = 0
+    refused_transactions: int = 0
+    rejected: list[str] = field(default_factory=list)
+    other_requests: list[str] = field(default_factory=list)
+    rooms: dict[str, JoinedRoom] = field(default_factory=dict)
+    send_status: int = 200
+    """Answer ``/send`` with this status (200 accepts; anything else refuses)."""
+
+    def user_id(self, localpart: str = "peer") -> str:
+        return f"@{localpart}:{self.server_name}"
+
+    def event_counts(self, room_id: str | None = None) -> Counter[str]:
+        """How many times each event id arrived, over distinct transactions."""
+        counts: Counter[str] = Counter()
+        for txn in self.transactions:
+            for eid, pdu in zip(txn.event_ids, txn.pdus, strict=True):
+                if room_id is None or pdu.get("room_id") == room_id:
+                    counts[eid] += 1
+        return counts
+
+    def edus(self, edu_type: str | None = None) -> list[dict[str, Any]]:
+        """Every EDU received (of ``edu_type`` only, if given)."""
+        edus = [e for t in self.transactions for e in t.edus]
+        return edus if edu_type is None else [e for e in edus if e.get("edu_type") == edu_type]
+
+
+class PeerNetwork:
+    """Peers on a background event loop; see the module docstring."""
+
+    def __init__(self, ca: LoopbackCA, directory: Path) -> None:
+        self._certs: CertFiles = ca.issue(directory, ["localhost", "127.0.0.1", "::1"])
+        self._client_ssl = ssl.create_default_context(cafile=str(ca.cert_path))
+        self._clock = SystemClock()
+        self._cond = threading.Condition()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="peers", daemon=True)
+        self._runners: list[web.AppRunner] = []
+        self._session: aiohttp.ClientSession | None = None
+        self._keys: dict[str, dict[str, Any]] = {}
+        self._room_versions: dict[str, str] = {}
+        self.peers: list[FederationPeer] = []
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def __enter__(self) -> PeerNetwork:
+        self.start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if not self._thread.is_alive():
+            return
+        self._run(self._close())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+    async def _close(self) -> None:
+        for runner in self._runners:
+            await runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    def _run(self, coro: Coroutine[Any, Any, T], timeout_s: float = 2 * REQUEST_TIMEOUT_S) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout_s)
+
+    # -- peers --------------------------------------------------------------------------
+    def add_peer(self) -> FederationPeer:
+        """A new peer, listening before this returns."""
+        return self._run(self._add_peer())
+
+    def add_peers(self, n: int) -> list[FederationPeer]:
+        return [self.add_peer() for _ in range(n)]
+
+    async def _add_peer(self) -> FederationPeer:
+        sockets = _bind_loopback()
+        port = sockets[0].getsockname()[1]
+        peer = FederationPeer(f"localhost:{port}", SigningKey.generate(), sockets)
+        app = web.Application()
+        add_key_routes(app, server_name=peer.server_name, signing_key=peer.key, clock=self._clock)
+        app.router.add_put(
+            "/_matrix/federation/v1/send/{txn_id}", self._handler(peer, self._on_send)
+        )
+        app.router.add_get(
+            "/_matrix/federation/v1/user/devices/{user_id}", self._handler(peer, self._on_devices)
+        )
+        app.router.add_get("/_matrix/federation/v1/version", _on_version)
+        app.router.add_route("*", "/{tail:.*}", self._handler(peer, self._on_other))
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        for sock in sockets:
+            await web.SockSite(runner, sock, ssl_context=self._certs.server_context()).start()
+        self._runners.append(runner)
+        with self._cond:
+            self.peers.append(peer)
+        return peer
+
+    def _handler(
+        self,
+        peer: FederationPeer,
+        fn: Callable[[FederationPeer, web.Request], Coroutine[Any, Any, web.Response]],
+    ) -> Callable[[web.Request], Coroutine[Any, Any, web.Response]]:
+        async def handle(request: web.Request) -> web.Response:
+            return await fn(peer, request)
+
+        return handle
+
+    # -- waiting ------------------------------------------------------------------------
+    def wait_for(
+        self, predicate: Callable[[], bool], timeout_s: float = DEFAULT_WAIT_S, what: str = ""
+    ) -> None:
+        """Block until ``predicate()`` holds (checked on every recording)."""
+        with self._cond:
+            if not self._cond.wait_for(predicate, timeout_s):
+                raise TimeoutError(f"not within {timeout_s:.0f} s: {what or predicate}")
+
+    def _record(self, update: Callable[[], None]) -> None:
+        with self._cond:
+            update()
+            self._cond.notify_all()
+
+    # -- inbound ------------------------------------------------------------------------
+    async def _on_send(self, peer: FederationPeer, request: web.Request) -> web.Response:
+        body = await request.json()
+        try:
+            origin = await self._authenticate(peer, request, body)
+        except AuthenticationError as e:
+            reason = str(e)
+            self._record(lambda: peer.rejected.append(reason))
+            return web.json_response({"errcode": "M_UNAUTHORIZED", "error": reason}, status=401)
+        if peer.send_status != 200:
+            self._record(
+                lambda: setattr(peer, "refused_transactions", peer.refused_transactions + 1)
+            )
+            return web.json_response(
+                {"errcode": "M_UNKNOWN", "error": "refused"}, status=peer.send_status
+            )
+        txn_id = request.match_info["txn_id"]
+        pdus = tuple(body.get("pdus", ()))
+        ids = tuple(self._event_id(p) for p in pdus)
+        txn = ReceivedTransaction(
+            origin, txn_id, pdus, tuple(body.get("edus", ())), ids, self._clock.monotonic_s()
+        )
+
+        def update() -> None:
+            if any(t.origin == origin and t.txn_id == txn_id for t in peer.transactions):
+                peer.retried_transactions += 1
+            else:
+                peer.transactions.append(txn)
+
+        self._record(update)
+        return web.json_response({"pdus": {eid: {} for eid in ids}})
+
+    def _event_id(self, pdu: dict[str, Any]) -> str:
+        version = self._room_versions.get(str(pdu.get("room_id")), "12")
+        return event_id(pdu, version)
+
+    async def _on_devices(self, peer: FederationPeer, request: web.Request) -> web.Response:
+        user_id = request.match_info["user_id"]
+        return web.json_response({"user_id": user_id, "stream_id": 0, "devices": []})
+
+    async def _on_other(self, peer: FederationPeer, request: web.Request) -> web.Response:
+        line = f"{request.method} {request.raw_path}"
+        self._record(lambda: peer.other_requests.append(line))
+        return web.json_response({"errcode": "M_UNRECOGNIZED", "error": "not here"}, status=404)
+
+    async def _authenticate(self, peer: FederationPeer, request: web.Request, body: Any) -> str:
+        headers = request.headers.getall("Authorization", [])
+        auths = [parse_x_matrix(h) for h in headers if h[:8].lower() == "x-matrix"]
+        if not auths:
+            raise AuthenticationError("missing X-Matrix Authorization header")
+        origin = auths[0].origin
+        if not any(a.key_id in self._keys.get(origin, {}) for a in auths):
+            await self._fetch_keys(origin)
+        return verify_request(
+            authorization=headers,
+            method=request.method,
+            uri=request.raw_path,
+            our_server_name=peer.server_name,
+            content=body,
+            lookup_key=lambda o, k: self._keys.get(o, {}).get(k),
+        )
+
+    async def _fetch_keys(self, origin: str) -> None:
+        try:
+            async with self._http().get(
+                f"https://{origin}{SERVER_KEYS_PATH}",
+                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+            ) as r:
+                doc = await r.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise AuthenticationError(f"cannot fetch keys of {origin}: {e!r}") from None
+        self._keys[origin] = parse_server_keys(doc, server_name=origin, now_ms=time_ms(self._clock))
+
+    # -- outbound -----------------------------------------------------------------------
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._client_ssl)
+            )
+        return self._session
+
+    async def _request(
+        self, peer: FederationPeer, destination: str, method: str, uri: str, content: Any = None
+    ) -> Any:
+        """A signed federation request; ``uri`` is already percent-encoded."""
+        auth = sign_request(
+            key=peer.key,
+            origin=peer.server_name,
+            destination=destination,
+            method=method,
+            uri=uri,
+            content=content,
+        )
+        headers = {"Authorization": auth}
+        data = None
+        if content is not None:
+            data = encode_canonical_json(content)
+            headers["Content-Type"] = "application/json"
+        url = URL(f"https://{destination}{uri}", encoded=True)
+        async with self._http().request(
+            method, url, data=data, headers=headers,
+            timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
+        ) as r:  # fmt: skip
+            text = await r.text()
+            if r.status != 200:
+                raise PeerRequestError(
+                    f"{peer.server_name} {method} {uri}: {r.status} {text[:300]}"
+                )
+            return await r.json(content_type=None)
+
+    def join(
+        self, peer: FederationPeer, room_id: str, via: str, localpart: str = "peer"
+    ) -> JoinedRoom:
+        """Join ``room_id`` through server ``via`` (make_join, then send_join v2)."""
+        return self._run(self._join(peer, room_id, via, peer.user_id(localpart)))
+
+    async def _join(self, peer: FederationPeer, room_id: str, via: str, user_id: str) -> JoinedRoom:
+        room = urllib.parse.quote(room_id, safe="")
+        user = urllib.parse.quote(user_id, safe="")
+        query = urllib.parse.urlencode([("ver", v) for v in SUPPORTED_ROOM_VERSIONS])
+        made = await self._request(
+            peer, via, "GET", f"/_matrix/federation/v1/make_join/{room}/{user}?{query}"
+        )
+        version = str(made.get("room_version", "1"))
+        template = dict(made["event"])
+        template["origin_server_ts"] = time_ms(self._clock)
+        if version not in ("11", "12"):
+            template["origin"] = peer.server_name
+        eid, event = hash_and_sign(template, peer.key, peer.server_name, version)
+        with self._cond:
+            self._room_versions[room_id] = version
+        path = f"/_matrix/federation/v2/send_join/{room}/{urllib.parse.quote(eid, safe='')}"
+        answer = await self._request(peer, via, "PUT", path, event)
+        joined = JoinedRoom(room_id, version, eid, via, len(answer.get("state", ())))
+        self._record(lambda: peer.rooms.__setitem__(room_id, joined))
+        return joined
+
+    def send_transaction(
+        self,
+        peer: FederationPeer,
+        destination: str,
+        pdus: Iterable[dict[str, Any]] = (),
+        edus: Iterable[dict[str, Any]] = (),
+        txn_id: str | None = None,
+    ) -> dict[str, Any]:
+        """PUT one signed transaction to ``destination``; returns its answer."""
+        body = {
+            "origin": peer.server_name,
+            "origin_server_ts": time_ms(self._clock),
+            "pdus": list(pdus),
+            "edus": list(edus),
+        }
+        uri = f"/_matrix/federation/v1/send/{txn_id or uuid.uuid4().hex}"
+        result: dict[str, Any] = self._run(self._request(peer, destination, "PUT", uri, body))
+        return result
+
+
+async def _on_version(_request: web.Request) -> web.Response:
+    return web.json_response({"server": {"name": "federation-sender test peer", "version": "0"}})
+
+
+def _bind_loopback() -> list[socket.socket]:
+    """A listening socket on 127.0.0.1 (free port) and, where possible, ::1 (same port):
+    ``localhost`` may resolve to either."""
+    v4 = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    v4.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    v4.bind(("127.0.0.1", 0))
+    sockets = [v4]
+    with contextlib.suppress(OSError):
+        v6 = socket.socket(socket.AF_INET6, socket.SOCK_STREAM)
+        try:
+            v6.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            v6.bind(("::1", v4.getsockname()[1]))
+        except OSError:
+            v6.close()
+            raise
+        sockets.append(v6)
+    for s in sockets:
+        s.listen(128)
+        s.setblocking(False)
+    return sockets
