@@ -44,6 +44,7 @@ from common import (
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.queue_writer import HomeserverWriter
 
@@ -76,8 +77,8 @@ async def run_one(db: str, n: int, urls: list[str], events: int, burst: int,
         writer = await HomeserverWriter(engine, ME).init()
         inner = HttpTransactionSender(url_for(urls), ME, clock(), timeout_s=60)
         sender = RecordingSender(inner, keep=False)
-        m = QueueManager(engine, sender.inner, settings, ME, "bench", clock(), random.Random(1),
-                         lambda _d: True, attempt_deadline_s=60)
+        m = QueueManager(NativeBackend(engine), sender.inner, settings, ME, "bench", clock(),
+                         random.Random(1), lambda _d: True, attempt_deadline_s=60)
         await m.start()
         # Warm-up: create every queue and connection once.
         sender.target_pdus = n

@@ -33,6 +33,7 @@ from common import ME, build_rooms, clock, database, receivers
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 
@@ -152,7 +153,7 @@ async def null_run(n: int, events: int, prof: cProfile.Profile | None) -> float:
         rooms = await build_rooms(engine, n, 1)
         writer = await HomeserverWriter(engine, ME).init()
         s = NullSender()
-        m = QueueManager(engine, s, settings, ME, "bench", clock(), random.Random(1),
+        m = QueueManager(NativeBackend(engine), s, settings, ME, "bench", clock(), random.Random(1),
                          lambda _d: True, attempt_deadline_s=60)
         await m.start()
         s.target = n

@@ -24,6 +24,7 @@ from common import ME, clock, database, dest_name, report, rss_mb
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
 from federation_sender.storage import destinations as dst
+from federation_sender.storage.native import NativeBackend
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 
 
@@ -53,8 +54,8 @@ async def main() -> None:
         base = rss_mb()
         sender = InstantSender()
         settings = replace(QueueSettings(), idle_queue_ttl_s=2.0)
-        m = QueueManager(engine, sender, settings, ME, "bench", clock(), random.Random(1),
-                         lambda _d: True)
+        m = QueueManager(NativeBackend(engine), sender, settings, ME, "bench", clock(),
+                         random.Random(1), lambda _d: True)
         await m.start()
         woken = await m.wake_due_destinations()
         gc.collect()

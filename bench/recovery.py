@@ -24,6 +24,7 @@ from common import url_for as url_for_dest
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
 from federation_sender.storage import destinations as dst
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.queue_writer import HomeserverWriter
 
@@ -70,8 +71,8 @@ async def main() -> None:
             t_setup = time.perf_counter() - t_setup
             inner = HttpTransactionSender(url_for_dest(urls), ME, clock(), timeout_s=60)
             sender = RecordingSender(inner, keep=False)
-            m = QueueManager(engine, sender.inner, QueueSettings(), ME, "bench", clock(),
-                             random.Random(1), lambda _d: True, attempt_deadline_s=60,
+            m = QueueManager(NativeBackend(engine), sender.inner, QueueSettings(), ME, "bench",
+                             clock(), random.Random(1), lambda _d: True, attempt_deadline_s=60,
                              db_concurrency=24)
             await m.start()
             expected = a.dests * a.rooms_per_dest

@@ -47,6 +47,7 @@ from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.postgres import ephemeral_cluster
 from federation_sender.testing.queue_writer import HomeserverWriter
@@ -84,7 +85,7 @@ async def measure(p: Point, db_url: str, receiver: str) -> dict[str, Any]:
         writer = await HomeserverWriter(engine, ME).init()
         inner = HttpTransactionSender(url_for([receiver]), ME, clock(), timeout_s=60)
         sender = RecordingSender(inner, keep=False)
-        m = QueueManager(engine, sender.inner, QueueSettings(), ME, "bench", clock(),
+        m = QueueManager(NativeBackend(engine), sender.inner, QueueSettings(), ME, "bench", clock(),
                          random.Random(1), lambda _d: True, attempt_deadline_s=60)
         await m.start()
         sender.target_pdus = p.rooms * p.per_room

@@ -19,6 +19,7 @@ from common import url_for as url_for_dest
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.queue_writer import HomeserverWriter
 
@@ -37,8 +38,8 @@ async def main() -> None:
             writer = await HomeserverWriter(engine, ME).init()
             inner = HttpTransactionSender(url_for_dest(urls), ME, clock(), timeout_s=60)
             sender = RecordingSender(inner, keep=False)
-            m = QueueManager(engine, sender.inner, QueueSettings(), ME, "bench", clock(),
-                             random.Random(1), lambda _d: True, attempt_deadline_s=60)
+            m = QueueManager(NativeBackend(engine), sender.inner, QueueSettings(), ME, "bench",
+                             clock(), random.Random(1), lambda _d: True, attempt_deadline_s=60)
             await m.start()
             # Warm-up: one event so queues and connections exist, as in a live server.
             sender.target_pdus = a.dests

@@ -2,10 +2,10 @@
 
 * :class:`WorkerReplicationHandler`: replication rows -> queue engine calls (typing and
   receipts through :mod:`federation_sender.edus`).
-* :class:`NativeRoomHosts`: current hosts and event metadata on the native schema.
-* :class:`DbPositionStore`: the replication client's per-(stream, writer) positions in
-  ``stream_positions``, namespaced by our instance name so several workers can share
-  one database.
+* :class:`StorageRoomHosts`: current hosts and event metadata from the storage backend.
+* :class:`DbPositionStore`: the replication client's per-(stream, writer) positions,
+  through the storage backend, namespaced by our instance name so several workers can
+  share one database.
 * :class:`AdminQueueControl`: the admin API's view of the queue engine.
 * :func:`queue_snapshot`: whole-queue figures for the metrics gauges.
 """
@@ -15,9 +15,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
-
-from sqlalchemy import select
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.admin.protocols import LiveState
 from federation_sender.clock import Clock, time_ms
@@ -36,20 +33,10 @@ from federation_sender.replication.rows import (
     ToDeviceRow,
     TypingRow,
 )
-from federation_sender.storage import positions as pos
-from federation_sender.storage.engine import run_in_transaction
-from federation_sender.storage.rooms import joined_servers_at
-from federation_sender.storage.schema import device_lists_outbound_pokes, events, stream_positions
+from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.telemetry.metrics import Metrics, QueueSnapshot
 
 log = logging.getLogger(__name__)
-
-LATEST = 2**62
-
-
-def server_of(user_id: str) -> str:
-    return user_id.split(":", 1)[1] if ":" in user_id else ""
-
 
 def presence_edu_content(state: PresenceState, now_ms: int) -> dict[str, Any]:
     entry: dict[str, Any] = {
@@ -69,7 +56,7 @@ class WorkerReplicationHandler:
     def __init__(
         self,
         manager: QueueManager,
-        engine: AsyncEngine,
+        storage: Backend,
         server_name: str,
         clock: Clock,
         metrics: Metrics | None = None,
@@ -78,12 +65,12 @@ class WorkerReplicationHandler:
     ) -> None:
         self._m = manager
         self._on_events_token = on_events_token
-        self._engine = engine
+        self._storage = storage
         self._server_name = server_name
         self._clock = clock
         self._metrics = metrics
         self.rows_seen = 0
-        hosts = room_hosts or NativeRoomHosts(engine)
+        hosts = room_hosts or StorageRoomHosts(storage)
         self.typing = TypingFanout(server_name, hosts, manager, clock)
         self.receipts = ReceiptFanout(server_name, hosts, manager, clock)
 
@@ -139,72 +126,55 @@ class WorkerReplicationHandler:
         await self._m.process_federation_batch(token, edus)
 
     async def _device_list_destinations(self, users: list[str]) -> list[str]:
-        async def fn(conn: AsyncConnection) -> list[str]:
-            q = (
-                select(device_lists_outbound_pokes.c.destination)
-                .where(device_lists_outbound_pokes.c.user_id.in_(users))
-                .where(device_lists_outbound_pokes.c.sent.is_(False))
-                .distinct()
-            )
-            return [str(d) for d in (await conn.execute(q)).scalars()]
+        async def fn(tx: Tx) -> list[str]:
+            return await tx.outbox.device_list_destinations(users)
 
-        return await run_in_transaction(self._engine, fn)
+        return await self._storage.run(fn)
 
     async def on_remote_server_up(self, server: str) -> None:
         await self._m.remote_server_up(server)
 
 
-class NativeRoomHosts:
-    """Implements :class:`federation_sender.edus.RoomHosts` on the native schema: the
-    hosts from the membership replay, the event's ``origin_server_ts`` as its
-    reception time (the native schema keeps no other)."""
+class StorageRoomHosts:
+    """Implements :class:`federation_sender.edus.RoomHosts` through the storage backend
+    (natively: the membership replay, and the event's ``origin_server_ts`` as its
+    reception time, as the native schema keeps no other)."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    def __init__(self, storage: Backend) -> None:
+        self._storage = storage
 
     async def current_hosts(self, room_id: str) -> frozenset[str]:
-        async def fn(conn: AsyncConnection) -> frozenset[str]:
-            return await joined_servers_at(conn, room_id, LATEST)
+        async def fn(tx: Tx) -> frozenset[str]:
+            return (await tx.hosts.current_hosts([room_id]))[room_id]
 
-        return await run_in_transaction(self._engine, fn)
+        return await self._storage.run(fn)
 
     async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
-        async def fn(conn: AsyncConnection) -> EventMeta | None:
-            q = select(events.c.sender, events.c.origin_server_ts).where(
-                events.c.event_id == event_id, events.c.room_id == room_id
-            )
-            row = (await conn.execute(q)).first()
-            return None if row is None else EventMeta(str(row[0]), int(row[1]))
+        async def fn(tx: Tx) -> tuple[str, int] | None:
+            return await tx.events.sender_and_received_ts(room_id, event_id)
 
-        return await run_in_transaction(self._engine, fn)
+        found = await self._storage.run(fn)
+        return None if found is None else EventMeta(*found)
 
 
 class DbPositionStore:
     """Implements :class:`federation_sender.replication.positions.PositionStore`."""
 
-    def __init__(self, engine: AsyncEngine, instance_name: str) -> None:
-        self._engine = engine
-        self._prefix = f"replication:{instance_name}:"
+    def __init__(self, storage: Backend, instance_name: str) -> None:
+        self._storage = storage
+        self._reader = instance_name
 
     async def load(self) -> dict[tuple[str, str], int]:
-        async def fn(conn: AsyncConnection) -> dict[tuple[str, str], int]:
-            q = select(
-                stream_positions.c.stream_name,
-                stream_positions.c.instance_name,
-                stream_positions.c.stream_id,
-            ).where(stream_positions.c.stream_name.startswith(self._prefix, autoescape=True))
-            return {
-                (str(s)[len(self._prefix) :], str(i)): int(t)
-                for s, i, t in (await conn.execute(q)).all()
-            }
+        async def fn(tx: Tx) -> dict[tuple[str, str], int]:
+            return await tx.positions.load_replication(self._reader)
 
-        return await run_in_transaction(self._engine, fn)
+        return await self._storage.run(fn)
 
     async def save(self, stream: str, instance: str, token: int) -> None:
-        async def fn(conn: AsyncConnection) -> None:
-            await pos.save_position(conn, self._prefix + stream, instance, token)
+        async def fn(tx: Tx) -> None:
+            await tx.positions.save_replication(self._reader, stream, instance, token)
 
-        await run_in_transaction(self._engine, fn)
+        await self._storage.run(fn)
 
 
 _ADMIN_STATE: dict[DestinationState, str] = {

@@ -46,6 +46,8 @@ from federation_sender.replication.transport import Transport
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.storage.engine import create_engine, is_sqlite
 from federation_sender.storage.migrate import check_schema, upgrade
+from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.protocols import Backend
 from federation_sender.supervisor import Supervisor
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.telemetry.metrics import Metrics, new_registry, start_metrics_server
@@ -129,6 +131,7 @@ class Worker:
     settings: Settings
     clock: Clock
     engine: AsyncEngine
+    storage: Backend
     sender: TransactionSender
     manager: QueueManager
     shards: ShardCoordinator
@@ -175,6 +178,7 @@ class Worker:
         metrics = Metrics(registry)
         provider = setup_tracing(settings.telemetry, instance_name=settings.instance_name)
         observer = TelemetryObserver(metrics, provider, clock)
+        storage = NativeBackend(engine)
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
         poll = (
             settings.replication.poll_interval_s
@@ -182,7 +186,7 @@ class Worker:
             else None
         )
         manager = QueueManager(
-            engine,
+            storage,
             sender,
             settings.queue,
             settings.server_name,
@@ -210,6 +214,7 @@ class Worker:
             settings=settings,
             clock=clock,
             engine=engine,
+            storage=storage,
             sender=sender,
             manager=manager,
             shards=shards,
@@ -233,7 +238,7 @@ class Worker:
         if transport is not None:
             handler = WorkerReplicationHandler(
                 self.manager,
-                self.engine,
+                self.storage,
                 s.server_name,
                 self.clock,
                 self.metrics,
@@ -242,7 +247,7 @@ class Worker:
             client = ReplicationClient(
                 transport,
                 instance_name=s.instance_name,
-                store=DbPositionStore(self.engine, s.instance_name),
+                store=DbPositionStore(self.storage, s.instance_name),
                 fetchers={},
                 handler=handler,
                 clock=self.clock,
@@ -259,7 +264,7 @@ class Worker:
                 self.supervisor.start(name, loop, restart=True)
         if s.admin.enabled:
             app = build_admin_app(
-                engine=self.engine,
+                storage=self.storage,
                 token=self.admin_token,
                 queues=AdminQueueControl(self.manager),
                 clock=self.clock,

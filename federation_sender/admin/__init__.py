@@ -2,7 +2,7 @@
 health/readiness and the operator dashboard.
 
 Theory of operation: the app is a thin read layer. Persisted facts (retry timings,
-rooms, the transaction log) come from the database through :mod:`.queries`; live
+rooms, the transaction log) come from the storage backend's ``AdminReads``; live
 facts (queue state, in-flight transaction) come from a :class:`.protocols.QueueControl`
 the composition root passes in. The only write, ``reset_connection``, is delegated to
 that QueueControl, which owns backoff both in memory and in the database, so the admin

@@ -31,13 +31,13 @@ from importlib import resources
 from typing import Any
 
 from aiohttp import web
-from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.admin import handlers
-from federation_sender.admin.handlers import CLOCK, ENGINE, QUEUES, READY, ReadinessCheck
+from federation_sender.admin.handlers import CLOCK, QUEUES, READY, STORAGE, ReadinessCheck
 from federation_sender.admin.middleware import error_middleware, make_auth_middleware
 from federation_sender.admin.protocols import QueueControl
 from federation_sender.clock import Clock
+from federation_sender.storage.protocols import Backend
 
 API = "/_synapse/admin/v1/federation"
 
@@ -97,7 +97,7 @@ async def _dashboard(request: web.Request) -> web.Response:
 
 def build_admin_app(
     *,
-    engine: AsyncEngine,
+    storage: Backend,
     token: str,
     queues: QueueControl,
     clock: Clock,
@@ -106,7 +106,7 @@ def build_admin_app(
     """Build the admin application. ``token`` must be non-empty; ``ready`` returns
     (or resolves to) whether the worker is ready (``/ready`` answers 503 when not)."""
     app = web.Application(middlewares=[error_middleware, make_auth_middleware(token)])
-    app[ENGINE] = engine
+    app[STORAGE] = storage
     app[QUEUES] = queues
     app[CLOCK] = clock
     app[READY] = ready if ready is not None else _always_ready

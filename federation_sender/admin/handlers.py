@@ -14,18 +14,16 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from aiohttp import web
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from federation_sender.admin import queries
 from federation_sender.admin.errors import AdminError, Codes, parse_enum, parse_int, parse_str
 from federation_sender.admin.protocols import QUEUE_STATES, QueueControl
-from federation_sender.admin.queries import DestinationOrder, DestinationRow, Direction
 from federation_sender.clock import Clock, time_ms
-from federation_sender.storage.engine import run_in_transaction
+from federation_sender.model import DestinationOrder, DestinationRow, Direction
+from federation_sender.storage.protocols import Backend, Tx
 
 ReadinessCheck = Callable[[], bool | Awaitable[bool]]
 
-ENGINE = web.AppKey("engine", AsyncEngine)
+STORAGE = web.AppKey("storage", Backend)
 QUEUES = web.AppKey("queues", QueueControl)
 CLOCK = web.AppKey("clock", Clock)
 READY: web.AppKey[ReadinessCheck] = web.AppKey("ready")
@@ -68,14 +66,13 @@ def _queue_json(live: Mapping[str, Any] | None, row: DestinationRow) -> dict[str
     return {**live, "live": True}
 
 
-async def _read(request: web.Request,
-                fn: Callable[[AsyncConnection], Awaitable[Any]]) -> Any:
-    return await run_in_transaction(request.app[ENGINE], fn)
+async def _read(request: web.Request, fn: Callable[[Tx], Awaitable[Any]]) -> Any:
+    return await request.app[STORAGE].run(fn)
 
 
 async def _known(request: web.Request, destination: str) -> DestinationRow:
     row: DestinationRow | None = await _read(
-        request, lambda c: queries.get_destination(c, destination))
+        request, lambda tx: tx.admin.find_destination(destination))
     if row is None:
         raise AdminError(404, Codes.NOT_FOUND, "Unknown destination")
     return row
@@ -101,8 +98,8 @@ async def list_destinations(request: web.Request) -> web.Response:
     search = parse_str(q, "destination")
     order_by = parse_enum(q, "order_by", DestinationOrder, DestinationOrder.DESTINATION)
     direction = parse_enum(q, "dir", Direction, Direction.FORWARDS)
-    rows, total = await _read(request, lambda c: queries.list_destinations(
-        c, start=start, limit=limit, search=search, order_by=order_by, direction=direction))
+    rows, total = await _read(request, lambda tx: tx.admin.list_destinations(
+        start=start, limit=limit, search=search, order_by=order_by, direction=direction))
     queues = request.app[QUEUES]
     items = [{**r.to_json(), "queue": _queue_json(queues.live_state(r.destination), r)}
              for r in rows]
@@ -123,8 +120,8 @@ async def destination_rooms(request: web.Request) -> web.Response:
     q = _query(request)
     start, limit = _page(q)
     direction = parse_enum(q, "dir", Direction, Direction.FORWARDS)
-    rooms, total = await _read(request, lambda c: queries.list_destination_rooms(
-        c, destination, start=start, limit=limit, direction=direction))
+    rooms, total = await _read(request, lambda tx: tx.admin.list_destination_rooms(
+        destination, start=start, limit=limit, direction=direction))
     items = [{"room_id": room, "stream_ordering": so} for room, so in rooms]
     return web.json_response(
         _paged({"rooms": items, "total": total}, start, limit, len(items), total))
@@ -139,8 +136,8 @@ async def destination_transactions(request: web.Request) -> web.Response:
     if status is not None and status not in TXN_STATUSES:
         raise AdminError(400, Codes.INVALID_PARAM,
                          f"Query parameter status must be one of {list(TXN_STATUSES)}")
-    txns, total = await _read(request, lambda c: queries.list_transactions(
-        c, destination, start=start, limit=limit, status=status))
+    txns, total = await _read(request, lambda tx: tx.admin.list_transactions(
+        destination, start=start, limit=limit, status=status))
     items = [t.to_json() for t in txns]
     return web.json_response(
         _paged({"transactions": items, "total": total}, start, limit, len(items), total))
@@ -156,9 +153,9 @@ async def reset_connection(request: web.Request) -> web.Response:
 
 
 async def summary(request: web.Request) -> web.Response:
-    async def read(conn: AsyncConnection) -> tuple[int, int]:
-        _, total = await queries.list_destinations(conn, start=0, limit=0)
-        return total, await queries.count_destinations_backing_off(conn)
+    async def read(tx: Tx) -> tuple[int, int]:
+        _, total = await tx.admin.list_destinations(start=0, limit=0)
+        return total, await tx.admin.count_destinations_backing_off()
 
     total, backing_off = await _read(request, read)
     states: dict[str, int] = dict.fromkeys(QUEUE_STATES, 0)

@@ -19,6 +19,12 @@ per :class:`~federation_sender.queue.backoff.BackoffPolicy`; past one hour the q
 drops its volatile items and catches up from ``destination_rooms``
 (:mod:`~federation_sender.queue.catchup`), which is also how every queue starts.
 
+All database access goes through the storage boundary
+(:mod:`federation_sender.storage.protocols`): ``queue/store.py`` and the intake speak
+its Protocols, and the pure cores (``core.py``, ``catchup.py``) import no storage module,
+only the neutral rows of :mod:`federation_sender.model`. The same engine therefore runs
+on any backend (the native schema today; Synapse's tables next).
+
 Failure modes: a crash at any point loses nothing that was persisted as an event -
 positions only advance past what was recorded or delivered, and catch-up replays the
 rest (duplicates are possible and harmless: receivers deduplicate by event id). A
@@ -27,7 +33,7 @@ splitting and dropped after ``max_item_failures`` refusals.
 
 Public API (called by the composition root)
 -------------------------------------------
-``QueueManager(engine, sender, settings.queue, server_name, instance_name, clock, rng,
+``QueueManager(storage, sender, settings.queue, server_name, instance_name, clock, rng,
 shard_filter, observer=None, *, attempt_deadline_s=120.0, poll_interval_s=None,
 db_concurrency=16)``
 

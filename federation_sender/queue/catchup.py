@@ -22,19 +22,20 @@ done: a room not yet handled may hold missed events older than rows already hand
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from federation_sender.model import EventRow, MembershipRow, server_of
 from federation_sender.queue.batching import Batch, Limits
 from federation_sender.queue.items import PduItem
-from federation_sender.storage.events import EventRow
-from federation_sender.storage.rooms import MembershipRow, server_joined_at
 
-
-def server_of(user_id: str) -> str:
-    return user_id.split(":", 1)[1] if ":" in user_id else ""
+__all__ = [
+    "PduCache", "RoomInput", "RoomPlan", "is_membership_of", "is_sendable", "pack_next",
+    "pdu_item", "plan_room", "server_joined_at", "server_of",
+]
 
 
 def is_sendable(e: EventRow, server_name: str) -> bool:
@@ -46,6 +47,20 @@ def is_membership_of(e: EventRow, destination: str) -> bool:
     return e.type == "m.room.member" and e.state_key is not None and (
         server_of(e.state_key) == destination
     )
+
+
+def server_joined_at(history: Iterable[MembershipRow], position: int | None) -> bool:
+    """Whether any of the server's users was joined after ``position`` (None: now).
+
+    ``history`` must be ascending by stream ordering (as the storage returns it)."""
+    rows = list(history)
+    if position is not None:
+        cut = bisect.bisect_right([r.stream_ordering for r in rows], position)
+        rows = rows[:cut]
+    latest: dict[str, str] = {}
+    for r in rows:
+        latest[r.user_id] = r.membership
+    return any(m == "join" for m in latest.values())
 
 
 @dataclass(frozen=True, slots=True)

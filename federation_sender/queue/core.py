@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 
+from federation_sender.model import EventRow
 from federation_sender.queue.backoff import RESET, BackoffPolicy, BackoffState
 from federation_sender.queue.batching import Batch, Limits, take_batch, take_edus
 from federation_sender.queue.catchup import RoomPlan, pack_next, pdu_item
@@ -46,7 +47,6 @@ from federation_sender.queue.items import (
     PendingItems,
     make_edu,
 )
-from federation_sender.storage.events import EventRow
 from federation_sender.transport.result import Outcome, SendResult
 
 REFUSAL_STATUSES = frozenset({400, 500})

@@ -2,9 +2,9 @@
 
 On a poke (or a poll), read events past the persisted position up to the poked token,
 ``batch_size`` at a time. For each event that originates here and is not out-of-band,
-the destinations are the servers joined to the room after the event, plus the target's
-server of a leave/ban (a kicked or leaving server receives its own kick or leave), minus
-ourselves, filtered by the shard.
+the destinations are the servers the storage backend says must receive it
+(``RoomHostsReader``; natively the servers joined to the room after the event, plus the
+target's server of a leave/ban), minus ourselves, filtered by the shard.
 
 Each batch is one database transaction: read the events and the membership they need,
 upsert ``destinations`` and ``destination_rooms`` and save the position; after the
@@ -14,9 +14,9 @@ and the hand-over loses nothing: queues start in catch-up mode, which reads
 sooner, but a 15-minute chaos run then lost one event of 1.7 million without an
 explanation found in time; the order that keeps the rows ahead of every queue stays.)
 
-Room membership for all rooms of a batch is resolved with at most two queries through
-:class:`RoomHostsCache` (rooms in parallel, events of a room in order), instead of a
-query per room or per event.
+The hosts for all rooms of a batch are asked for in one call (rooms in parallel, events
+of a room in order; natively at most two queries), instead of a query per room or per
+event.
 """
 
 from __future__ import annotations
@@ -28,19 +28,13 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
 from federation_sender.clock import Clock
-from federation_sender.queue.catchup import is_sendable, server_of
+from federation_sender.model import EVENTS_STREAM, EventRow
+from federation_sender.queue.catchup import is_sendable
 from federation_sender.queue.items import PduItem
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.timing import wait_or_timeout
-from federation_sender.storage import destinations as dst
-from federation_sender.storage import events as ev
-from federation_sender.storage import positions as pos
-from federation_sender.storage.engine import run_in_transaction
-from federation_sender.storage.events import EventRow
-from federation_sender.storage.rooms import RoomHostsCache
+from federation_sender.storage.protocols import Backend, Tx
 
 log = logging.getLogger(__name__)
 
@@ -49,56 +43,37 @@ def _everyone(_destination: str) -> bool:
     return True
 
 
-def _leaving_server(event: EventRow) -> str | None:
-    """The target's server of a leave or ban (it receives its own kick or leave)."""
-    if event.type != "m.room.member" or not event.state_key:
-        return None
-    try:
-        membership = json.loads(event.json).get("content", {}).get("membership")
-    except ValueError:
-        membership = None
-    return server_of(event.state_key) if membership in ("leave", "ban") else None
-
-
 def recipients(
-    event: EventRow, joined: frozenset[str], server_name: str, shard: Callable[[str], bool]
+    hosts: frozenset[str], server_name: str, shard: Callable[[str], bool]
 ) -> list[str]:
-    return _recipients(joined, _leaving_server(event), server_name, shard)
-
-
-def _recipients(
-    joined: frozenset[str], extra: str | None, server_name: str, shard: Callable[[str], bool]
-) -> list[str]:
-    dests = set(joined)
-    if extra is not None:
-        dests.add(extra)
+    """An event's destinations from the hosts the backend gave: minus ourselves (and
+    empty names), this shard's only."""
+    dests = set(hosts)
     dests.discard(server_name)
     dests.discard("")
     return sorted(d for d in dests if shard(d))
 
 
 class _Fanout:
-    """One batch's recipient lists, computed once per distinct membership snapshot.
+    """One batch's recipient lists, computed once per distinct hosts set.
 
-    Events of a room between two membership changes share one frozen set of joined
-    servers (:class:`RoomHostsCache` hands out the same object), so they share one
-    recipient tuple here too; everything per destination below is then done per
-    distinct tuple instead of per event and destination."""
+    Events of a room between two membership changes share one frozen set of hosts (the
+    backend hands out the same object), so they share one recipient tuple here too;
+    everything per destination below is then done per distinct tuple instead of per
+    event and destination."""
 
     def __init__(self, server_name: str, shard: Callable[[str], bool]) -> None:
         self.server_name = server_name
         self.shard = shard
-        self._all: dict[tuple[int, str | None], tuple[frozenset[str], tuple[str, ...]]] = {}
+        self._all: dict[int, tuple[frozenset[str], tuple[str, ...]]] = {}
         self._own: dict[int, tuple[tuple[str, ...], tuple[str, ...]]] = {}
 
-    def everyone(self, event: EventRow, joined: frozenset[str]) -> tuple[str, ...]:
-        extra = _leaving_server(event)
-        key = (id(joined), extra)
-        hit = self._all.get(key)
+    def everyone(self, hosts: frozenset[str]) -> tuple[str, ...]:
+        hit = self._all.get(id(hosts))
         if hit is None:
-            dests = tuple(_recipients(joined, extra, self.server_name, _everyone))
+            dests = tuple(recipients(hosts, self.server_name, _everyone))
             # The set is kept referenced, so its id cannot be reused within the batch.
-            self._all[key] = hit = (joined, dests)
+            self._all[id(hosts)] = hit = (hosts, dests)
         return hit[1]
 
     def own(self, dests: tuple[str, ...]) -> tuple[str, ...]:
@@ -120,7 +95,7 @@ class _Batch:
 class EventIntake:
     def __init__(
         self,
-        engine: AsyncEngine,
+        storage: Backend,
         server_name: str,
         instance_name: str,
         batch_size: int,
@@ -129,9 +104,8 @@ class EventIntake:
         observer: QueueObserver,
         clock: Clock,
         poll_interval_s: float | None = None,
-        hosts_cache: RoomHostsCache | None = None,
     ) -> None:
-        self.engine = engine
+        self.storage = storage
         self.server_name = server_name
         self.instance_name = instance_name
         self.batch_size = batch_size
@@ -140,7 +114,6 @@ class EventIntake:
         self.observer = observer
         self.clock = clock
         self.poll_interval_s = poll_interval_s
-        self.hosts = hosts_cache or RoomHostsCache()
         self.position = 0
         self.target = 0
         self._poked = asyncio.Event()
@@ -158,14 +131,14 @@ class EventIntake:
         """Load the persisted position; on first start, begin at the current end (there
         is nothing to catch up on for a worker that never sent anything)."""
 
-        async def fn(conn: AsyncConnection) -> int:
-            p = await pos.load_position(conn, pos.EVENTS_STREAM, self.instance_name)
+        async def fn(tx: Tx) -> int:
+            p = await tx.positions.load(EVENTS_STREAM, self.instance_name)
             if p is None:
-                p = await ev.max_stream_ordering(conn)
-                await pos.save_position(conn, pos.EVENTS_STREAM, self.instance_name, p)
+                p = await tx.events.max_stream_ordering()
+                await tx.positions.save(EVENTS_STREAM, self.instance_name, p)
             return p
 
-        self.position = await run_in_transaction(self.engine, fn)
+        self.position = await self.storage.run(fn)
         self.target = max(self.target, self.position)
 
     def notify(self, max_stream_ordering: int) -> None:
@@ -183,10 +156,7 @@ class EventIntake:
             await wait_or_timeout(self.clock, self._poked, self.poll_interval_s)
 
     async def _poll(self) -> None:
-        async def fn(conn: AsyncConnection) -> int:
-            return await ev.max_stream_ordering(conn)
-
-        self.notify(await run_in_transaction(self.engine, fn))
+        self.notify(await self.storage.run(_max_stream_ordering))
 
     def stop(self) -> None:
         self.stopping = True
@@ -197,24 +167,24 @@ class EventIntake:
         many PDUs were handed to queues."""
         after, upto = self.position, self.target
 
-        async def fn(conn: AsyncConnection) -> _Batch:
-            rows = await ev.events_after(conn, after, upto, self.batch_size)
-            sendable = [e for e in rows if is_sendable(e, self.server_name)]
-            by_room: dict[str, list[int]] = {}
-            for e in sendable:
-                by_room.setdefault(e.room_id, []).append(e.stream_ordering)
-            hosts = await self.hosts.hosts_for_events(conn, by_room)
+        async def fn(tx: Tx) -> _Batch:
+            rows = await tx.events.events_after(after, upto, self.batch_size)
+            by_room: dict[str, list[EventRow]] = {}
+            for e in rows:
+                if is_sendable(e, self.server_name):
+                    by_room.setdefault(e.room_id, []).append(e)
+            hosts = await tx.hosts.hosts_for_events(by_room)
             new_position = rows[-1].stream_ordering if len(rows) == self.batch_size else upto
             fan = _Fanout(self.server_name, self.shard)
             fanout = _fan_out(rows, hosts, fan, self.server_name)
             dr_rows = _last_per_room(fanout)
             new_dests = {r[0] for r in dr_rows} - self._known_destinations
-            await dst.ensure_destinations(conn, new_dests)
-            await dst.upsert_destination_rooms(conn, dr_rows, skip_destinations=True)
-            await pos.save_position(conn, pos.EVENTS_STREAM, self.instance_name, new_position)
+            await tx.destinations.ensure_destinations(new_dests)
+            await tx.destinations.upsert_destination_rooms(dr_rows, skip_destinations=True)
+            await tx.positions.save(EVENTS_STREAM, self.instance_name, new_position)
             return _Batch(len(rows), new_position, new_dests, fanout, fan)
 
-        b = await run_in_transaction(self.engine, fn)
+        b = await self.storage.run(fn)
         self._remember(b.new_dests)
         self.position = b.new_position
         n = self._hand_over(b.fanout, b.fan)
@@ -265,6 +235,10 @@ class EventIntake:
         return n
 
 
+async def _max_stream_ordering(tx: Tx) -> int:
+    return await tx.events.max_stream_ordering()
+
+
 def _stream_ordering(item: PduItem) -> int:
     return item.stream_ordering
 
@@ -287,7 +261,7 @@ def _fan_out(
         # it now: during a shard membership change two instances' views differ, and a
         # destination recorded by nobody would never be caught up. Only this
         # instance's own destinations are queued.
-        dests = fan.everyone(e, hosts[e.room_id][i])
+        dests = fan.everyone(hosts[e.room_id][i])
         if dests:
             fanout.append((e, dests))
     return fanout

@@ -24,10 +24,9 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from sqlalchemy.ext.asyncio import AsyncEngine
-
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
+from federation_sender.model import FEDERATION_STREAM
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import PduCache
@@ -41,7 +40,7 @@ from federation_sender.queue.slots import Slots
 from federation_sender.queue.status import DestinationStatus
 from federation_sender.queue.store import QueueStore
 from federation_sender.queue.timing import wait_or_timeout
-from federation_sender.storage.positions import FEDERATION_STREAM
+from federation_sender.storage.protocols import Backend
 from federation_sender.transport.result import TransactionSender
 
 log = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ def _base36(n: int) -> str:
 class QueueManager:
     def __init__(
         self,
-        engine: AsyncEngine,
+        storage: Backend,
         sender: TransactionSender,
         settings: QueueSettings,
         server_name: str,
@@ -99,7 +98,7 @@ class QueueManager:
         db_concurrency: int = 16,
         leases: LeaseGuard | None = None,
     ) -> None:
-        self.engine = engine
+        self.storage = storage
         self.sender = sender
         self.settings = settings
         self.server_name = server_name
@@ -109,7 +108,7 @@ class QueueManager:
         self.shard_filter = shard_filter
         self.leases = leases
         self.observer: QueueObserver = observer or NoopObserver()
-        self.store = QueueStore(engine)
+        self.store = QueueStore(storage)
         self.policy = BackoffPolicy.from_settings(settings)
         self.limits = Limits.from_settings(settings)
         self.runner_config = RunnerConfig(
@@ -132,7 +131,7 @@ class QueueManager:
         self._txn_base = _base36(time_ms(clock))
         self._txn_counter = itertools.count(1)
         self.intake = EventIntake(
-            engine,
+            storage,
             server_name,
             instance_name,
             settings.event_batch_size,

@@ -1,8 +1,9 @@
 """The queue engine's database access, one method per unit of work.
 
-Each method is one database transaction (retried on transient errors by
-:func:`run_in_transaction`); everything a transaction result implies (backoff, position,
-outbox rows, pruning, the log row) is written atomically.
+Each method is one database transaction of the storage backend (retried whole on
+transient errors); everything a transaction result implies (backoff, position, outbox
+rows, pruning, the log row) is written atomically. Nothing here knows a table: it
+speaks the Protocols of ``storage/protocols.py``.
 """
 
 from __future__ import annotations
@@ -13,35 +14,27 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
+from federation_sender.model import DestinationRow, DeviceListRow, EventRow, ToDeviceRow, TxnLogRow
 from federation_sender.queue.backoff import BackoffState
 from federation_sender.queue.catchup import RoomInput, RoomPlan, plan_room
 from federation_sender.queue.core import Effects
-from federation_sender.storage import destinations as dst
-from federation_sender.storage import events as ev
-from federation_sender.storage import outboxes as ob
-from federation_sender.storage import positions as pos
-from federation_sender.storage import rooms as rm
-from federation_sender.storage import txlog
-from federation_sender.storage.engine import run_in_transaction
-from federation_sender.storage.events import EventRow
+from federation_sender.storage.protocols import Backend, Tx
 
 JsonDict = dict[str, object]
 
 
 class QueueStore:
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
+    def __init__(self, storage: Backend) -> None:
+        self.storage = storage
         self._pending: list[_Pending] = []
         self._flushing = False
         self._flusher: asyncio.Future[None] | None = None
 
     async def load_destination(self, destination: str) -> tuple[BackoffState, int | None]:
-        async def fn(conn: AsyncConnection) -> dst.DestinationRow | None:
-            return await dst.get_destination(conn, destination)
+        async def fn(tx: Tx) -> DestinationRow | None:
+            return await tx.destinations.get_destination(destination)
 
-        row = await run_in_transaction(self.engine, fn)
+        row = await self.storage.run(fn)
         if row is None:
             return BackoffState(), None
         return (
@@ -57,7 +50,7 @@ class QueueStore:
         self,
         destination: str,
         eff: Effects,
-        log_row: txlog.TxnLogRow | None,
+        log_row: TxnLogRow | None,
         now_ms: int,
     ) -> None:
         """Write what a result implies and wait for the commit."""
@@ -69,7 +62,7 @@ class QueueStore:
         self,
         destination: str,
         eff: Effects,
-        log_row: txlog.TxnLogRow | None,
+        log_row: TxnLogRow | None,
         now_ms: int,
     ) -> asyncio.Future[None] | None:
         """Queue the write; the future resolves at commit (None: nothing to write).
@@ -103,7 +96,7 @@ class QueueStore:
             while self._pending:
                 batch, self._pending = self._pending, []
                 try:
-                    await run_in_transaction(self.engine, functools.partial(_apply, batch=batch))
+                    await self.storage.run(functools.partial(_apply, batch=batch))
                 except Exception as e:  # handed to every waiter, which decides
                     for *_, fut in batch:
                         if not fut.done():
@@ -118,14 +111,12 @@ class QueueStore:
     async def read_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int
     ) -> tuple[list[tuple[int, JsonDict]], list[tuple[int, str, str, JsonDict]], bool]:
-        async def fn(
-            conn: AsyncConnection,
-        ) -> tuple[list[ob.ToDeviceRow], list[ob.DeviceListRow]]:
-            return await ob.unsent_outbox(
-                conn, destination, to_device_after, device_lists_after, limit
+        async def fn(tx: Tx) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
+            return await tx.outbox.unsent_outbox(
+                destination, to_device_after, device_lists_after, limit
             )
 
-        td, dl = await run_in_transaction(self.engine, fn)
+        td, dl = await self.storage.run(fn)
         return _outbox(td, dl, limit)
 
     async def plan_catchup(
@@ -139,8 +130,7 @@ class QueueStore:
     ) -> list[RoomPlan]:
         """Plans for the ``rooms_limit`` oldest rows past ``cursor``, replaying gaps from
         ``after`` (the episode's base position). Empty: caught up."""
-        return await run_in_transaction(
-            self.engine,
+        return await self.storage.run(
             functools.partial(
                 _plan,
                 destination=destination,
@@ -166,8 +156,8 @@ class QueueStore:
         its outbox window and (``plan``: it starts in catch-up) its first catch-up plans,
         unless it is backing off."""
 
-        async def fn(conn: AsyncConnection) -> Bootstrap:
-            row = await dst.get_destination(conn, destination)
+        async def fn(tx: Tx) -> Bootstrap:
+            row = await tx.destinations.get_destination(destination)
             backoff = BackoffState()
             last: int | None = None
             if row is not None:
@@ -177,12 +167,12 @@ class QueueStore:
                     failure_ts_ms=row.failure_ts,
                 )
                 last = row.last_successful_stream_ordering
-            td, dl = await ob.unsent_outbox(conn, destination, -1, -1, outbox_limit)
+            td, dl = await tx.outbox.unsent_outbox(destination, -1, -1, outbox_limit)
             plans: list[RoomPlan] | None = None
             if plan and not backoff.active_at(now_ms):
                 base = -1 if last is None else last
                 plans = await _plan(
-                    conn,
+                    tx,
                     destination=destination,
                     server_name=server_name,
                     after=base,
@@ -192,37 +182,39 @@ class QueueStore:
                 )
             return Bootstrap(backoff, last, *_outbox(td, dl, outbox_limit), plans)
 
-        return await run_in_transaction(self.engine, fn)
+        return await self.storage.run(fn)
 
     async def destinations_behind(self) -> list[str]:
-        async def fn(conn: AsyncConnection) -> list[str]:
-            return await dst.destinations_behind(conn)
+        async def fn(tx: Tx) -> list[str]:
+            return await tx.destinations.destinations_behind()
 
-        return await run_in_transaction(self.engine, fn)
+        return await self.storage.run(fn)
 
     async def clear_retry(self, destination: str) -> bool:
-        async def fn(conn: AsyncConnection) -> bool:
-            return await dst.clear_retry(conn, destination)
+        async def fn(tx: Tx) -> bool:
+            return await tx.destinations.clear_retry(destination)
 
-        return await run_in_transaction(self.engine, fn)
+        return await self.storage.run(fn)
 
     async def load_position(self, stream: str, instance: str) -> int | None:
-        async def fn(conn: AsyncConnection) -> int | None:
-            return await pos.load_position(conn, stream, instance)
+        async def fn(tx: Tx) -> int | None:
+            return await tx.positions.load(stream, instance)
 
-        return await run_in_transaction(self.engine, fn)
+        return await self.storage.run(fn)
 
     async def save_position(self, stream: str, instance: str, stream_id: int) -> None:
-        async def fn(conn: AsyncConnection) -> None:
-            await pos.save_position(conn, stream, instance, stream_id)
+        async def fn(tx: Tx) -> None:
+            await tx.positions.save(stream, instance, stream_id)
 
-        await run_in_transaction(self.engine, fn)
+        await self.storage.run(fn)
 
     async def wakeup_page(self, after: str | None, limit: int, now_ms: int) -> list[str]:
-        async def fn(conn: AsyncConnection) -> list[str]:
-            return await dst.destinations_with_outstanding_work(conn, after, limit, now_ms)
+        async def fn(tx: Tx) -> list[str]:
+            return await tx.destinations.destinations_with_outstanding_work(
+                after, limit, now_ms
+            )
 
-        return await run_in_transaction(self.engine, fn)
+        return await self.storage.run(fn)
 
 
 @dataclass(frozen=True, slots=True)
@@ -236,7 +228,7 @@ class Bootstrap:
 
 
 def _outbox(
-    td: Sequence[ob.ToDeviceRow], dl: Sequence[ob.DeviceListRow], limit: int
+    td: Sequence[ToDeviceRow], dl: Sequence[DeviceListRow], limit: int
 ) -> tuple[list[tuple[int, JsonDict]], list[tuple[int, str, str, JsonDict]], bool]:
     to_device = [(r.stream_id, _load(r.messages_json)) for r in td]
     device_lists: list[tuple[int, str, str, JsonDict]] = []
@@ -250,7 +242,7 @@ def _outbox(
 
 
 async def _plan(
-    conn: AsyncConnection,
+    tx: Tx,
     *,
     destination: str,
     server_name: str,
@@ -259,21 +251,21 @@ async def _plan(
     rooms_limit: int,
     max_gap_events: int,
 ) -> list[RoomPlan]:
-    rows = await dst.catchup_rows(conn, destination, cursor[0], rooms_limit, cursor[1])
+    rows = await tx.catchup.catchup_rows(destination, cursor[0], rooms_limit, cursor[1])
     if not rows:
         return []
     room_ids = [r for r, _ in rows]
     row_so = dict(rows)
     upto = max(row_so.values())
-    missed = await ev.room_events_between(conn, room_ids, after, upto, max_gap_events + 1)
+    missed = await tx.events.room_events_between(room_ids, after, upto, max_gap_events + 1)
     for room, evs in missed.items():
         missed[room] = [e for e in evs if e.stream_ordering <= row_so[room]]
     long_gap = [r for r in room_ids if len(missed.get(r, ())) > max_gap_events]
     # The common case (short gaps) needs neither partial-state flags nor extremities,
     # and finds the row's own event at the end of the gap.
-    partial = await ev.partial_state(conn, long_gap) if long_gap else set()
-    extremities = await ev.forward_extremities(conn, [r for r in long_gap if r not in partial])
-    history = await rm.server_membership_history(conn, destination, room_ids)
+    partial = await tx.events.partial_state(long_gap) if long_gap else set()
+    extremities = await tx.events.forward_extremities([r for r in long_gap if r not in partial])
+    history = await tx.catchup.server_membership_history(destination, room_ids)
     row_events: dict[int, EventRow] = {}
     for room, so in rows:
         gap = missed.get(room)
@@ -281,7 +273,7 @@ async def _plan(
             row_events[so] = gap[-1]
     lacking = [so for _, so in rows if so not in row_events]
     if lacking:
-        row_events.update(await ev.events_at(conn, lacking))
+        row_events.update(await tx.events.events_at(lacking))
     return [
         plan_room(
             RoomInput(
@@ -301,31 +293,31 @@ async def _plan(
     ]
 
 
-_Pending = tuple[str, Effects, "txlog.TxnLogRow | None", int, "asyncio.Future[None]"]
+_Pending = tuple[str, Effects, "TxnLogRow | None", int, "asyncio.Future[None]"]
 
 
-async def _apply(conn: AsyncConnection, *, batch: Sequence[_Pending]) -> None:
+async def _apply(tx: Tx, *, batch: Sequence[_Pending]) -> None:
     positions: list[tuple[str, int]] = []
-    logs: list[txlog.TxnLogRow] = []
+    logs: list[TxnLogRow] = []
     for destination, eff, log_row, now_ms, _fut in batch:
         if eff.backoff is not None:
             b = eff.backoff
-            await dst.set_retry_timings(
-                conn, destination, b.failure_ts_ms, b.retry_last_ts_ms, b.retry_interval_ms
+            await tx.destinations.set_retry_timings(
+                destination, b.failure_ts_ms, b.retry_last_ts_ms, b.retry_interval_ms
             )
         if eff.last_successful is not None:
             positions.append((destination, eff.last_successful))
         # Most results mark no outbox rows: skip the coroutine, not just the query.
         if eff.to_device_sent:
-            await ob.mark_to_device_sent(conn, destination, eff.to_device_sent, now_ms)
+            await tx.outbox.ack_to_device(destination, eff.to_device_sent, now_ms)
         if eff.device_lists_sent:
-            await ob.mark_device_lists_sent(conn, destination, eff.device_lists_sent)
+            await tx.outbox.ack_device_lists(destination, eff.device_lists_sent)
         if eff.prune:
-            await dst.delete_destination_rooms(conn, destination, eff.prune)
+            await tx.destinations.delete_destination_rooms(destination, eff.prune)
         if log_row is not None:
             logs.append(log_row)
-    await dst.set_last_successful_many(conn, positions)
-    await txlog.log_transactions(conn, logs)
+    await tx.destinations.set_last_successful_many(positions)
+    await tx.txlog.log_transactions(logs)
 
 
 def _load(text: str) -> JsonDict:
@@ -351,8 +343,8 @@ def log_row_for(
     catchup: bool,
     max_stream_ordering: int | None,
     error: str | None,
-) -> txlog.TxnLogRow:
-    return txlog.TxnLogRow(
+) -> TxnLogRow:
+    return TxnLogRow(
         txn_id=txn_id,
         destination=destination,
         instance_name=instance_name,

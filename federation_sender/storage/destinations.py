@@ -11,7 +11,6 @@ Invariants kept here rather than in callers:
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -30,6 +29,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from federation_sender.model import DestinationRow
 from federation_sender.storage.schema import (
     destination_rooms as dr,
 )
@@ -42,15 +42,6 @@ from federation_sender.storage.schema import (
 from federation_sender.storage.schema import (
     device_lists_outbound_pokes as dlp,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class DestinationRow:
-    destination: str
-    retry_last_ts: int | None
-    retry_interval: int | None
-    failure_ts: int | None
-    last_successful_stream_ordering: int | None
 
 
 def _insert(conn: AsyncConnection):  # type: ignore[no-untyped-def]

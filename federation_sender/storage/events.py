@@ -7,31 +7,17 @@ returned as text; callers parse it once and share the parsed PDU between destina
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from federation_sender.model import EventRow
 from federation_sender.storage.schema import (
     event_forward_extremities,
     events,
     partial_state_rooms,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class EventRow:
-    stream_ordering: int
-    event_id: str
-    room_id: str
-    type: str
-    state_key: str | None
-    sender: str
-    outlier: bool
-    rejected: bool
-    json: str
-
 
 _COLS = (
     events.c.stream_ordering,
@@ -178,3 +164,18 @@ async def rooms_with_events(conn: AsyncConnection, room_ids: Collection[str]) ->
         select(events.c.room_id).where(events.c.room_id.in_(list(room_ids))).distinct()
     )
     return {str(r[0]) for r in res}
+
+
+async def sender_and_origin_ts(
+    conn: AsyncConnection, room_id: str, event_id: str
+) -> tuple[str, int] | None:
+    """The event's sender and ``origin_server_ts`` (the native schema keeps no reception
+    time)."""
+    row = (
+        await conn.execute(
+            select(events.c.sender, events.c.origin_server_ts).where(
+                events.c.event_id == event_id, events.c.room_id == room_id
+            )
+        )
+    ).first()
+    return None if row is None else (str(row[0]), int(row[1]))

@@ -13,7 +13,6 @@ Rows are only marked sent after the remote answered 200, so a crash re-sends the
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
@@ -29,22 +28,9 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from federation_sender.model import DeviceListRow, ToDeviceRow
 from federation_sender.storage.schema import device_federation_outbox as tdo
 from federation_sender.storage.schema import device_lists_outbound_pokes as dlp
-
-
-@dataclass(frozen=True, slots=True)
-class ToDeviceRow:
-    stream_id: int
-    messages_json: str
-
-
-@dataclass(frozen=True, slots=True)
-class DeviceListRow:
-    stream_id: int
-    user_id: str
-    device_id: str
-    content_json: str
 
 
 async def unsent_to_device(
@@ -193,3 +179,15 @@ async def has_unsent(conn: AsyncConnection, destination: str) -> bool:
         )
     ).first()
     return b is not None
+
+
+async def device_list_destinations(conn: AsyncConnection, user_ids: Collection[str]) -> list[str]:
+    """Destinations with unsent device-list rows for these users."""
+    if not user_ids:
+        return []
+    res = await conn.execute(
+        select(dlp.c.destination)
+        .where(dlp.c.user_id.in_(sorted(user_ids)), dlp.c.sent.is_(False))
+        .distinct()
+    )
+    return [str(d) for d in res.scalars()]

@@ -2,8 +2,9 @@
 
 The queue engine keeps two rows per worker instance, keyed by its own instance name:
 ``federation_sender.events`` (events fanned out) and ``federation_sender.federation``
-(federation-stream EDUs queued and acknowledged). Saving never moves a position
-backwards, so a late writer cannot undo a newer save.
+(federation-stream EDUs queued and acknowledged). The replication client's tokens are
+rows ``replication:<reader instance>:<stream>`` keyed by the writer's instance name.
+Saving never moves a position backwards, so a late writer cannot undo a newer save.
 """
 
 from __future__ import annotations
@@ -11,10 +12,33 @@ from __future__ import annotations
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from federation_sender import model
 from federation_sender.storage.schema import stream_positions
 
-EVENTS_STREAM = "federation_sender.events"
-FEDERATION_STREAM = "federation_sender.federation"
+
+def stored_name(stream: str) -> str:
+    """The row name of one of the worker's own logical streams."""
+    return "federation_sender." + stream
+
+
+def replication_prefix(reader: str) -> str:
+    return f"replication:{reader}:"
+
+
+EVENTS_STREAM = stored_name(model.EVENTS_STREAM)
+FEDERATION_STREAM = stored_name(model.FEDERATION_STREAM)
+
+
+async def load_prefixed(conn: AsyncConnection, prefix: str) -> dict[tuple[str, str], int]:
+    """(name without ``prefix``, instance) -> position, for the names under ``prefix``."""
+    res = await conn.execute(
+        select(
+            stream_positions.c.stream_name,
+            stream_positions.c.instance_name,
+            stream_positions.c.stream_id,
+        ).where(stream_positions.c.stream_name.startswith(prefix, autoescape=True))
+    )
+    return {(str(s)[len(prefix) :], str(i)): int(t) for s, i, t in res.all()}
 
 
 async def load_position(conn: AsyncConnection, stream_name: str, instance_name: str) -> int | None:

@@ -81,6 +81,11 @@ class EventReader(Protocol):
         """Those of the rooms we only have partial state for."""
         ...
 
+    async def sender_and_received_ts(self, room_id: str, event_id: str) -> tuple[str, int] | None:
+        """The event's sender and when this server received (or created) it, in ms;
+        None if unknown."""
+        ...
+
 
 class RoomHostsReader(Protocol):
     """Which servers must receive an event: the backend's rule, not the caller's

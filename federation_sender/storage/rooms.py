@@ -9,29 +9,33 @@ The fan-out asks this once per event, always at increasing positions per room, s
 reached and rolls it forward with the rows in between (one query per batch of events
 for all rooms in the batch). Positions behind the cached one fall back to replaying the
 room's history from the database. Catch-up asks the reverse question (was server D in
-the room at position S) through :func:`server_membership_history` and
-:func:`server_joined_at`, which read only D's rows.
+the room at position S) through :func:`server_membership_history`, which reads only
+D's rows (the answer is computed by the pure ``queue.catchup.server_joined_at``).
 """
 
 from __future__ import annotations
 
-import bisect
+import json
 from collections import OrderedDict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from federation_sender.model import EventRow, MembershipRow, server_of
 from federation_sender.storage.schema import room_memberships as rm
 
 
-@dataclass(frozen=True, slots=True)
-class MembershipRow:
-    stream_ordering: int
-    user_id: str
-    server_name: str
-    membership: str
+def leaving_server(event: EventRow) -> str | None:
+    """The target's server of a leave or ban (it receives its own kick or leave)."""
+    if event.type != "m.room.member" or not event.state_key:
+        return None
+    try:
+        membership = json.loads(event.json).get("content", {}).get("membership")
+    except ValueError:
+        membership = None
+    return server_of(event.state_key) if membership in ("leave", "ban") else None
 
 
 @dataclass(slots=True)
@@ -187,17 +191,3 @@ async def server_membership_history(
     for r in res:
         out[str(r[0])].append(_mrow(tuple(r)[1:]))
     return out
-
-
-def server_joined_at(history: Iterable[MembershipRow], position: int | None) -> bool:
-    """Whether any of the server's users was joined after ``position`` (None: now).
-
-    ``history`` must be ascending by stream ordering (as returned above)."""
-    rows = list(history)
-    if position is not None:
-        cut = bisect.bisect_right([r.stream_ordering for r in rows], position)
-        rows = rows[:cut]
-    latest: dict[str, str] = {}
-    for r in rows:
-        latest[r.user_id] = r.membership
-    return any(m == "join" for m in latest.values())

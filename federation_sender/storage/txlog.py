@@ -9,32 +9,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import NamedTuple
 
 from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from federation_sender.model import TxnLogRow, event_ids_from_json
 from federation_sender.storage.schema import federation_transaction_log as tl
-
-
-class TxnLogRow(NamedTuple):
-    """One attempt (a tuple: one is built per transaction sent, on the hot path)."""
-
-    txn_id: str
-    destination: str
-    instance_name: str
-    pdu_count: int
-    edu_count: int
-    request_bytes: int
-    status: str
-    http_status: int | None
-    started_ts: int
-    duration_ms: int
-    catchup: bool
-    max_stream_ordering: int | None
-    pdu_event_ids: tuple[str, ...]
-    error: str | None
-
 
 _COLUMNS = (
     "txn_id", "destination", "instance_name", "pdu_count", "edu_count", "request_bytes",
@@ -118,7 +98,7 @@ async def recent_transactions(
             duration_ms=r.duration_ms,
             catchup=bool(r.catchup),
             max_stream_ordering=r.max_stream_ordering,
-            pdu_event_ids=tuple(json.loads(r.pdu_event_ids)),
+            pdu_event_ids=event_ids_from_json(r.pdu_event_ids),
             error=r.error,
         )
         for r in res

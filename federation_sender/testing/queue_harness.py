@@ -18,6 +18,7 @@ from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
 from federation_sender.queue.destination import DestinationState
 from federation_sender.storage import schema as s
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.http_sender import HttpTransactionSender
@@ -96,7 +97,7 @@ class Harness:
 
     def make_manager(self, **kw: Any) -> QueueManager:
         return QueueManager(
-            self.engine,
+            NativeBackend(self.engine),
             self.sender,
             self.settings,
             ME,

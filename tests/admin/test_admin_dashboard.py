@@ -20,6 +20,7 @@ from federation_sender.admin.app import build_admin_app, dashboard_page
 from federation_sender.admin.server import start_http_server
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.admin_fakes import FakeQueueControl, seed_destinations
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.prereq import missing, require_module
@@ -41,7 +42,7 @@ async def test_dashboard_is_served_with_a_strict_csp(tmp_path: Path) -> None:
         "<script>")[0].replace("<!--", "")
     eng = create_engine(f"sqlite:///{tmp_path}/d.db")
     try:
-        app = build_admin_app(engine=eng, token=TOKEN, queues=FakeQueueControl(),
+        app = build_admin_app(storage=NativeBackend(eng), token=TOKEN, queues=FakeQueueControl(),
                               clock=FakeClock())
         server = await start_http_server(app, "127.0.0.1", 0)
         try:
@@ -82,7 +83,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         clock = FakeClock()
         queues = FakeQueueControl(engine)
         names = await seed_destinations(engine, clock, SEEDED, queues=queues)
-        app = build_admin_app(engine=engine, token=TOKEN, queues=queues, clock=clock)
+        app = build_admin_app(
+            storage=NativeBackend(engine), token=TOKEN, queues=queues, clock=clock,
+        )
         server = await start_http_server(app, "127.0.0.1", 0)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()

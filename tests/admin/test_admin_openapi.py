@@ -15,6 +15,7 @@ from openapi_spec_validator import validate
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.admin.app import build_admin_app, openapi_document
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.admin_fakes import FakeQueueControl, seed_destinations
 from federation_sender.testing.clock import FakeClock
 
@@ -41,7 +42,9 @@ def test_document_is_valid_openapi_31() -> None:
 
 
 def test_document_lists_exactly_the_routes(engine: AsyncEngine, clock: FakeClock) -> None:
-    app = build_admin_app(engine=engine, token="t", queues=FakeQueueControl(), clock=clock)
+    app = build_admin_app(
+        storage=NativeBackend(engine), token="t", queues=FakeQueueControl(), clock=clock,
+    )
     assert app_routes(app) == documented_routes(openapi_document())
 
 
@@ -93,7 +96,7 @@ async def test_responses_match_documented_schemas(engine: AsyncEngine,
     await seed_destinations(engine, clock, 8, queues=queues)
     await add_destinations(engine, [{"destination": "bare.org"}])
     await add_rooms(engine, "bare.org", {"!a:b": 1})
-    app = build_admin_app(engine=engine, token="s3cret-admin-token", queues=queues,
+    app = build_admin_app(storage=NativeBackend(engine), token="s3cret-admin-token", queues=queues,
                           clock=clock)
     seen_statuses: set[int] = set()
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
@@ -115,7 +118,7 @@ async def test_ready_reports_the_callable(engine: AsyncEngine, clock: FakeClock,
         return ready
 
     for fn in (lambda: ready, check):
-        app = build_admin_app(engine=engine, token="t", queues=FakeQueueControl(),
+        app = build_admin_app(storage=NativeBackend(engine), token="t", queues=FakeQueueControl(),
                               clock=clock, ready=fn)
         async with TestClient(TestServer(app, host="127.0.0.1")) as client:
             resp = await client.get("/ready")
@@ -131,7 +134,9 @@ class ExplodingQueues(FakeQueueControl):
 async def test_unexpected_errors_are_500_json(engine: AsyncEngine, clock: FakeClock,
                                               caplog: pytest.LogCaptureFixture) -> None:
     await add_destinations(engine, [{"destination": "x.org"}])
-    app = build_admin_app(engine=engine, token="t", queues=ExplodingQueues(), clock=clock)
+    app = build_admin_app(
+        storage=NativeBackend(engine), token="t", queues=ExplodingQueues(), clock=clock,
+    )
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         resp = await client.get("/_synapse/admin/v1/federation/destinations",
                                 headers={"Authorization": "Bearer t"})

@@ -3,10 +3,9 @@ from __future__ import annotations
 import json
 from collections import deque
 
+from federation_sender.model import EventRow, MembershipRow
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import RoomInput, RoomPlan, pack_next, plan_room
-from federation_sender.storage.events import EventRow
-from federation_sender.storage.rooms import MembershipRow
 
 ME = "local.test"
 D = "remote.test"

@@ -29,6 +29,7 @@ from hypothesis import HealthCheck, settings
 from federation_sender.admin.app import build_admin_app, openapi_document
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.admin_fakes import FakeQueueControl, seed_destinations
 from federation_sender.testing.clock import FakeClock
 
@@ -58,7 +59,9 @@ class ServedApp:
         clock = FakeClock()
         queues = FakeQueueControl(self.engine)
         await seed_destinations(self.engine, clock, 30, queues=queues)
-        app = build_admin_app(engine=self.engine, token=TOKEN, queues=queues, clock=clock)
+        app = build_admin_app(
+            storage=NativeBackend(self.engine), token=TOKEN, queues=queues, clock=clock,
+        )
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", 0)

@@ -47,6 +47,7 @@ from federation_sender.config import (
 )
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
+from federation_sender.storage.native import NativeBackend
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.testing.admin_fakes import FakeQueueControl
 from federation_sender.testing.certs import CertFiles, make_certs
@@ -85,7 +86,7 @@ async def test_every_admin_route_refuses_missing_wrong_and_smuggled_tokens(
     sqlite_engine: AsyncEngine,
 ) -> None:
     app = build_admin_app(
-        engine=sqlite_engine, token=TOKEN, queues=FakeQueueControl(sqlite_engine),
+        storage=NativeBackend(sqlite_engine), token=TOKEN, queues=FakeQueueControl(sqlite_engine),
         clock=FakeClock(),
     )
     routes = _admin_routes(app)
@@ -148,8 +149,10 @@ async def _raw_get(port: int, target: str, extra: bytes = b"") -> tuple[int, byt
 async def test_path_tricks_never_reach_a_handler_without_the_token(
     sqlite_engine: AsyncEngine, target: str
 ) -> None:
-    app = build_admin_app(engine=sqlite_engine, token=TOKEN, queues=FakeQueueControl(),
-                          clock=FakeClock())
+    app = build_admin_app(
+        storage=NativeBackend(sqlite_engine), token=TOKEN, queues=FakeQueueControl(),
+        clock=FakeClock(),
+    )
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         assert client.port is not None
         status, body = await _raw_get(client.port, target)
@@ -160,8 +163,10 @@ async def test_path_tricks_never_reach_a_handler_without_the_token(
 async def test_admin_request_size_limits(sqlite_engine: AsyncEngine) -> None:
     """Huge headers are refused by the HTTP parser (4xx, not a crash); bodies are capped
     at aiohttp's 1 MiB default and no admin route reads one anyway."""
-    app = build_admin_app(engine=sqlite_engine, token=TOKEN, queues=FakeQueueControl(),
-                          clock=FakeClock())
+    app = build_admin_app(
+        storage=NativeBackend(sqlite_engine), token=TOKEN, queues=FakeQueueControl(),
+        clock=FakeClock(),
+    )
     assert app._client_max_size <= 1024 * 1024
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         assert client.port is not None
@@ -356,8 +361,10 @@ async def test_no_secret_reaches_the_logs_of_a_running_worker(tmp_path: Path) ->
 async def test_wrong_method_is_405_with_allow_header(sqlite_engine: AsyncEngine) -> None:
     """Regression (found by schemathesis): the JSON error middleware dropped the
     ``Allow`` header RFC 9110 requires on a 405."""
-    app = build_admin_app(engine=sqlite_engine, token=TOKEN, queues=FakeQueueControl(),
-                          clock=FakeClock())
+    app = build_admin_app(
+        storage=NativeBackend(sqlite_engine), token=TOKEN, queues=FakeQueueControl(),
+        clock=FakeClock(),
+    )
     async with TestClient(TestServer(app, host="127.0.0.1")) as client:
         for method, path in [("PUT", "/health"), ("DELETE", ADMIN + "v1/federation/summary")]:
             resp = await client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"})

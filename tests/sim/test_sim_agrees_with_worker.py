@@ -1,10 +1,10 @@
 """The oracle and the worker's fan-out, computed independently, agree on the sim's rows.
 
 The oracle derives each event's destinations from the world model in memory; the
-worker derives them from ``room_memberships`` in SQL (:class:`RoomHostsCache`) and its
-recipient rule. If these ever disagree, either the simulator writes rows that do not
-mean what the model says or one side has the rule wrong -- and the demo's delivery
-check would be comparing against the wrong thing.
+worker derives them from ``room_memberships`` in SQL (the native backend's
+``RoomHostsReader``) and its recipient rule. If these ever disagree, either the
+simulator writes rows that do not mean what the model says or one side has the rule
+wrong -- and the demo's delivery check would be comparing against the wrong thing.
 """
 
 from __future__ import annotations
@@ -13,12 +13,13 @@ from collections import defaultdict
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.model import EventRow
 from federation_sender.queue.catchup import is_sendable
 from federation_sender.queue.intake import recipients
 from federation_sender.sim.driver import Driver, OperationMix, Scenario
 from federation_sender.sim.publish import RecordingPublisher
-from federation_sender.storage.events import events_after
-from federation_sender.storage.rooms import RoomHostsCache
+from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.protocols import Tx
 from federation_sender.testing.clock import FakeClock
 
 US = "us.test"
@@ -39,18 +40,26 @@ async def test_worker_fan_out_matches_oracle(engine: AsyncEngine, clock: FakeClo
         for expected in exp.should_receive:
             oracle_hosts[expected.event_id].add(dest)
 
-    cache = RoomHostsCache()
     worker_hosts: dict[str, set[str]] = {}
-    async with engine.connect() as conn:
-        rows = await events_after(conn, 0, driver.progress.last_stream_ordering, 100_000)
-        sendable = [e for e in rows if is_sendable(e, US)]
-        by_room: dict[str, list[int]] = defaultdict(list)
-        for e in sendable:
-            by_room[e.room_id].append(e.stream_ordering)
-        joined = await cache.hosts_for_events(conn, by_room)
-    index = {room: dict(zip(sos, joined[room], strict=True)) for room, sos in by_room.items()}
+
+    async def read(
+        tx: Tx,
+    ) -> tuple[list[EventRow], dict[str, list[EventRow]], dict[str, list[frozenset[str]]]]:
+        rows = await tx.events.events_after(0, driver.progress.last_stream_ordering, 100_000)
+        by_room: dict[str, list[EventRow]] = defaultdict(list)
+        for e in rows:
+            if is_sendable(e, US):
+                by_room[e.room_id].append(e)
+        return rows, by_room, await tx.hosts.hosts_for_events(by_room)
+
+    rows, by_room, hosts_by_room = await NativeBackend(engine).run(read)
+    sendable = [e for e in rows if is_sendable(e, US)]
+    index = {
+        room: dict(zip((e.stream_ordering for e in evs), hosts_by_room[room], strict=True))
+        for room, evs in by_room.items()
+    }
     for e in sendable:
-        hosts = recipients(e, index[e.room_id][e.stream_ordering], US, lambda _d: True)
+        hosts = recipients(index[e.room_id][e.stream_ordering], US, lambda _d: True)
         if hosts:
             worker_hosts[e.event_id] = set(hosts)
 

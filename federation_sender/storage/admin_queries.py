@@ -1,4 +1,5 @@
-"""The admin API's database reads: destinations, their rooms and their transaction log.
+"""The admin API's reads on the native schema: destinations, their rooms and their
+transaction log.
 
 Every function takes an open connection; the caller chooses the transaction. Sorting
 is stable (ties broken by destination / room id / log id) and NULLs sort as the
@@ -8,93 +9,23 @@ both backends.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import ColumnElement, Select, exists, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from federation_sender.model import (
+    DestinationOrder,
+    DestinationRow,
+    Direction,
+    TxnLogRow,
+    event_ids_from_json,
+)
 from federation_sender.storage.schema import (
     destination_rooms,
     destinations,
     federation_transaction_log,
 )
-
-
-class DestinationOrder(StrEnum):
-    """``order_by`` values of Synapse's destinations list."""
-
-    DESTINATION = "destination"
-    RETRY_LAST_TS = "retry_last_ts"
-    RETRY_INTERVAL = "retry_interval"
-    FAILURE_TS = "failure_ts"
-    LAST_SUCCESSFUL_STREAM_ORDERING = "last_successful_stream_ordering"
-
-
-class Direction(StrEnum):
-    FORWARDS = "f"
-    BACKWARDS = "b"
-
-
-@dataclass(frozen=True, slots=True)
-class DestinationRow:
-    destination: str
-    retry_last_ts: int | None
-    retry_interval: int | None
-    failure_ts: int | None
-    last_successful_stream_ordering: int | None
-
-    @property
-    def backing_off(self) -> bool:
-        """Synapse's test for "needs a reset": a retry is scheduled."""
-        return bool(self.retry_last_ts)
-
-    def to_json(self) -> dict[str, Any]:
-        """Synapse's representation: retry fields default to 0, the others to null."""
-        return {
-            "destination": self.destination,
-            "retry_last_ts": self.retry_last_ts or 0,
-            "retry_interval": self.retry_interval or 0,
-            "failure_ts": self.failure_ts,
-            "last_successful_stream_ordering": self.last_successful_stream_ordering,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionLogRow:
-    txn_id: str
-    instance_name: str
-    pdu_count: int
-    edu_count: int
-    request_bytes: int
-    status: str
-    http_status: int | None
-    started_ts: int
-    duration_ms: int
-    catchup: bool
-    max_stream_ordering: int | None
-    pdu_event_ids: list[str]
-    error: str | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "txn_id": self.txn_id,
-            "instance_name": self.instance_name,
-            "pdu_count": self.pdu_count,
-            "edu_count": self.edu_count,
-            "request_bytes": self.request_bytes,
-            "status": self.status,
-            "http_status": self.http_status,
-            "started_ts": self.started_ts,
-            "duration_ms": self.duration_ms,
-            "catchup": self.catchup,
-            "max_stream_ordering": self.max_stream_ordering,
-            "pdu_event_ids": self.pdu_event_ids,
-            "error": self.error,
-        }
-
 
 _D = destinations.c
 
@@ -142,7 +73,7 @@ async def list_destinations(
     return [DestinationRow(*r) for r in rows], int(total)
 
 
-async def get_destination(conn: AsyncConnection, destination: str) -> DestinationRow | None:
+async def find_destination(conn: AsyncConnection, destination: str) -> DestinationRow | None:
     """The destination's retry timings; ``None`` when it is unknown.
 
     As in Synapse, a destination is known when it has a ``destinations`` row *or*
@@ -183,14 +114,6 @@ async def list_destination_rooms(
     return [(str(room), int(so)) for room, so in rows], int(total)
 
 
-def _event_ids(raw: str) -> list[str]:
-    try:
-        loaded = json.loads(raw)
-    except ValueError:
-        return []
-    return [str(e) for e in loaded] if isinstance(loaded, list) else []
-
-
 async def list_transactions(
     conn: AsyncConnection,
     destination: str,
@@ -198,7 +121,7 @@ async def list_transactions(
     start: int,
     limit: int,
     status: str | None = None,
-) -> tuple[list[TransactionLogRow], int]:
+) -> tuple[list[TxnLogRow], int]:
     """A page of the destination's transaction log, newest attempt first."""
     t = federation_transaction_log.c
     cond = [t.destination == destination]
@@ -214,12 +137,13 @@ async def list_transactions(
         select(func.count()).select_from(federation_transaction_log).where(*cond)
     )).scalar_one()
     out = [
-        TransactionLogRow(
-            txn_id=r.txn_id, instance_name=r.instance_name, pdu_count=r.pdu_count,
+        TxnLogRow(
+            txn_id=r.txn_id, destination=destination, instance_name=r.instance_name,
+            pdu_count=r.pdu_count,
             edu_count=r.edu_count, request_bytes=r.request_bytes, status=r.status,
             http_status=r.http_status, started_ts=r.started_ts, duration_ms=r.duration_ms,
             catchup=bool(r.catchup), max_stream_ordering=r.max_stream_ordering,
-            pdu_event_ids=_event_ids(r.pdu_event_ids), error=r.error,
+            pdu_event_ids=event_ids_from_json(r.pdu_event_ids), error=r.error,
         )
         for r in rows
     ]

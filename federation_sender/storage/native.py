@@ -1,0 +1,306 @@
+"""The native backend: the storage Protocols over the project's own schema
+(``storage/schema.py``), on PostgreSQL or SQLite.
+
+Each aggregate is a thin object bound to the transaction's connection that calls the
+per-table-group module (``events.py``, ``rooms.py``, ``destinations.py``,
+``outboxes.py``, ``positions.py``, ``txlog.py``, ``admin_queries.py``), where the SQL
+is. State that outlives a transaction (the room-membership cache the fan-out rolls
+forward) belongs to the :class:`NativeBackend`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from federation_sender.model import (
+    DestinationOrder,
+    DestinationRow,
+    DeviceListRow,
+    Direction,
+    EventRow,
+    MembershipRow,
+    ToDeviceRow,
+    TxnLogRow,
+)
+from federation_sender.storage import admin_queries as aq
+from federation_sender.storage import destinations as dst
+from federation_sender.storage import events as ev
+from federation_sender.storage import outboxes as ob
+from federation_sender.storage import positions as pos
+from federation_sender.storage import rooms as rm
+from federation_sender.storage import txlog
+from federation_sender.storage.engine import run_in_transaction
+from federation_sender.storage.protocols import Tx
+
+T = TypeVar("T")
+
+LATEST = 2**62
+"""A stream position past any event: "now"."""
+
+
+class NativeBackend:
+    """Implements :class:`federation_sender.storage.protocols.Backend`."""
+
+    name = "native"
+
+    def __init__(self, engine: AsyncEngine, hosts_cache: rm.RoomHostsCache | None = None) -> None:
+        self.engine = engine
+        self.hosts_cache = hosts_cache or rm.RoomHostsCache()
+
+    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        async def in_tx(conn: AsyncConnection) -> T:
+            return await fn(NativeTx(conn, self.hosts_cache))
+
+        return await run_in_transaction(self.engine, in_tx)
+
+
+class NativeTx:
+    """Implements :class:`federation_sender.storage.protocols.Tx`."""
+
+    __slots__ = (
+        "admin", "catchup", "destinations", "events", "hosts", "outbox", "positions", "txlog",
+    )
+
+    def __init__(self, conn: AsyncConnection, hosts_cache: rm.RoomHostsCache) -> None:
+        self.events = _Events(conn)
+        self.hosts = _Hosts(conn, hosts_cache)
+        self.destinations = _Destinations(conn)
+        self.catchup = _CatchUp(conn)
+        self.outbox = _Outbox(conn)
+        self.positions = _Positions(conn)
+        self.txlog = _TxnLog(conn)
+        self.admin = _Admin(conn)
+
+
+class _Events:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def max_stream_ordering(self) -> int:
+        return await ev.max_stream_ordering(self._c)
+
+    async def events_after(self, after: int, upto: int, limit: int) -> list[EventRow]:
+        return await ev.events_after(self._c, after, upto, limit)
+
+    async def events_at(self, stream_orderings: Collection[int]) -> dict[int, EventRow]:
+        return await ev.events_at(self._c, stream_orderings)
+
+    async def room_events_between(
+        self, room_ids: Collection[str], after: int, upto: int, per_room_limit: int
+    ) -> dict[str, list[EventRow]]:
+        return await ev.room_events_between(self._c, room_ids, after, upto, per_room_limit)
+
+    async def forward_extremities(self, room_ids: Collection[str]) -> dict[str, list[EventRow]]:
+        return await ev.forward_extremities(self._c, room_ids)
+
+    async def partial_state(self, room_ids: Collection[str]) -> set[str]:
+        return await ev.partial_state(self._c, room_ids)
+
+    async def sender_and_received_ts(self, room_id: str, event_id: str) -> tuple[str, int] | None:
+        return await ev.sender_and_origin_ts(self._c, room_id, event_id)
+
+
+class _Hosts:
+    """Servers joined after each event (rolled forward by the cache), plus the target's
+    server of a leave or ban: a kicked or leaving server receives its own kick or
+    leave."""
+
+    __slots__ = ("_c", "_cache")
+
+    def __init__(self, conn: AsyncConnection, cache: rm.RoomHostsCache) -> None:
+        self._c = conn
+        self._cache = cache
+
+    async def hosts_for_events(
+        self, events: Mapping[str, Sequence[EventRow]]
+    ) -> dict[str, list[frozenset[str]]]:
+        positions = {room: [e.stream_ordering for e in evs] for room, evs in events.items()}
+        joined = await self._cache.hosts_for_events(self._c, positions)
+        out: dict[str, list[frozenset[str]]] = {}
+        for room, evs in events.items():
+            answers = joined[room]
+            for i, e in enumerate(evs):
+                extra = rm.leaving_server(e)
+                if extra is not None and extra not in answers[i]:
+                    answers[i] = answers[i] | {extra}
+            out[room] = answers
+        return out
+
+    async def current_hosts(self, room_ids: Collection[str]) -> dict[str, frozenset[str]]:
+        return {room: await rm.joined_servers_at(self._c, room, LATEST) for room in room_ids}
+
+
+class _Destinations:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def get_destination(self, destination: str) -> DestinationRow | None:
+        return await dst.get_destination(self._c, destination)
+
+    async def get_destinations(self, names: Collection[str]) -> dict[str, DestinationRow]:
+        return await dst.get_destinations(self._c, names)
+
+    async def ensure_destinations(self, names: Collection[str]) -> None:
+        await dst.ensure_destinations(self._c, names)
+
+    async def set_retry_timings(
+        self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
+    ) -> None:
+        await dst.set_retry_timings(self._c, destination, failure_ts, retry_last_ts, retry_interval)
+
+    async def clear_retry(self, destination: str) -> bool:
+        return await dst.clear_retry(self._c, destination)
+
+    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
+        await dst.set_last_successful_many(self._c, positions)
+
+    async def upsert_destination_rooms(
+        self, rows: Sequence[tuple[str, str, int]], *, skip_destinations: bool = False
+    ) -> None:
+        await dst.upsert_destination_rooms(self._c, rows, skip_destinations=skip_destinations)
+
+    async def delete_destination_rooms(
+        self, destination: str, rows: Sequence[tuple[str, int]]
+    ) -> None:
+        await dst.delete_destination_rooms(self._c, destination, rows)
+
+    async def destinations_behind(self) -> list[str]:
+        return await dst.destinations_behind(self._c)
+
+    async def destinations_with_outstanding_work(
+        self, after: str | None, limit: int, now_ms: int
+    ) -> list[str]:
+        return await dst.destinations_with_outstanding_work(self._c, after, limit, now_ms)
+
+
+class _CatchUp:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def catchup_rows(
+        self, destination: str, after: int, limit: int, after_room: str | None = None
+    ) -> list[tuple[str, int]]:
+        return await dst.catchup_rows(self._c, destination, after, limit, after_room)
+
+    async def server_membership_history(
+        self, server_name: str, room_ids: Collection[str]
+    ) -> dict[str, list[MembershipRow]]:
+        return await rm.server_membership_history(self._c, server_name, room_ids)
+
+
+class _Outbox:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def unsent_outbox(
+        self, destination: str, to_device_after: int, device_lists_after: int, limit: int
+    ) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
+        return await ob.unsent_outbox(
+            self._c, destination, to_device_after, device_lists_after, limit
+        )
+
+    async def ack_to_device(
+        self, destination: str, stream_ids: Collection[int], now_ms: int
+    ) -> None:
+        await ob.mark_to_device_sent(self._c, destination, stream_ids, now_ms)
+
+    async def ack_device_lists(
+        self, destination: str, keys: Collection[tuple[int, str, str]]
+    ) -> None:
+        await ob.mark_device_lists_sent(self._c, destination, keys)
+
+    async def device_list_destinations(self, user_ids: Collection[str]) -> list[str]:
+        return await ob.device_list_destinations(self._c, user_ids)
+
+
+class _Positions:
+    """Own progress as ``federation_sender.<stream>``; replication tokens as
+    ``replication:<reader>:<stream>`` (per writer instance), both in
+    ``stream_positions``."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def load(self, stream: str, instance: str) -> int | None:
+        return await pos.load_position(self._c, pos.stored_name(stream), instance)
+
+    async def save(self, stream: str, instance: str, stream_id: int) -> None:
+        await pos.save_position(self._c, pos.stored_name(stream), instance, stream_id)
+
+    async def load_replication(self, reader: str) -> dict[tuple[str, str], int]:
+        return await pos.load_prefixed(self._c, pos.replication_prefix(reader))
+
+    async def save_replication(self, reader: str, stream: str, writer: str, token: int) -> None:
+        await pos.save_position(self._c, pos.replication_prefix(reader) + stream, writer, token)
+
+
+class _TxnLog:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def log_transactions(self, rows: Sequence[TxnLogRow]) -> None:
+        await txlog.log_transactions(self._c, rows)
+
+    async def recent_transactions(self, destination: str, limit: int = 100) -> list[TxnLogRow]:
+        return await txlog.recent_transactions(self._c, destination, limit)
+
+
+class _Admin:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def list_destinations(
+        self,
+        *,
+        start: int,
+        limit: int,
+        search: str | None = None,
+        order_by: DestinationOrder = DestinationOrder.DESTINATION,
+        direction: Direction = Direction.FORWARDS,
+    ) -> tuple[list[DestinationRow], int]:
+        return await aq.list_destinations(
+            self._c, start=start, limit=limit, search=search, order_by=order_by,
+            direction=direction,
+        )
+
+    async def find_destination(self, destination: str) -> DestinationRow | None:
+        return await aq.find_destination(self._c, destination)
+
+    async def list_destination_rooms(
+        self,
+        destination: str,
+        *,
+        start: int,
+        limit: int,
+        direction: Direction = Direction.FORWARDS,
+    ) -> tuple[list[tuple[str, int]], int]:
+        return await aq.list_destination_rooms(
+            self._c, destination, start=start, limit=limit, direction=direction
+        )
+
+    async def list_transactions(
+        self, destination: str, *, start: int, limit: int, status: str | None = None
+    ) -> tuple[list[TxnLogRow], int]:
+        return await aq.list_transactions(
+            self._c, destination, start=start, limit=limit, status=status
+        )
+
+    async def count_destinations_backing_off(self) -> int:
+        return await aq.count_destinations_backing_off(self._c)
