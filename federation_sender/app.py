@@ -26,6 +26,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiohttp import web
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -44,13 +45,14 @@ from federation_sender.queue import QueueManager
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.transport import Transport
 from federation_sender.sharding import ShardCoordinator
+from federation_sender.startup import listen, wait_for_database
 from federation_sender.storage.engine import create_engine, is_sqlite
 from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
 from federation_sender.supervisor import Supervisor
 from federation_sender.telemetry.logging import setup_logging
-from federation_sender.telemetry.metrics import Metrics, new_registry, start_metrics_server
+from federation_sender.telemetry.metrics import Metrics, metrics_app, new_registry
 from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
@@ -74,20 +76,38 @@ def load_or_create_signing_key(path: str) -> SigningKey:
     return load_signing_key(p)
 
 
-def load_or_create_admin_token(settings: Settings) -> str:
+def admin_token_path(settings: Settings) -> Path:
+    return Path(settings.data_dir) / "admin.token"
+
+
+def read_admin_token(settings: Settings) -> str | None:
+    """The configured admin token, else the one in ``data_dir/admin.token``, else None."""
     if settings.admin.token:
         return settings.admin.token
-    p = Path(settings.data_dir) / "admin.token"
+    p = admin_token_path(settings)
     if p.exists():
         token = p.read_text().strip()
         if token:
             return token
+    return None
+
+
+def create_admin_token(settings: Settings) -> str:
+    """Generate a token into ``data_dir/admin.token`` (mode 0600)."""
+    p = admin_token_path(settings)
     p.parent.mkdir(parents=True, exist_ok=True)
     token = secrets.token_urlsafe(32)
     fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(token + "\n")
-    log.info("generated an admin token in %s", p)
+    return token
+
+
+def load_or_create_admin_token(settings: Settings) -> str:
+    token = read_admin_token(settings)
+    if token is None:
+        token = create_admin_token(settings)
+        log.info("generated an admin token in %s", admin_token_path(settings))
     return token
 
 
@@ -126,7 +146,14 @@ def build_replication_transport(settings: Settings, clock: Clock) -> Transport |
 
 @dataclass
 class Worker:
-    """A running worker's parts; built by :meth:`create`, run by :meth:`start`."""
+    """A running worker's parts; built by :meth:`create`, run by :meth:`start`.
+
+    Every resource the worker acquires (the engine, the federation client it built,
+    the shard heartbeat, the queues, the replication task, the listeners) is entered
+    into one :class:`AsyncExitStack` as it is acquired, so :meth:`stop`, and a failure
+    half-way through :meth:`create` or :meth:`start`, release exactly what was taken,
+    in reverse order.
+    """
 
     settings: Settings
     clock: Clock
@@ -140,11 +167,13 @@ class Worker:
     observer: TelemetryObserver
     admin_token: str
     signing_key: SigningKey | None
+    resources: contextlib.AsyncExitStack
+    own_client: FederationClient | None = None
     replication: ReplicationClient | None = None
     servers: list[RunningServer] = field(default_factory=list)
     supervisor: Supervisor | None = None
-    owns_sender: bool = True
     ready: bool = False
+    stop_deadline_s: float = 10.0
 
     @property
     def admin_url(self) -> str | None:
@@ -160,9 +189,32 @@ class Worker:
         sender: TransactionSender | None = None,
         engine: AsyncEngine | None = None,
     ) -> Worker:
+        """Build the parts. ``sender``, when given, stays the caller's (never closed)."""
         clock = clock or SystemClock()
-        engine = engine or create_engine(
-            settings.database.url, pool_size=settings.database.pool_size
+        resources = contextlib.AsyncExitStack()
+        try:
+            engine = engine or create_engine(
+                settings.database.url, pool_size=settings.database.pool_size
+            )
+            resources.push_async_callback(engine.dispose)
+            return await cls._build(settings, clock, engine, sender, resources, auto_migrate)
+        except BaseException:
+            await resources.aclose()
+            raise
+
+    @classmethod
+    async def _build(
+        cls,
+        settings: Settings,
+        clock: Clock,
+        engine: AsyncEngine,
+        sender: TransactionSender | None,
+        resources: contextlib.AsyncExitStack,
+        auto_migrate: bool,
+    ) -> Worker:
+        db = settings.database
+        await wait_for_database(
+            engine, attempts=db.connect_attempts, interval_s=db.connect_retry_s, clock=clock
         )
         if auto_migrate and is_sqlite(engine):
             await upgrade(engine)
@@ -170,35 +222,17 @@ class Worker:
         if settings.sharding.mode == "dynamic" and is_sqlite(engine):
             raise ConfigError("sharding.mode", "'single' or 'static' with SQLite", "dynamic")
         key: SigningKey | None = None
-        owns_sender = sender is None
+        own_client: FederationClient | None = None
         if sender is None:
             key = load_or_create_signing_key(settings.federation.signing_key_path)
-            sender = build_federation_client(settings, key, clock)
+            sender = own_client = build_federation_client(settings, key, clock)
         registry = new_registry()
         metrics = Metrics(registry)
         provider = setup_tracing(settings.telemetry, instance_name=settings.instance_name)
         observer = TelemetryObserver(metrics, provider, clock)
         storage = NativeBackend(engine)
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
-        poll = (
-            settings.replication.poll_interval_s
-            if settings.replication.transport == "none"
-            else None
-        )
-        manager = QueueManager(
-            storage,
-            sender,
-            settings.queue,
-            settings.server_name,
-            settings.instance_name,
-            clock,
-            random.Random(),
-            shards.owns,
-            observer,
-            attempt_deadline_s=settings.federation.request_timeout_s + 5.0,
-            poll_interval_s=poll,
-            leases=None if settings.sharding.mode == "single" else shards,
-        )
+        manager = build_queue_manager(settings, storage, sender, clock, observer, shards)
 
         async def on_membership_change(live: frozenset[str]) -> None:
             metrics.shard_membership(len(live), len(shards.held_destinations()))
@@ -210,7 +244,7 @@ class Worker:
 
         shards.on_membership_change = on_membership_change
         metrics.set_snapshot_source(lambda: queue_snapshot(manager))
-        worker = cls(
+        return cls(
             settings=settings,
             clock=clock,
             engine=engine,
@@ -223,69 +257,19 @@ class Worker:
             observer=observer,
             admin_token=load_or_create_admin_token(settings),
             signing_key=key,
-            owns_sender=owns_sender,
+            resources=resources,
+            own_client=own_client,
+            stop_deadline_s=settings.shutdown_deadline_s,
         )
-        return worker
 
     async def start(self) -> None:
+        """Start every part, each entered into :attr:`resources` once it runs."""
+        try:
+            await self._start_parts()
+        except BaseException:
+            await self.resources.aclose()
+            raise
         s = self.settings
-        self.supervisor = Supervisor(self.clock)
-        if isinstance(self.sender, FederationClient) and self.owns_sender:
-            await self.sender.start()
-        await self.shards.start()
-        await self.manager.start()
-        transport = build_replication_transport(s, self.clock)
-        if transport is not None:
-            handler = WorkerReplicationHandler(
-                self.manager,
-                self.storage,
-                s.server_name,
-                self.clock,
-                self.metrics,
-                on_events_token=self.observer.note_poke,
-            )
-            client = ReplicationClient(
-                transport,
-                instance_name=s.instance_name,
-                store=DbPositionStore(self.storage, s.instance_name),
-                fetchers={},
-                handler=handler,
-                clock=self.clock,
-                streams=CONSUMED_STREAMS,
-            )
-            self.replication = client
-
-            async def ack(token: int) -> None:
-                client.send_federation_ack(token)
-
-            self.manager.set_federation_ack(ack)
-            self.supervisor.start("replication", client.run, restart=True)
-            for name, loop in handler.background().items():
-                self.supervisor.start(name, loop, restart=True)
-        if s.admin.enabled:
-            app = build_admin_app(
-                storage=self.storage,
-                token=self.admin_token,
-                queues=AdminQueueControl(self.manager),
-                clock=self.clock,
-                ready=self.is_ready,
-            )
-            self.servers.append(await start_http_server(app, s.admin.bind, s.admin.port))
-        if s.telemetry.metrics_port is not None:
-            self.servers.append(
-                await start_metrics_server(
-                    s.telemetry.metrics_bind,
-                    s.telemetry.metrics_port,
-                    self.registry,
-                )
-            )
-        if s.federation.key_listener_port is not None and self.signing_key is not None:
-            key_app = make_key_app(
-                server_name=s.server_name, signing_key=self.signing_key, clock=self.clock
-            )
-            self.servers.append(
-                await start_http_server(key_app, s.admin.bind, s.federation.key_listener_port)
-            )
         self.ready = True
         log.info(
             "worker %s started for %s (replication: %s, database: %s)",
@@ -295,27 +279,134 @@ class Worker:
             self.engine.url.get_backend_name(),
         )
 
+    async def _start_parts(self) -> None:
+        push = self.resources.push_async_callback
+        if self.own_client is not None:
+            await self.own_client.start()
+            push(self.own_client.close)
+        await self.shards.start()
+        push(self.shards.stop)
+        await self.manager.start()
+        push(self._stop_queues)
+        self.supervisor = Supervisor(self.clock)
+        push(self.supervisor.shutdown, 5.0)
+        self.replication = self._start_replication(self.supervisor)
+        for key, bind, port, app in self._listeners():
+            server = await listen(key, bind, port, start_http_server(app, bind, port))
+            self.servers.append(server)
+            push(server.stop)
+
+    async def _stop_queues(self) -> None:
+        await self.manager.stop(self.stop_deadline_s)
+
+    def _start_replication(self, supervisor: Supervisor) -> ReplicationClient | None:
+        s = self.settings
+        transport = build_replication_transport(s, self.clock)
+        if transport is None:
+            return None
+        handler = WorkerReplicationHandler(
+            self.manager,
+            self.storage,
+            s.server_name,
+            self.clock,
+            self.metrics,
+            on_events_token=self.observer.note_poke,
+        )
+        client = ReplicationClient(
+            transport,
+            instance_name=s.instance_name,
+            store=DbPositionStore(self.storage, s.instance_name),
+            fetchers={},
+            handler=handler,
+            clock=self.clock,
+            streams=CONSUMED_STREAMS,
+        )
+
+        async def ack(token: int) -> None:
+            client.send_federation_ack(token)
+
+        self.manager.set_federation_ack(ack)
+        supervisor.start("replication", client.run, restart=True)
+        for name, loop in handler.background().items():
+            supervisor.start(name, loop, restart=True)
+        return client
+
+    def _listeners(self) -> list[tuple[str, str, int, web.Application]]:
+        """(config key, bind, port, application) of each listener to open, admin first."""
+        s = self.settings
+        out: list[tuple[str, str, int, web.Application]] = []
+        if s.admin.enabled:
+            app = build_admin_app(
+                storage=self.storage,
+                token=self.admin_token,
+                queues=AdminQueueControl(self.manager),
+                clock=self.clock,
+                ready=self.is_ready,
+            )
+            out.append(("admin.port", s.admin.bind, s.admin.port, app))
+        if s.telemetry.metrics_port is not None:
+            out.append(
+                (
+                    "telemetry.metrics_port",
+                    s.telemetry.metrics_bind,
+                    s.telemetry.metrics_port,
+                    metrics_app(self.registry),
+                )
+            )
+        if s.federation.key_listener_port is not None and self.signing_key is not None:
+            key_app = make_key_app(
+                server_name=s.server_name, signing_key=self.signing_key, clock=self.clock
+            )
+            out.append(
+                ("federation.key_listener_port", s.admin.bind, s.federation.key_listener_port,
+                 key_app)
+            )
+        return out
+
     def is_ready(self) -> bool:
         """Started, and connected to replication when a transport is configured."""
         if not self.ready:
             return False
         return self.replication is None or self.replication.connected.is_set()
 
-    async def stop(self, deadline_s: float = 10.0) -> None:
-        """Stop intake, let in-flight transactions finish within ``deadline_s``."""
+    async def stop(self, deadline_s: float | None = None) -> None:
+        """Stop intake, let in-flight transactions finish within ``deadline_s``
+        (default ``shutdown_deadline_s``), then release everything in reverse order."""
         self.ready = False
-        if self.supervisor is not None:
-            await self.supervisor.shutdown(timeout_s=5.0)
-        await self.manager.stop(deadline_s)
-        for server in reversed(self.servers):
-            with contextlib.suppress(Exception):
-                await server.stop()
+        if deadline_s is not None:
+            self.stop_deadline_s = deadline_s
+        await self.resources.aclose()
         self.servers.clear()
-        await self.shards.stop()
-        if isinstance(self.sender, FederationClient) and self.owns_sender:
-            await self.sender.close()
-        await self.engine.dispose()
         log.info("worker %s stopped", self.settings.instance_name)
+
+
+def build_queue_manager(
+    settings: Settings,
+    storage: Backend,
+    sender: TransactionSender,
+    clock: Clock,
+    observer: TelemetryObserver,
+    shards: ShardCoordinator,
+) -> QueueManager:
+    poll = (
+        settings.replication.poll_interval_s
+        if settings.replication.transport == "none"
+        else None
+    )
+    return QueueManager(
+        storage,
+        sender,
+        settings.queue,
+        settings.server_name,
+        settings.instance_name,
+        clock,
+        random.Random(),
+        shards.owns,
+        observer,
+        attempt_deadline_s=settings.federation.request_timeout_s + 5.0,
+        poll_interval_s=poll,
+        leases=None if settings.sharding.mode == "single" else shards,
+    )
 
 
 async def run_worker(settings: Settings, *, auto_migrate: bool = True) -> int:
@@ -324,15 +415,20 @@ async def run_worker(settings: Settings, *, auto_migrate: bool = True) -> int:
     # cyclic collector runs constantly, +34 % CPU per transaction at 1,000 destinations
     # (docs/benchmarks.md, "Garbage collector thresholds").
     gc.set_threshold(100_000, 50, 100)
-    token_hint = [settings.admin.token] if settings.admin.token else []
-    setup_logging(settings.telemetry, secrets=token_hint)
+    # Logging is set up once, before anything can log; the admin token is resolved
+    # first (it may be generated) so that it is redacted from the very first line.
+    admin_token = read_admin_token(settings)
+    generated = admin_token is None
+    if admin_token is None:
+        admin_token = create_admin_token(settings)
+    setup_logging(settings.telemetry, secrets=[admin_token])
+    if generated:
+        log.info("generated an admin token in %s", admin_token_path(settings))
     worker = await Worker.create(settings, auto_migrate=auto_migrate)
     return await _serve(worker)
 
 
 async def _serve(worker: Worker) -> int:
-    settings = worker.settings
-    setup_logging(settings.telemetry, secrets=[worker.admin_token])
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -344,5 +440,5 @@ async def _serve(worker: Worker) -> int:
         log.info("shutdown requested; finishing in-flight transactions")
     else:
         log.error("stopping: %s", failed)
-    await worker.stop(deadline_s=10.0)
+    await worker.stop()
     return 0 if failed is None else 1

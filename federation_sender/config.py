@@ -32,6 +32,8 @@ class DatabaseSettings:
     url: str = "sqlite:///./data/federation_sender.db"
     """SQLAlchemy URL: ``postgresql://user:pass@host/db`` or ``sqlite:///path``."""
     pool_size: int = 10
+    connect_attempts: int = 5
+    connect_retry_s: float = 2.0
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class Settings:
     server_name: str = "localhost:8448"
     instance_name: str = "federation_sender1"
     data_dir: str = "./data"
+    shutdown_deadline_s: float = 10.0
     database: DatabaseSettings = field(default_factory=DatabaseSettings)
     replication: ReplicationSettings = field(default_factory=ReplicationSettings)
     federation: FederationSettings = field(default_factory=FederationSettings)
@@ -297,9 +300,13 @@ def _validate(s: Settings) -> None:
         ("queue.max_txn_bytes", q.max_txn_bytes),
         ("queue.max_concurrent_transactions", q.max_concurrent_transactions),
         ("federation.request_timeout_s", s.federation.request_timeout_s),
+        ("shutdown_deadline_s", s.shutdown_deadline_s),
+        ("database.connect_attempts", s.database.connect_attempts),
     ):
         if val <= 0:
             raise ConfigError(key, "a positive number", val)
+    if s.database.connect_retry_s < 0:
+        raise ConfigError("database.connect_retry_s", "a number >= 0", s.database.connect_retry_s)
     for key, port in (
         ("replication.port", s.replication.port),
         ("admin.port", s.admin.port),

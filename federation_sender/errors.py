@@ -75,3 +75,10 @@ class ProtocolError(RemotePermanentError):
     This is the *only* exception the replication parser and connection state
     machine raise for bad input.
     """
+
+
+class StartupError(LocalPermanentError):
+    """The worker cannot start: the database stayed unreachable, a port is taken.
+
+    Its message is the one line the operator sees; no traceback goes with it.
+    """

@@ -3,7 +3,6 @@ a real TCP replication writer and loopback destinations."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import subprocess
 import sys
@@ -59,17 +58,21 @@ async def test_worker_delivers_survives_shutdown_mid_flight_and_serves_admin(
                 assert r.status == 200
                 assert {d["destination"] for d in body["destinations"]} == set(REMOTES)
 
-        # Shutdown while transactions are in flight: remote1 answers slowly.
-        remotes.behave(REMOTES[0], delay_s=3.0)
+        # Shutdown while a transaction is in flight: remote1 does not answer. The worker
+        # gives it shutdown_deadline_s (1 s in this config, 10 s by default), then exits 0;
+        # the cancelled transaction's events are sent again after the restart.
+        remotes.behave(REMOTES[0], hang=True)
+        in_flight = remotes.in_progress
         second = await mp.db.messages(room, "@alice:local.test", 5)
         mp.announce(second)
-        await asyncio.sleep(0.5)
-        assert await stop(proc) == 0
+        await wait_for(lambda: remotes.in_progress > in_flight, 30, "a transaction in flight")
+        assert await stop(proc, within_s=6.0) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
 
-    remotes.behave(REMOTES[0], delay_s=0.0)
+    remotes.behave(REMOTES[0])
+    remotes.release()
     # Events written while the worker is down are delivered after restart too.
     third = await mp.db.messages(room, "@alice:local.test", 3)
     mp.announce(third)

@@ -75,6 +75,7 @@ def write_config(tmp_path: Path, pg_url: str, repl_port: int, remote_url: str) -
         "queue": {"backoff_initial_s": 1.0, "wakeup_interval_s": 1.0},
         "admin": {"port": admin_port, "token": "test-admin-token"},
         "telemetry": {"metrics_port": None},
+        "shutdown_deadline_s": 1.0,
     }
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -101,14 +102,19 @@ async def wait_for(pred: Any, timeout_s: float = 30.0, what: str = "") -> None:
         await asyncio.sleep(0.1)
 
 
-async def stop(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> int:
+async def stop(
+    proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, *, within_s: float = 30.0
+) -> int:
+    """Signal the worker and return its exit status; fail unless it exits within ``within_s``."""
     proc.send_signal(sig)
-    for _ in range(300):
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within_s
+    while loop.time() < deadline:
         if proc.poll() is not None:
             return proc.returncode
         await asyncio.sleep(0.1)
     proc.kill()
-    raise AssertionError("worker did not exit within 30 s of the signal")
+    raise AssertionError(f"worker did not exit within {within_s} s of the signal")
 
 
 async def wait_ready(admin_port: int, proc: subprocess.Popen[bytes]) -> None:
