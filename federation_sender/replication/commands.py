@@ -412,12 +412,20 @@ def _parse_replicate(rest: str) -> ReplicateCommand:
 
 def _parse_position(rest: str) -> PositionCommand:
     stream, instance, prev, new = _split(rest, 4, "POSITION")
-    return PositionCommand(
+    command = PositionCommand(
         _word(stream, "stream name"),
         _word(instance, "instance name"),
         _int(prev, "prev token"),
         _int(new, "new token"),
     )
+    if command.prev_token > command.new_token:
+        # "no rows between prev and new" cannot hold backwards; acting on it once moved
+        # the position back and then persisted one past rows never handled.
+        raise ProtocolError(
+            f"POSITION {command.stream_name} {command.instance_name}: "
+            f"prev token {command.prev_token} is above new token {command.new_token}"
+        )
+    return command
 
 
 def _parse_rdata(rest: str) -> RdataCommand:
