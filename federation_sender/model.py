@@ -144,15 +144,22 @@ class ToDeviceRow:
     messages_json: str
 
 
+DEVICE_LIST_UPDATE = "m.device_list_update"
+
+
 @dataclass(frozen=True, slots=True)
 class DeviceListRow:
-    """One ``m.device_list_update`` for a destination; ``content_json`` is its content
-    (without ``user_id``, ``device_id``, ``stream_id``, which the queue adds)."""
+    """One device-list EDU for a destination, acknowledged by ``(stream_id, user_id,
+    device_id)``. For an ``m.device_list_update`` the queue adds ``user_id``,
+    ``device_id`` and ``stream_id`` to ``content_json`` where missing; other types
+    (Synapse's ``m.signing_key_update`` and its ``org.matrix.`` twin, whose "device" is
+    a cross-signing key) go as stored."""
 
     stream_id: int
     user_id: str
     device_id: str
     content_json: str
+    edu_type: str = DEVICE_LIST_UPDATE
 
 
 class DestinationOrder(StrEnum):

@@ -221,7 +221,7 @@ class DestinationCore:
     def add_outbox(
         self,
         to_device: Sequence[tuple[int, JsonDict]],
-        device_lists: Sequence[tuple[int, str, str, JsonDict]],
+        device_lists: Sequence[tuple[int, str, str, str, JsonDict]],
         exhausted: bool,
     ) -> None:
         for sid, content in to_device:
@@ -229,9 +229,9 @@ class DestinationCore:
                 make_edu(EduKind.TO_DEVICE, "m.direct_to_device", content, (sid, "", ""))
             )
             self.to_device_cursor = max(self.to_device_cursor, sid)
-        for sid, user, device, content in device_lists:
+        for sid, user, device, edu_type, content in device_lists:
             self.pending.device_lists.append(
-                make_edu(EduKind.DEVICE_LIST, "m.device_list_update", content, (sid, user, device))
+                make_edu(EduKind.DEVICE_LIST, edu_type, content, (sid, user, device))
             )
             self.device_list_cursor = max(self.device_list_cursor, sid)
         if exhausted:

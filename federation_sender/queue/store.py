@@ -14,7 +14,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from federation_sender.model import DestinationRow, DeviceListRow, EventRow, ToDeviceRow, TxnLogRow
+from federation_sender.model import (
+    DEVICE_LIST_UPDATE,
+    DestinationRow,
+    DeviceListRow,
+    EventRow,
+    ToDeviceRow,
+    TxnLogRow,
+)
 from federation_sender.queue.backoff import BackoffState
 from federation_sender.queue.catchup import RoomInput, RoomPlan, plan_room
 from federation_sender.queue.core import Effects
@@ -110,7 +117,7 @@ class QueueStore:
 
     async def read_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int
-    ) -> tuple[list[tuple[int, JsonDict]], list[tuple[int, str, str, JsonDict]], bool]:
+    ) -> tuple[list[tuple[int, JsonDict]], list[tuple[int, str, str, str, JsonDict]], bool]:
         async def fn(tx: Tx) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
             return await tx.outbox.unsent_outbox(
                 destination, to_device_after, device_lists_after, limit
@@ -222,22 +229,24 @@ class Bootstrap:
     backoff: BackoffState
     last_successful: int | None
     to_device: list[tuple[int, JsonDict]]
-    device_lists: list[tuple[int, str, str, JsonDict]]
+    device_lists: list[tuple[int, str, str, str, JsonDict]]
+    """(stream_id, user_id, device_id, edu_type, content)"""
     outbox_exhausted: bool
     plans: list[RoomPlan] | None
 
 
 def _outbox(
     td: Sequence[ToDeviceRow], dl: Sequence[DeviceListRow], limit: int
-) -> tuple[list[tuple[int, JsonDict]], list[tuple[int, str, str, JsonDict]], bool]:
+) -> tuple[list[tuple[int, JsonDict]], list[tuple[int, str, str, str, JsonDict]], bool]:
     to_device = [(r.stream_id, _load(r.messages_json)) for r in td]
-    device_lists: list[tuple[int, str, str, JsonDict]] = []
+    device_lists: list[tuple[int, str, str, str, JsonDict]] = []
     for r in dl:
         content = _load(r.content_json)
-        content.setdefault("user_id", r.user_id)
-        content.setdefault("device_id", r.device_id)
-        content.setdefault("stream_id", r.stream_id)
-        device_lists.append((r.stream_id, r.user_id, r.device_id, content))
+        if r.edu_type == DEVICE_LIST_UPDATE:
+            content.setdefault("user_id", r.user_id)
+            content.setdefault("device_id", r.device_id)
+            content.setdefault("stream_id", r.stream_id)
+        device_lists.append((r.stream_id, r.user_id, r.device_id, r.edu_type, content))
     return to_device, device_lists, len(td) < limit and len(dl) < limit
 
 

@@ -4,7 +4,9 @@
 prints ``[upto, [[edu_type, content], ...]]`` from Synapse's own
 ``get_device_updates_by_remote`` on the deployment's database, as its
 ``federation_sender`` worker computes it (the worker is set up, never started: it opens
-the database and nothing else).
+the database and nothing else). ``device_lists_drain DEST LIMIT`` does what the worker
+does over successful transactions: windows from 0, each followed by Synapse's own
+``mark_as_sent_devices_by_remote``, until none is left; it prints the list of windows.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ def main() -> None:
         if what == "device_lists":
             dest, frm, limit = args
             return await store.get_device_updates_by_remote(dest, int(frm), int(limit))
+        if what == "device_lists_drain":
+            dest, limit = args
+            windows, position = [], 0
+            while True:
+                upto, edus = await store.get_device_updates_by_remote(dest, position, int(limit))
+                if not edus:
+                    return windows
+                windows.append([upto, edus])
+                await store.mark_as_sent_devices_by_remote(dest, upto)
+                position = upto
         raise SystemExit(f"unknown query {what}")
 
     def go(_reactor: Any) -> Any:

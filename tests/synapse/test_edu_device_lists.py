@@ -139,3 +139,30 @@ async def test_sent_pokes_are_deleted_and_prev_id_continues(
         assert await dl.destinations_for_token(conn, now) == []
     assert d.sql("SELECT stream_id FROM device_lists_outbound_last_success"
                  f" WHERE destination = '{dest}'").strip() == str(update.content["stream_id"])
+
+
+async def test_windows_read_ahead_chain_as_synapse_does_after_each_200(
+    synapse_deployment: SynapseDeployment, engine: AsyncEngine
+) -> None:
+    """The queue reads the next window before the previous one is acknowledged; the
+    prev_id chain must still be the one Synapse builds window after window."""
+    d = synapse_deployment
+    n = next(_names)
+    carol = d.client.register(f"dl_carol{n}")
+    for name in ("Phone", "Tablet"):
+        e2ee.upload_device_keys(d, e2ee.login(d, carol, name))
+    e2ee.upload_cross_signing(d, carol)
+    dest = f"dl{n}.test"
+    now = poke_everything(d, dest, carol.user_id)
+    read: list[list[Any]] = []
+    cursor = -1
+    async with engine.connect() as conn:
+        while rows := await dl.device_list_rows(conn, dest, cursor, now, 2,
+                                                allow_device_names=False):
+            read.append([[r.edu_type, json.loads(r.content_json)] for r in rows])
+            cursor = max(r.stream_id for r in rows)
+    windows = e2ee.reference(d, "device_lists_drain", dest, "2")
+    # Where windows end is the queue's business (a cross-signing pair may take a read one
+    # past its limit); the EDUs, their order and their prev_id chain must be Synapse's.
+    assert [e for w in read for e in w] == [e for _, w in windows for e in w]
+    assert len(windows) == 3 and all(len(w) <= 3 for w in read)

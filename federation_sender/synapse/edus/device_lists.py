@@ -12,7 +12,10 @@ pokes (at most ``limit`` rows, in stream order):
 * one ``m.device_list_update`` per (user, device), for the newest poke of that device:
   ``user_id``, ``device_id``, ``stream_id``, ``prev_id`` (the user's previous update in
   this window, else the newest ``device_lists_outbound_last_success`` at or before
-  ``from_stream_id``, else ``[]``), ``keys`` (the device's published keys from
+  ``from_stream_id``, else ``[]``; a poke at or before ``from_stream_id`` that is still
+  in the table counts too: it belongs to an earlier window read ahead and not yet
+  acknowledged, which Synapse, reading a window only after the previous one's 200,
+  never has), ``keys`` (the device's published keys from
   ``e2e_device_keys_json`` with the owner's cross-signatures from
   ``e2e_cross_signing_signatures`` merged into ``signatures``), ``device_display_name``
   only with ``allow_device_name_lookup_over_federation``, and ``deleted: true`` for a
@@ -44,6 +47,8 @@ from typing import Any
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
+
+from federation_sender.model import DeviceListRow
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +105,13 @@ _SIGNATURES = text(
     "   AND s.user_id = q.user_id"
 )
 _LAST_SUCCESS = text(
-    "SELECT user_id, max(stream_id) FROM device_lists_outbound_last_success"
-    " WHERE destination = :destination AND user_id = ANY(:users) AND stream_id <= :from_id"
-    " GROUP BY user_id"
+    "SELECT user_id, max(stream_id) FROM ("
+    "  SELECT user_id, stream_id FROM device_lists_outbound_last_success"
+    "  WHERE destination = :destination AND user_id = ANY(:users) AND stream_id <= :from_id"
+    "  UNION ALL"
+    "  SELECT user_id, stream_id FROM device_lists_outbound_pokes"
+    "  WHERE destination = :destination AND user_id = ANY(:users) AND stream_id <= :from_id"
+    ") AS sent GROUP BY user_id"
 )
 _DELETE_UPTO = text(
     "DELETE FROM device_lists_outbound_pokes"
@@ -122,6 +131,9 @@ _UPSERT_LAST_SUCCESS = text(
     " SELECT :destination, u, s FROM unnest(CAST(:users AS text[]), CAST(:ids AS bigint[]))"
     "   AS x(u, s)"
     " ON CONFLICT (destination, user_id) DO UPDATE SET stream_id = EXCLUDED.stream_id"
+)
+_DESTINATIONS_OF_USERS = text(
+    "SELECT DISTINCT destination FROM device_lists_outbound_pokes WHERE user_id = ANY(:users)"
 )
 _DESTINATIONS_AT = text(
     "SELECT DISTINCT destination FROM device_lists_outbound_pokes WHERE stream_id = :stream_id"
@@ -333,3 +345,63 @@ async def destinations_for_token(conn: AsyncConnection, stream_id: int) -> list[
     ``hosts_calculated``)."""
     rows = await conn.execute(_DESTINATIONS_AT, {"stream_id": stream_id})
     return sorted(str(r[0]) for r in rows)
+
+
+async def destinations_for_users(conn: AsyncConnection, user_ids: Collection[str]) -> list[str]:
+    """Destinations with pokes (unsent: sent ones are deleted) for these users."""
+    rows = await conn.execute(_DESTINATIONS_OF_USERS, {"users": list(user_ids)})
+    return sorted(str(r[0]) for r in rows)
+
+
+def _rows(updates: Iterable[DeviceUpdate]) -> list[DeviceListRow]:
+    """The neutral outbox rows: one per EDU, acknowledged by one poke it covers (the
+    signing-key twins by the first and the last: together they cover both keys)."""
+    out: list[DeviceListRow] = []
+    twin = 0
+    for u in updates:
+        if u.edu_type == DEVICE_LIST_UPDATE:
+            user_id, device_id, stream_id = u.covers[0]
+        else:
+            user_id, device_id, stream_id = u.covers[0] if twin == 0 else u.covers[-1]
+            twin ^= 1
+        out.append(
+            DeviceListRow(stream_id, user_id, device_id, json.dumps(u.content), u.edu_type)
+        )
+    return out
+
+
+async def device_list_rows(
+    conn: AsyncConnection,
+    destination: str,
+    after: int,
+    now_stream_id: int,
+    limit: int,
+    *,
+    allow_device_names: bool,
+) -> list[DeviceListRow]:
+    """The outbox reader's answer: windows of :func:`device_updates_by_remote` from
+    ``after`` until ``limit`` EDUs are gathered or the pokes up to ``now_stream_id`` are
+    all read. Fewer than ``limit`` rows means none are left (pokes of one device
+    collapse into one EDU, so one window may give few); a cross-signing pair may take
+    the count one past ``limit``."""
+    position = max(after, 0)
+    rows: list[DeviceListRow] = []
+    while len(rows) < limit:
+        budget = max(2, limit - len(rows))
+        window = await device_updates_by_remote(
+            conn, destination, position, now_stream_id, budget,
+            allow_device_names=allow_device_names,
+        )
+        rows.extend(_rows(window.edus))
+        if window.upto >= now_stream_id or window.upto <= position:
+            break
+        position = window.upto
+    return rows
+
+
+async def ack_device_list_rows(
+    conn: AsyncConnection, destination: str, keys: Collection[tuple[int, str, str]]
+) -> None:
+    """The destination answered 200 for these rows' EDUs (keys as the queue gives
+    them: (stream_id, user_id, device_id))."""
+    await mark_covered_sent(conn, destination, [(u, d, s) for s, u, d in keys])
