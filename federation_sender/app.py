@@ -23,6 +23,7 @@ import os
 import random
 import secrets
 import signal
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -56,11 +57,14 @@ from federation_sender.telemetry.metrics import Metrics, metrics_app, new_regist
 from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
-from federation_sender.transport.keyserver import make_key_app
+from federation_sender.transport.keyserver import make_key_app, server_ssl_context
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey, generate_key_file, load_signing_key
 
 log = logging.getLogger(__name__)
+
+Listener = tuple[str, str, int, web.Application, ssl.SSLContext | None]
+"""(config key, bind, port, application, TLS context or None for plain HTTP)"""
 
 CONSUMED_STREAMS = (
     "events", "federation", "to_device", "device_lists", "receipts", "typing"
@@ -291,8 +295,10 @@ class Worker:
         self.supervisor = Supervisor(self.clock)
         push(self.supervisor.shutdown, 5.0)
         self.replication = self._start_replication(self.supervisor)
-        for key, bind, port, app in self._listeners():
-            server = await listen(key, bind, port, start_http_server(app, bind, port))
+        for key, bind, port, app, tls in self._listeners():
+            server = await listen(
+                key, bind, port, start_http_server(app, bind, port, ssl_context=tls)
+            )
             self.servers.append(server)
             push(server.stop)
 
@@ -331,10 +337,10 @@ class Worker:
             supervisor.start(name, loop, restart=True)
         return client
 
-    def _listeners(self) -> list[tuple[str, str, int, web.Application]]:
-        """(config key, bind, port, application) of each listener to open, admin first."""
+    def _listeners(self) -> list[Listener]:
+        """(config key, bind, port, application, TLS) of each listener to open, admin first."""
         s = self.settings
-        out: list[tuple[str, str, int, web.Application]] = []
+        out: list[Listener] = []
         if s.admin.enabled:
             app = build_admin_app(
                 storage=self.storage,
@@ -343,7 +349,7 @@ class Worker:
                 clock=self.clock,
                 ready=self.is_ready,
             )
-            out.append(("admin.port", s.admin.bind, s.admin.port, app))
+            out.append(("admin.port", s.admin.bind, s.admin.port, app, None))
         if s.telemetry.metrics_port is not None:
             out.append(
                 (
@@ -351,17 +357,29 @@ class Worker:
                     s.telemetry.metrics_bind,
                     s.telemetry.metrics_port,
                     metrics_app(self.registry),
+                    None,
                 )
             )
         if s.federation.key_listener_port is not None and self.signing_key is not None:
-            key_app = make_key_app(
-                server_name=s.server_name, signing_key=self.signing_key, clock=self.clock
-            )
-            out.append(
-                ("federation.key_listener_port", s.admin.bind, s.federation.key_listener_port,
-                 key_app)
-            )
+            out.append(self._key_listener(self.signing_key, s.federation.key_listener_port))
         return out
+
+    def _key_listener(self, signing_key: SigningKey, port: int) -> Listener:
+        """Remote servers fetch keys over HTTPS: TLS with the configured certificate, or
+        plain HTTP (warned about) for a reverse proxy that terminates TLS."""
+        s = self.settings
+        f = s.federation
+        tls = None
+        if f.tls_certificate_path is not None and f.tls_private_key_path is not None:
+            tls = server_ssl_context(f.tls_certificate_path, f.tls_private_key_path)
+        else:
+            log.warning(
+                "the key listener serves plain HTTP; remote servers fetch keys over HTTPS, "
+                "so set federation.tls_certificate_path or put a TLS proxy in front"
+            )
+        app = make_key_app(server_name=s.server_name, signing_key=signing_key, clock=self.clock)
+        bind = f.key_listener_bind or s.admin.bind
+        return ("federation.key_listener_port", bind, port, app, tls)
 
     def is_ready(self) -> bool:
         """Started, and connected to replication when a transport is configured."""

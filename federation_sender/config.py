@@ -69,6 +69,12 @@ class FederationSettings:
     """``false`` only for loopback test peers that speak plain HTTP."""
     key_listener_port: int | None = None
     """Serve ``GET /_matrix/key/v2/server`` on this port when set."""
+    key_listener_bind: str | None = None
+    """Address of the key listener; ``None`` uses ``admin.bind``."""
+    tls_certificate_path: str | None = None
+    """PEM certificate (chain) of the server name: the key listener serves HTTPS with it,
+    as remote servers fetch keys over HTTPS. Set together with ``tls_private_key_path``."""
+    tls_private_key_path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -315,6 +321,10 @@ def _validate(s: Settings) -> None:
     ):
         if port is not None and not 0 <= port <= 65535:
             raise ConfigError(key, "a TCP port from 0 to 65535", port)
+    f = s.federation
+    if (f.tls_certificate_path is None) != (f.tls_private_key_path is None):
+        unset = "tls_private_key_path" if f.tls_private_key_path is None else "tls_certificate_path"
+        raise ConfigError(f"federation.{unset}", "a path (the certificate and key go together)")
     if s.sharding.mode == "static" and s.instance_name not in s.sharding.instances:
         raise ConfigError(
             "sharding.instances", "a list containing instance_name", s.sharding.instances

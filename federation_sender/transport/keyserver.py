@@ -6,7 +6,10 @@ A remote server that receives our signed request fetches our public key from
 ``https://<our server name>/_matrix/key/v2/server`` (after discovery). In a deployment
 where the main homeserver already serves this for the same key, nothing here is
 needed; a standalone deployment (and the interop tests) serve it from this worker with
-:func:`make_key_app` on an optional TLS listener.
+:func:`make_key_app`. Remote servers fetch keys over HTTPS only (Synapse answers our
+transactions 401 "Failed to find any key" otherwise), so the listener serves TLS with
+the server name's certificate (:func:`server_ssl_context`), or sits behind a reverse
+proxy that terminates TLS.
 
 The response is built fresh for each request and signed by the key it publishes::
 
@@ -20,6 +23,7 @@ it checks the server name, the expiry and the self-signature before trusting a k
 
 from __future__ import annotations
 
+import ssl
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,9 +33,30 @@ from signedjson.sign import SignatureVerifyException, verify_signed_json
 from unpaddedbase64 import decode_base64
 
 from federation_sender.clock import Clock, time_ms
+from federation_sender.errors import LocalPermanentError
 from federation_sender.transport.signing import AuthenticationError, SigningKey
 
 SERVER_KEYS_PATH = "/_matrix/key/v2/server"
+
+
+class KeyListenerTlsError(LocalPermanentError):
+    """The key listener's certificate or private key cannot be loaded."""
+
+
+def server_ssl_context(certificate_path: str, private_key_path: str) -> ssl.SSLContext:
+    """The key listener's TLS context (TLS 1.2+); one-line errors for bad files."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        ctx.load_cert_chain(certificate_path, private_key_path)
+    except FileNotFoundError as e:
+        raise KeyListenerTlsError(f"key listener TLS: no such file {e.filename!r}") from None
+    except OSError as e:  # ssl.SSLError is an OSError: not PEM, key does not match, ...
+        raise KeyListenerTlsError(
+            f"key listener TLS: cannot load {certificate_path!r} with {private_key_path!r}: "
+            f"{e.strerror or e}"
+        ) from None
+    return ctx
 DEFAULT_VALID_FOR_S = 24 * 3600.0
 
 
