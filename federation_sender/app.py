@@ -41,6 +41,7 @@ from federation_sender.admin.app import build_admin_app
 from federation_sender.admin.server import RunningServer, start_http_server
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
+from federation_sender.edus.stream_fetchers import stream_fetchers
 from federation_sender.errors import ConfigError
 from federation_sender.queue import QueueManager
 from federation_sender.replication.client import ReplicationClient
@@ -322,7 +323,7 @@ class Worker:
             transport,
             instance_name=s.instance_name,
             store=DbPositionStore(self.storage, s.instance_name),
-            fetchers={},
+            fetchers=stream_fetchers(self.engine, synapse=self.storage.name == "synapse"),
             handler=handler,
             clock=self.clock,
             streams=CONSUMED_STREAMS,
