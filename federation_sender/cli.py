@@ -46,6 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="federation-sender",
         description="A standalone federation sender worker for Matrix homeservers.",
     )
+    parser.add_argument("--version", action="version",
+                        version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
@@ -84,6 +86,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="use this PostgreSQL database instead of the embedded SQLite",
     )
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the table")
+    p.add_argument("--port-base", type=_port_base, default=None, metavar="N",
+                   help="fixed ports instead of random ones: admin API and dashboard N, "
+                   "metrics N+1, replication N+2, the simulated remotes from N+10")
 
     try:
         from federation_sender.batch.cli import add_batch_parser
@@ -92,6 +97,25 @@ def build_parser() -> argparse.ArgumentParser:
     else:
         add_batch_parser(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("federation-sender")
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "unknown (not installed)"
+
+
+def _port_base(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 1024 <= value <= 65535 - 1000:
+        raise argparse.ArgumentTypeError("a port from 1024 to 64535")
+    return value
 
 
 def _load(args: argparse.Namespace) -> Settings:
@@ -132,13 +156,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 0
     settings = _load(args)
     if cmd == "check-config":
-        import dataclasses
         import json
 
-        data: dict[str, Any] = dataclasses.asdict(settings)
-        if data["admin"].get("token"):
-            data["admin"]["token"] = "<redacted>"
-        print(json.dumps(data, indent=2, sort_keys=True))
+        print(json.dumps(_displayable(settings), indent=2, sort_keys=True))
         return 0
     if cmd == "migrate":
         if args.synapse_config:
@@ -157,6 +177,26 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return int(run_batch(args, settings))
     raise AssertionError(cmd)  # pragma: no cover
+
+
+def _displayable(settings: Settings) -> dict[str, Any]:
+    """The settings as printed by ``check-config``: the admin token and the password of
+    every URL (database, Redis) replaced."""
+    import dataclasses
+
+    from federation_sender.telemetry.logging import REDACTED, redact_url
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        return redact_url(value) if isinstance(value, str) else value
+
+    data: dict[str, Any] = clean(dataclasses.asdict(settings))
+    if data["admin"].get("token"):
+        data["admin"]["token"] = REDACTED
+    return data
 
 
 async def _migrate(settings: Settings, revision: str) -> int:

@@ -13,6 +13,7 @@ the key and what was expected; the CLI turns that into exit status 2.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import types
 from collections.abc import Mapping
@@ -227,7 +228,10 @@ def _build(cls: type[Any], data: Mapping[str, Any], prefix: str = "") -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     for k in data:
         if k not in names:
-            raise ConfigError(prefix + str(k), "a known key (see docs/configuration.md)", None)
+            close = difflib.get_close_matches(str(k), sorted(names), n=1, cutoff=0.6)
+            hint = f"did you mean {prefix + close[0]!r}? " if close else ""
+            raise ConfigError(prefix + str(k),
+                              f"a known key ({hint}see docs/configuration.md)", None)
     kwargs = {k: _coerce(prefix + k, hints[k], v) for k, v in data.items()}
     return cls(**kwargs)
 
@@ -283,7 +287,40 @@ def load_settings(
     return settings
 
 
+_DATABASE_DRIVERS = {
+    "postgresql": ("", "psycopg", "psycopg2"),
+    "postgres": ("", "psycopg", "psycopg2"),
+    "sqlite": ("", "aiosqlite"),
+}
+"""Backends and drivers the worker can run on (psycopg2 and no driver mean psycopg 3,
+no driver for SQLite means aiosqlite: see ``storage.engine.normalise_url``)."""
+
+
+def _check_database_url(url: str) -> None:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from federation_sender.telemetry.logging import redact_url
+
+    expected = "postgresql://user:password@host/database or sqlite:///path/to/file.db"
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise ConfigError("database.url", expected, redact_url(url)) from None
+    backend, _, driver = u.drivername.partition("+")
+    if driver not in _DATABASE_DRIVERS.get(backend, ()):
+        raise ConfigError("database.url", f"PostgreSQL (psycopg) or SQLite (aiosqlite): "
+                          f"{expected}", redact_url(url))
+    if backend == "sqlite" and u.database in (None, "", ":memory:"):
+        # Every pooled connection would get its own empty in-memory database.
+        raise ConfigError("database.url", "an SQLite database file, not memory: "
+                          "sqlite:///path/to/file.db", redact_url(url))
+    if backend != "sqlite" and not u.database:
+        raise ConfigError("database.url", f"a database name: {expected}", redact_url(url))
+
+
 def _validate(s: Settings) -> None:
+    _check_database_url(s.database.url)
     if ":" in s.server_name and not s.server_name.rsplit(":", 1)[1].isdigit():
         raise ConfigError(
             "server_name", "a server name with an optional numeric port", s.server_name

@@ -50,8 +50,13 @@ from federation_sender.transport.signing import verify_key_lookup
 SERVER_NAME = "demo.local"
 
 
+REMOTES_PORT_OFFSET = 10
+"""With ``--port-base N``: admin N, metrics N+1, replication N+2, remotes from N+10."""
+
+
 def demo_settings(base: Settings, args: argparse.Namespace, data: Path) -> Settings:
     db_url = args.postgres or f"sqlite:///{data}/demo.db"
+    port_base: int = getattr(args, "port_base", None) or 0
     return dataclasses.replace(
         base,
         server_name=SERVER_NAME,
@@ -74,8 +79,10 @@ def demo_settings(base: Settings, args: argparse.Namespace, data: Path) -> Setti
             catchup_threshold_s=4.0,
             wakeup_interval_s=2.0,
         ),
-        admin=dataclasses.replace(base.admin, enabled=True, port=free_port(), token=None),
-        telemetry=dataclasses.replace(base.telemetry, metrics_port=None, log_level="INFO"),
+        admin=dataclasses.replace(base.admin, enabled=True, port=port_base or free_port(),
+                                  token=None),
+        telemetry=dataclasses.replace(base.telemetry, log_level="INFO",
+                                      metrics_port=port_base + 1 if port_base else None),
     )
 
 
@@ -138,6 +145,7 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
         shutil.rmtree(data)
     data.mkdir(parents=True, exist_ok=True)
     settings = demo_settings(base, args, data)
+    port_base: int = getattr(args, "port_base", None) or 0
     log_file = (data / "worker.log").open("w")  # closed below
     setup_logging(settings.telemetry, stream=log_file)
     live = sys.stdout.isatty() and not args.no_live
@@ -172,8 +180,10 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     )
     report: DeliveryReport | None = None
     async with (
-        RemoteFleet(names, lookup_key=lookup, clock=clock, faults=faults) as fleet,
-        serve_replication(publisher.writer, transport="tcp", clock=clock) as port,
+        RemoteFleet(names, lookup_key=lookup, clock=clock, faults=faults,
+                    port_base=port_base + REMOTES_PORT_OFFSET if port_base else 0) as fleet,
+        serve_replication(publisher.writer, transport="tcp", clock=clock,
+                          port=port_base + 2 if port_base else 0) as port,
     ):
         assert port is not None
         settings = dataclasses.replace(
@@ -187,6 +197,8 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
         await driver.setup()
         worker = await Worker.create(settings, clock=clock)
         await worker.start()
+        print(f"dashboard: {worker.admin_url}/dashboard (admin token in "
+              f"{Path(settings.data_dir) / 'admin.token'})", file=out)
         start = clock.monotonic_s()
         gen = asyncio.create_task(driver.run(), name="simulator")
         deadline = start + args.duration + 45.0

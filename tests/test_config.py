@@ -133,3 +133,77 @@ def test_cli_migrate_on_postgres(pg_url: str) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert "to 0001" in proc.stdout
+
+
+def _cli(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+         ) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "federation_sender", *args],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env=None if env is None else {**os.environ, **env})
+
+
+def test_cli_version() -> None:
+    from importlib.metadata import version
+
+    proc = _cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.strip() == f"federation-sender {version('federation-sender')}"
+
+
+def test_a_mistyped_key_gets_a_suggestion(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("queue: {max_pdu_per_txn: 20}\n")
+    with pytest.raises(ConfigError) as ei:
+        load_settings(f, environ={})
+    assert ei.value.key == "queue.max_pdu_per_txn"
+    assert "did you mean 'queue.max_pdus_per_txn'?" in str(ei.value)
+    f.write_text("telemetry: {zzz: 1}\n")
+    with pytest.raises(ConfigError) as ei:
+        load_settings(f, environ={})
+    assert "did you mean" not in str(ei.value)
+
+
+@pytest.mark.parametrize("url", [
+    "mysql://fs:hunter2@db/fs",
+    "postgresql+asyncpg://fs:hunter2@db/fs",
+    "sqlite://",
+    "sqlite:///:memory:",
+    "postgresql://fs:hunter2@db",
+    "not a url",
+])
+def test_check_config_refuses_a_database_url_the_worker_cannot_use(url: str) -> None:
+    proc = _cli("check-config", env={"FEDERATION_SENDER__DATABASE__URL": url})
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "database.url" in line
+    assert "hunter2" not in line
+
+
+@pytest.mark.parametrize("url", ["postgresql://fs:pw@db/fs", "postgres://db/fs",
+                                 "postgresql+psycopg://fs@db:5433/fs",
+                                 "sqlite:///data/x.db", "sqlite+aiosqlite:////abs/x.db"])
+def test_usable_database_urls_are_accepted(url: str) -> None:
+    assert load_settings(None, environ={"FEDERATION_SENDER__DATABASE__URL": url}
+                         ).database.url == url
+
+
+def test_check_config_hides_every_password() -> None:
+    proc = _cli("check-config", env={
+        "FEDERATION_SENDER__DATABASE__URL": "postgresql://fs:db-s3cret@db/fs",
+        "FEDERATION_SENDER__REPLICATION__REDIS_URL": "redis://:redis-s3cret@redis:6379/0",
+        "FEDERATION_SENDER__ADMIN__TOKEN": "admin-s3cret"})
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret" not in proc.stdout
+    assert "postgresql://fs:<redacted>@db/fs" in proc.stdout
+    assert "redis://:<redacted>@redis:6379/0" in proc.stdout
+
+
+def test_batch_help_is_plain_text() -> None:
+    for args in (("batch", "--help"), ("batch", "audit", "--help")):
+        proc = _cli(*args)
+        assert proc.returncode == 0, proc.stderr
+        assert "``" not in proc.stdout and ":class:" not in proc.stdout
+        assert "`" not in proc.stdout
+    assert "health-report" in _cli("batch", "--help").stdout

@@ -38,6 +38,19 @@ JOBS = {
     "snapshot": "copy the tables the jobs read into a Parquet directory",
 }
 
+DESCRIPTION = """\
+Spark batch jobs over the worker's database (PostgreSQL, or the embedded SQLite
+file the demo and the default configuration use).
+
+  backfill-destination-rooms  recompute destination_rooms (--dry-run: report only)
+  audit                       find undelivered events and wrong rows (--repair)
+  health-report               per-destination health: Parquet, CSV and HTML
+  snapshot                    copy the tables to Parquet, for --snapshot runs
+
+Exit status: 0 success, 1 the job failed, 2 bad arguments or configuration,
+4 the audit found lost or mismatched rows. 'federation-sender batch JOB --help'
+lists a job's options."""
+
 
 def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
@@ -50,7 +63,7 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--jdbc-url", help="JDBC URL the executors use, when it differs "
                    "(jdbc:postgresql://host:port/db)")
     p.add_argument("--snapshot", metavar="DIR", help="read tables from this Parquet "
-                   "snapshot (see `batch snapshot`) instead of JDBC")
+                   "snapshot (see 'batch snapshot') instead of JDBC")
     p.add_argument("--output", metavar="DIR", help="where to write results")
     p.add_argument("--partitions", type=int, default=None, metavar="N",
                    help="parallel JDBC range reads and shuffle partitions "
@@ -80,7 +93,8 @@ def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def add_batch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Register ``batch <job>`` on the main CLI's sub-commands."""
     p = subparsers.add_parser("batch", help="Spark batch jobs (backfill, audit, health report)",
-                              description=__doc__)
+                              description=DESCRIPTION,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     jobs = p.add_subparsers(dest="job", metavar="JOB")
     jobs.required = True
     add_job_parsers(jobs)

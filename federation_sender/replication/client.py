@@ -176,7 +176,8 @@ class ReplicationClient:
                 received = True
                 await self._dispatch_batch(session, batch)
         except (ConnectionLost, ProtocolError) as e:
-            logger.warning("replication session to %s ended: %s", self._transport.description, e)
+            logger.warning("replication: disconnected from %s: %s", self._transport.description,
+                           e)
         except FederationSenderError as e:
             logger.error("replication: local error, reconnecting: %s", e, exc_info=True)
         except Exception:
@@ -207,6 +208,8 @@ class ReplicationClient:
         if self._last_federation_ack is not None:
             session.send(c.FederationAckCommand(self.instance_name, self._last_federation_ack))
         self.connected.set()
+        logger.info("replication: connected to %s as %s", self._transport.description,
+                    self.instance_name)
 
     # --- dispatch ------------------------------------------------------------------
 

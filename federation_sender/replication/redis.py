@@ -48,6 +48,7 @@ from federation_sender.replication.connection import (
 )
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.transport import ConnectionLost
+from federation_sender.telemetry.logging import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +177,7 @@ class RedisTransport:
         self.server_name = server_name
         self._clock = clock
         self._limits = limits
-        self.description = f"{url} channel {server_name}"
+        self.description = f"{redact_url(url)} channel {server_name}"
 
     async def open(self) -> RedisSession:
         client = aioredis.Redis.from_url(self.url)

@@ -123,6 +123,7 @@ class FakeRemote:
         rng: random.Random,
         faults: FaultProfile | None = None,
         host: str = "127.0.0.1",
+        port: int = 0,
     ) -> None:
         self.server_name = server_name
         self.faults = faults or FaultProfile()
@@ -132,7 +133,7 @@ class FakeRemote:
         self._clock = clock
         self._rng = rng
         self._host = host
-        self._port = 0
+        self._port = port
         self._answered: dict[tuple[str, str], tuple[int, dict[str, Any]]] = {}
         self._in_progress: dict[tuple[str, str], asyncio.Future[tuple[int, dict[str, Any]]]] = {}
         self._active: dict[str, str] = {}
@@ -382,7 +383,9 @@ class RemoteFleet:
         seed: int = 0,
         faults: Mapping[str, FaultProfile] | None = None,
         host: str = "127.0.0.1",
+        port_base: int = 0,
     ) -> None:
+        """``port_base``: the remotes listen on consecutive ports from it (0: any)."""
         faults = faults or {}
         self.remotes: dict[str, FakeRemote] = {
             name: FakeRemote(
@@ -392,8 +395,9 @@ class RemoteFleet:
                 rng=random.Random(f"{seed}:{name}"),
                 faults=faults.get(name),
                 host=host,
+                port=port_base + i if port_base else 0,
             )
-            for name in server_names
+            for i, name in enumerate(server_names)
         }
 
     async def start(self) -> None:

@@ -31,7 +31,11 @@ CONTEXT_KEYS_FIRST = ("destination", "txn_id")
 
 REDACTED = "<redacted>"
 
+_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/@:\"']*:)[^\s/@\"']+@")
+"""``scheme://user:password@host``: the password (a database or Redis URL)."""
+
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    (_URL_PASSWORD, r"\1" + REDACTED + "@"),
     # Authorization: Bearer <token>
     (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 " + REDACTED),
     # X-Matrix auth header signature: sig="..."
@@ -51,6 +55,11 @@ def redact(text: str, secrets: Iterable[str] = ()) -> str:
     for pattern, repl in _PATTERNS:
         text = pattern.sub(repl, text)
     return text
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the password of its userinfo replaced (for display)."""
+    return _URL_PASSWORD.sub(r"\1" + REDACTED + "@", url)
 
 
 @contextmanager
@@ -160,4 +169,8 @@ def setup_logging(settings: TelemetrySettings, *, stream: IO[str] | None = None,
     root.setLevel(settings.log_level)
     # Per-request access lines would drown the federation lines; errors still show.
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    # Alembic announces its dialect and each step at INFO; migrate says what changed.
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    # aiosqlite logs every cursor operation at DEBUG.
+    logging.getLogger("aiosqlite").setLevel(logging.INFO)
     return handler

@@ -326,3 +326,21 @@ async def test_writer_restart_resets_in_memory_streams_without_dropping_rows() -
                 )
                 assert r.client.positions.get("typing", "master") == 1
                 assert r.client.positions.get("events", "master") == 21
+
+
+async def test_connects_and_disconnects_are_logged(caplog: pytest.LogCaptureFixture) -> None:
+    w = new_writer()
+    caplog.set_level("INFO", logger="federation_sender.replication.client")
+    async with serving(w) as server, reader(server.port) as r:
+        where = f"tcp://127.0.0.1:{server.port}"
+        await asyncio.wait_for(r.client.connected.wait(), WAIT_S)
+        for peer in list(server.peers):
+            peer.writer.transport.abort()
+        await r.handler.wait_for(lambda: r.client.sessions_opened == 2)
+        await asyncio.wait_for(r.client.connected.wait(), WAIT_S)
+    lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records]
+    connected = ("INFO", f"replication: connected to {where} as fed1")
+    assert lines.count(connected) == 2
+    first = lines.index(connected)
+    assert any(level == "WARNING" and msg.startswith(f"replication: disconnected from {where}")
+               for level, msg in lines[first:])

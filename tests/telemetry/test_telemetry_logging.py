@@ -5,6 +5,7 @@ import io
 import json
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from federation_sender.telemetry.logging import (
     REDACTED,
     log_context,
     redact,
+    redact_url,
     setup_logging,
 )
 
@@ -90,6 +92,9 @@ async def test_context_is_inherited_by_tasks_and_isolated_between_them(
     ('{"password": "hunter2", "next_token": "5"}', "hunter2"),
     ("ed25519 a_AbCd ZGVhZGJlZWZkZWFkYmVlZmRlYWRiZWVmZGVhZGJlZWY=", "ZGVhZGJlZWZk"),
     ("token=sekrit", "sekrit"),
+    ("connecting to postgresql+psycopg://fs:pg-pass@db:5432/fs", "pg-pass"),
+    ("replication: redis://:redis-pass@redis:6379/0 channel hs", "redis-pass"),
+    ("url='redis://user:p%40ss@host/1'", "p%40ss"),
 ])
 def test_redaction_patterns(text: str, secret: str) -> None:
     cleaned = redact(text)
@@ -100,6 +105,27 @@ def test_redaction_patterns(text: str, secret: str) -> None:
 def test_redaction_keeps_harmless_text() -> None:
     text = 'next_token=5 txn_id=17 destination=a.org "signatures" ok'
     assert redact(text) == text
+    for url in ("https://a.org/_matrix/x@y", "redis://redis:6379/0", "sqlite:///./data/x.db",
+                "postgresql://fs@db/fs"):
+        assert redact(url) == url == redact_url(url)
+
+
+def test_alembic_is_quiet_at_info(restore_root: None, tmp_path: Path) -> None:
+    from federation_sender.storage.engine import create_engine
+    from federation_sender.storage.migrate import upgrade
+
+    out = configure("text")
+    logging.getLogger().setLevel(logging.INFO)
+
+    async def migrate() -> None:
+        engine = create_engine(f"sqlite:///{tmp_path}/a.db")
+        try:
+            await upgrade(engine)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(migrate())
+    assert "alembic" not in out.getvalue()
 
 
 def test_registered_secrets_and_tracebacks_are_redacted(restore_root: None) -> None:

@@ -2,12 +2,34 @@
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
+DESTINATIONS = 8
+
+
+def free_port_block(size: int) -> int:
+    """A base port with ``size`` free consecutive ports above it."""
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = int(s.getsockname()[1])
+        if base + size > 65000:
+            continue
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no block of free ports")
+
 
 def test_demo_runs_end_to_end_and_passes_the_delivery_check(tmp_path: Path) -> None:
+    base = free_port_block(10 + DESTINATIONS)
     proc = subprocess.run(
         [
             sys.executable,
@@ -15,7 +37,9 @@ def test_demo_runs_end_to_end_and_passes_the_delivery_check(tmp_path: Path) -> N
             "federation_sender",
             "demo",
             "--destinations",
-            "8",
+            str(DESTINATIONS),
+            "--port-base",
+            str(base),
             "--rooms",
             "5",
             "--events",
@@ -32,6 +56,8 @@ def test_demo_runs_end_to_end_and_passes_the_delivery_check(tmp_path: Path) -> N
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "delivery check: OK" in proc.stdout
     assert "totals:" in proc.stdout
+    # --port-base: the dashboard is where it was asked to be.
+    assert f"dashboard: http://127.0.0.1:{base}/dashboard" in proc.stdout
     log = (tmp_path / "data" / "demo" / "worker.log").read_text()
     # The remote that is down for most of the run goes through catch-up and comes back.
     assert "enters catch-up" in log
