@@ -19,12 +19,16 @@ Invariants:
 * A catch-up episode reads ``destination_rooms`` past a keyset cursor and replays gaps
   from the episode's base position; the position moves to the last row handled only
   when the episode ends (a restart mid-episode repeats it: duplicates, never losses).
-* A refusal (400, or 500 with a response) of a transaction of several items splits it;
-  a single refused item is quarantined and retried after others succeed, and dropped
-  after ``max_item_failures`` refusals with successes in between. Without a success
-  since, an empty probe transaction asks whether the destination is up; a refused probe,
-  or a run of refusals with no success, means the destination, not an item, is broken:
-  that is a normal failure (backoff).
+* Refusals are judged by :class:`~federation_sender.queue.isolation.ItemIsolation`
+  (split, quarantine with spaced retries, probe, drop only with successes in between,
+  or blame the destination); catch-up mode and the episode in progress are a
+  :class:`~federation_sender.queue.episode.CatchupEpisode`.
+* A 429 pauses the queue for the peer's ``Retry-After`` (else a few seconds, doubling
+  while 429s continue): an overloaded peer is not a failed one, and the persisted
+  ten-minute failure schedule is not touched. A ``Retry-After`` longer than the first
+  failure interval is a normal failure with at least that interval.
+* Every real success reports ``succeeded``: the store resets the ``destinations`` row's
+  backoff even if another instance wrote it.
 """
 
 from __future__ import annotations
@@ -32,13 +36,20 @@ from __future__ import annotations
 import random
 from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 from federation_sender.model import EventRow
 from federation_sender.queue.backoff import RESET, BackoffPolicy, BackoffState
 from federation_sender.queue.batching import Batch, Limits, take_batch, take_edus
-from federation_sender.queue.catchup import RoomPlan, pack_next, pdu_item
+from federation_sender.queue.catchup import RoomPlan, pdu_item
 from federation_sender.queue.destination import DestinationState, DestinationStateMachine
+from federation_sender.queue.episode import CatchupEpisode
+from federation_sender.queue.isolation import (
+    MAX_REFUSALS_WITHOUT_SUCCESS,
+    REFUSAL_STATUSES,
+    SERVER_ERROR_FACTOR,
+    ItemIsolation,
+    Verdict,
+)
 from federation_sender.queue.items import (
     EduItem,
     EduKind,
@@ -47,81 +58,37 @@ from federation_sender.queue.items import (
     PendingItems,
     make_edu,
 )
+from federation_sender.queue.steps import (
+    Effects,
+    FrozenTxn,
+    Idle,
+    NeedCatchup,
+    NeedOutbox,
+    Send,
+    Step,
+    Wait,
+    outbox_keys,
+)
 from federation_sender.transport.result import Outcome, SendResult
 
-REFUSAL_STATUSES = frozenset({400, 500})
-MAX_REFUSALS_WITHOUT_SUCCESS = 16
-SERVER_ERROR_FACTOR = 3
-"""Enough to bisect 150 items twice over; beyond it the destination is the problem."""
+__all__ = [
+    "MAX_REFUSALS_WITHOUT_SUCCESS",
+    "REFUSAL_STATUSES",
+    "SERVER_ERROR_FACTOR",
+    "DestinationCore",
+    "Effects",
+    "FrozenTxn",
+    "Idle",
+    "NeedCatchup",
+    "NeedOutbox",
+    "Send",
+    "Step",
+    "Wait",
+]
 
-
-@dataclass(frozen=True, slots=True)
-class Idle:
-    pass
-
-
-@dataclass(frozen=True, slots=True)
-class Wait:
-    until_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class NeedCatchup:
-    after: int
-    """The episode's base position: gaps are replayed from here."""
-    cursor: tuple[int, str | None]
-    """Read ``destination_rooms`` rows past this (stream_ordering, room_id) keyset."""
-    exhausted: bool = False
-    """The last read returned fewer rows than asked: no need to read again."""
-
-
-@dataclass(frozen=True, slots=True)
-class NeedOutbox:
-    to_device_after: int
-    device_lists_after: int
-
-
-@dataclass(frozen=True, slots=True)
-class FrozenTxn:
-    txn_id: str
-    batch: Batch
-    attempts: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class Send:
-    txn: FrozenTxn
-
-
-Step = Idle | Wait | NeedCatchup | NeedOutbox | Send
-
-
-@dataclass(slots=True)
-class Effects:
-    """What the shell must persist and report after a result."""
-
-    backoff: BackoffState | None = None
-    last_successful: int | None = None
-    to_device_sent: list[int] = field(default_factory=list)
-    device_lists_sent: list[tuple[int, str, str]] = field(default_factory=list)
-    prune: list[tuple[str, int]] = field(default_factory=list)
-    dropped: list[tuple[PduItem | EduItem, str]] = field(default_factory=list)
-    entered_catchup: bool = False
-    dropped_for_catchup: int = 0
-
-
-def _outbox_keys(items: Iterable[PduItem | EduItem], eff: Effects) -> None:
-    for e in items:
-        if isinstance(e, EduItem) and e.outbox_key is not None:
-            if e.kind is EduKind.TO_DEVICE:
-                eff.to_device_sent.append(e.outbox_key[0])
-            else:
-                eff.device_lists_sent.append(e.outbox_key)
-
-
-def _failure_key(item: PduItem | EduItem) -> str | int:
-    """PDUs by event id (catch-up re-reads them as new objects), EDUs by identity."""
-    return item.event_id if isinstance(item, PduItem) else item.uid
+RATE_LIMIT_BASE_MS = 2_000
+RATE_LIMIT_CAP_MS = 60_000
+"""A 429 without ``Retry-After`` pauses 2 s, doubling while 429s continue, at most 60 s."""
 
 
 class DestinationCore:
@@ -146,37 +113,31 @@ class DestinationCore:
         self.limits = limits
         self.rng = rng
         self._next_txn_id = next_txn_id
-        self.max_item_failures = max_item_failures
         self.sm = DestinationStateMachine(on_state_change)
         self.pending = PendingItems()
         self.backoff: BackoffState = RESET
-        self.catching_up = catching_up
-        """Catch-up *mode*: set for queues that may have missed events (at startup, after
-        a long backoff, after a crash of their runner)."""
+        self.paused_until_ms = 0
+        """A 429 pauses sending until then (in memory only)."""
+        self._rate_limited = 0
+        self.episode = CatchupEpisode(
+            catching_up, initial_rooms_per_txn, max_rooms_per_txn, fast_answer_s
+        )
+        self.isolation = ItemIsolation(max_item_failures)
         self.last_successful = -1
-        self.catchup_last_skipped = -1
         self.max_done = -1
-        self._catchup_recheck = False
-        self._catchup_exhausted = False
         self.current: FrozenTxn | None = None
         self.work: deque[Batch] = deque()
-        self.catchup_plans: deque[RoomPlan] = deque()
-        self.catchup_cursor: tuple[int, str | None] = (-1, None)
-        self.catchup_room_floor: dict[str, int] = {}
-        self.rooms_per_txn = initial_rooms_per_txn
-        self.max_rooms_per_txn = max_rooms_per_txn
-        self.fast_answer_s = fast_answer_s
-        self.quarantine: deque[Batch] = deque()
-        self.item_failures: dict[str | int, tuple[int, int]] = {}
-        """failure key -> (refusals of the item alone, ``successes`` at the first one)"""
-        self.successes = 0
-        self._retry_quarantine = False
-        self.refusals_without_success = 0
         self.to_device_cursor = -1
         self.device_list_cursor = -1
         self.outbox_dirty = True
         self.last_error: str | None = None
         self.stopped = False
+
+    @property
+    def catching_up(self) -> bool:
+        """Catch-up *mode*: set for queues that may have missed events (at startup, after
+        a long backoff, after a crash of their runner)."""
+        return self.episode.active
 
     # --- loading and intake ---------------------------------------------------------
 
@@ -186,14 +147,14 @@ class DestinationCore:
         eff = Effects()
         self.backoff = backoff
         self.last_successful = -1 if last_successful is None else last_successful
-        self._reset_episode()
+        self.episode.reset(self.last_successful)
         if self.policy.should_catch_up(backoff):
             self._enter_catchup(eff)
         return eff
 
     def add_pdu(self, item: PduItem) -> None:
-        if self.catching_up:
-            self.catchup_last_skipped = max(self.catchup_last_skipped, item.stream_ordering)
+        if self.episode.active:
+            self.episode.skipped(item.stream_ordering)
         else:
             self.pending.add_pdu(item)
 
@@ -201,12 +162,14 @@ class DestinationCore:
         """Like :meth:`add_pdu` for each item; ``items`` are in stream order."""
         if not items:
             return
-        if self.catching_up:
-            self.catchup_last_skipped = max(self.catchup_last_skipped, items[-1].stream_ordering)
+        if self.episode.active:
+            self.episode.skipped(items[-1].stream_ordering)
         else:
             self.pending.add_pdus(items)
 
     def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
+        if key is not None:
+            self.isolation.supersede((edu_type, key))
         self.pending.add_edu(edu_type, content, key)
 
     def add_presence(self, states: Iterable[JsonDict]) -> None:
@@ -239,67 +202,70 @@ class DestinationCore:
 
     # --- the decision -----------------------------------------------------------------
 
-    def _has_sendable(self) -> bool:
-        return (
-            bool(self.work)
-            or bool(self.pending)
-            or bool(self.quarantine)
-            or bool(self.catchup_plans)
-        )
+    def retry_at_ms(self) -> int | None:
+        """When sending may resume (a backoff or a 429 pause), None if it may now."""
+        at = self.backoff.retry_at_ms
+        if self.paused_until_ms and (at is None or self.paused_until_ms > at):
+            return self.paused_until_ms
+        return at
 
     def next_step(self, now_ms: int) -> Step:
         if self.stopped:
             return Idle()
-        if self.backoff.active_at(now_ms):
-            retry_at = self.backoff.retry_at_ms
+        if self.paused_until_ms and self.paused_until_ms <= now_ms:
+            self.paused_until_ms = 0
+        if self.backoff.active_at(now_ms) or self.paused_until_ms > now_ms:
+            retry_at = self.retry_at_ms()
             assert retry_at is not None
             self.sm.to(DestinationState.BACKING_OFF)
             return Wait(retry_at)
         if self.current is not None:
-            self._to_sending()
-            return Send(self.current)
+            return self._send(self.current)
         outbox_low = (
             len(self.pending.to_device) + len(self.pending.device_lists) < self.limits.max_edus
         )
         if self.outbox_dirty and outbox_low:
             self._to_sending()
             return NeedOutbox(self.to_device_cursor, self.device_list_cursor)
-        if not self.work and self.catching_up and not self.catchup_plans:
+        ep = self.episode
+        if not self.work and ep.active and not ep.plans:
             self.sm.to(DestinationState.CATCHING_UP)
-            return NeedCatchup(
-                self.last_successful, self.catchup_cursor, self._catchup_exhausted
-            )
-        batch: Batch | None = None
-        if not self.work and self.catchup_plans:
-            self.work.append(
-                pack_next(self.catchup_plans, self.rooms_per_txn, self.limits, self.parse_pdu)
-            )
+            return NeedCatchup(self.last_successful, ep.cursor, ep.exhausted)
+        batch = self._next_batch(now_ms)
+        if batch is not None and (batch or batch.catchup_position is not None):
+            # An empty catch-up batch still carries a position to advance.
+            return self._send(FrozenTxn(self._next_txn_id(), batch))
+        ready_at = self.isolation.next_ready_ms()
+        if ready_at is not None:
+            # Only quarantined items are left: their next retry is due then.
+            self._to_sending()
+            return Wait(ready_at)
+        self.sm.to(DestinationState.IDLE)
+        return Idle()
+
+    def _next_batch(self, now_ms: int) -> Batch | None:
+        if not self.work and self.episode.plans:
+            self.work.append(self.episode.next_batch(self.limits, self.parse_pdu))
         if self.work:
             batch = self.work.popleft()
             if batch.catchup and len(batch.edus) == 0:
                 batch = self._fill_edus(batch)
-        elif self.quarantine and (self._retry_quarantine or not self.pending):
-            batch = self.quarantine.popleft()
-            self._retry_quarantine = False
-        elif self.pending:
-            batch = take_batch(self.pending, self.limits)
-        elif self.quarantine:
-            batch = self.quarantine.popleft()
-        if batch is None or not batch:
-            if batch is not None and batch.catchup_position is not None:
-                # An empty catch-up batch still carries a position to advance.
-                self.current = FrozenTxn(self._next_txn_id(), batch)
-                self._to_sending()
-                return Send(self.current)
-            self.sm.to(DestinationState.IDLE)
-            return Idle()
-        self.current = FrozenTxn(self._next_txn_id(), batch)
+            return batch
+        held = self.isolation.take_ready(now_ms, others_waiting=bool(self.pending))
+        if held is not None:
+            return held
+        if self.pending:
+            return take_batch(self.pending, self.limits)
+        return None
+
+    def _send(self, txn: FrozenTxn) -> Send:
+        self.current = txn
         self._to_sending()
-        return Send(self.current)
+        return Send(txn)
 
     def _to_sending(self) -> None:
         self.sm.to(
-            DestinationState.CATCHING_UP if self.catching_up else DestinationState.SENDING
+            DestinationState.CATCHING_UP if self.episode.active else DestinationState.SENDING
         )
 
     def _fill_edus(self, batch: Batch) -> Batch:
@@ -322,59 +288,31 @@ class DestinationCore:
     def offer_catchup(self, plans: Sequence[RoomPlan], exhausted: bool = False) -> None:
         """The shell planned these from ``destination_rooms`` past the cursor; send them
         in order. Events of a room already handled in this episode are not resent."""
-        for plan in plans:
-            floor = self.catchup_room_floor.get(plan.room_id)
-            if floor is not None:
-                plan = RoomPlan(
-                    plan.room_id,
-                    plan.row_stream_ordering,
-                    tuple(e for e in plan.events if e.stream_ordering > floor),
-                    plan.prune,
-                    plan.mode,
-                )
-            self.catchup_room_floor[plan.room_id] = plan.row_stream_ordering
-            # Plans arrive in the database's keyset order (its collation, not Python's).
-            self.catchup_cursor = (plan.row_stream_ordering, plan.room_id)
-            self.catchup_plans.append(plan)
-        self._catchup_recheck = False
-        self._catchup_exhausted = exhausted
+        self.episode.offer(plans, exhausted)
 
     def catchup_finished(self) -> Effects:
         """The shell found no rows past the cursor and everything planned was delivered:
         the position moves to the last row handled and catch-up mode ends."""
         eff = Effects()
-        if self.catchup_last_skipped > self.catchup_cursor[0] and not self._catchup_recheck:
-            # An event arrived while the rows were being read: look once more.
-            self._catchup_recheck = True
-            self._catchup_exhausted = False
-            return eff
-        self._catchup_recheck = False
-        self.catching_up = False
-        self.catchup_last_skipped = -1
-        self.max_done = max(self.max_done, self.catchup_cursor[0])
+        last_row = self.episode.finish()
+        if last_row is None:
+            return eff  # an event arrived while the rows were being read: look again
+        self.max_done = max(self.max_done, last_row)
         self._advance(Batch((), ()), eff)
-        self._reset_episode()
+        self.episode.reset(self.last_successful)
         return eff
 
-    def _reset_episode(self) -> None:
-        self._catchup_exhausted = False
-        self.catchup_cursor = (self.last_successful, None)
-        self.catchup_room_floor = {}
-
     def _enter_catchup(self, eff: Effects) -> None:
-        eff.entered_catchup = not self.catching_up
         n = self.pending.drop_volatile()
-        n += sum(b.item_count for b in self.work) + sum(b.item_count for b in self.quarantine)
+        n += sum(b.item_count for b in self.work)
+        n += sum(b.item_count for b in self.isolation.batches())
         if self.current is not None:
             n += self.current.batch.item_count
         eff.dropped_for_catchup = n
         self.work.clear()
-        self.catchup_plans.clear()
-        self.quarantine.clear()
-        self.item_failures.clear()
+        self.isolation.clear()
         self.current = None
-        self.catching_up = True
-        self._reset_episode()
+        eff.entered_catchup = self.episode.enter(self.last_successful)
         self.to_device_cursor = -1
         self.device_list_cursor = -1
         self.outbox_dirty = True
@@ -383,9 +321,13 @@ class DestinationCore:
 
     def _min_held_stream_ordering(self) -> int | None:
         m = self.pending.min_stream_ordering()
-        if not self.work and not self.quarantine:
+        if not self.work and not self.isolation:
             return m
-        sos = [p.stream_ordering for b in (*self.work, *self.quarantine) for p in b.pdus]
+        sos = [
+            p.stream_ordering
+            for b in (*self.work, *self.isolation.batches())
+            for p in b.pdus
+        ]
         if m is not None:
             sos.append(m)
         return min(sos, default=None)
@@ -396,32 +338,8 @@ class DestinationCore:
         eff = Effects()
         batch = txn.batch
         if result.outcome is Outcome.SUCCESS:
-            self.current = None
-            self.successes += 1
-            self.last_error = None
-            self.refusals_without_success = 0
-            self._retry_quarantine = bool(self.quarantine)
-            if self.backoff != RESET:
-                self.backoff = RESET
-                eff.backoff = RESET
-            if self.item_failures:
-                for p in batch.pdus:
-                    self.item_failures.pop(p.event_id, None)
-                for e in batch.edus:
-                    self.item_failures.pop(e.uid, None)
-            _outbox_keys(batch.edus, eff)
-            eff.prune.extend(batch.catchup_prune)
-            if batch.catchup:
-                if result.duration_s <= self.fast_answer_s:
-                    self.rooms_per_txn = min(self.max_rooms_per_txn, self.rooms_per_txn * 2)
-                else:
-                    self.rooms_per_txn = 1
-            if not self.catching_up:
-                # Catch-up moves the position only when the episode ends: until then
-                # rooms not yet handled may hold missed events below any row handled.
-                self._advance(batch, eff)
+            self._on_success(batch, result, eff)
             return eff
-
         self.last_error = result.error or result.outcome.value
         if result.outcome is Outcome.TOO_LARGE:
             self.current = None
@@ -430,76 +348,74 @@ class DestinationCore:
             else:
                 self._drop(batch, "too_large", eff)
             return eff
-
-        if (
-            result.status in REFUSAL_STATUSES
-            and self.refusals_without_success < MAX_REFUSALS_WITHOUT_SUCCESS
-            and not batch.probe
-        ):
-            self.refusals_without_success += 1
-            self.current = None
-            if batch.item_count >= 2:
-                self.work.extendleft(reversed(batch.split()))
+        if result.status == 429 and self._pause(txn, result, now_ms):
+            return eff
+        if self.isolation.is_refusal(result.status, batch):
+            verdict = self.isolation.on_refusal(batch, result.status, now_ms)
+            if verdict is not Verdict.DESTINATION:
+                self.current = None
+                if batch.item_count >= 2:  # SPLIT, or PROBE after many refusals
+                    self.work.extendleft(reversed(batch.split()))
+                if verdict is Verdict.PROBE:
+                    self.work.appendleft(Batch((), (), probe=True))
+                elif verdict is Verdict.DROP:
+                    self._drop(batch, "refused", eff)
                 return eff
-            if self._isolate(batch, eff, result.status):
-                return eff
-            self.current = txn
+        self._fail(txn, result, now_ms, eff)
+        return eff
 
-        # The destination is down (or refuses everything): back off, keep the frozen
-        # transaction for an identical retry.
-        self.refusals_without_success = 0
-        self.current = FrozenTxn(txn.txn_id, batch, txn.attempts + 1)
+    def _on_success(self, batch: Batch, result: SendResult, eff: Effects) -> None:
+        self.current = None
+        self.last_error = None
+        self._rate_limited = 0
+        self.isolation.on_success(batch)
+        eff.succeeded = bool(batch)
+        if self.backoff != RESET:
+            self.backoff = RESET
+            eff.backoff = RESET
+        outbox_keys(batch.edus, eff)
+        eff.prune.extend(batch.catchup_prune)
+        if batch.catchup:
+            self.episode.answered(result.duration_s)
+        if not self.episode.active:
+            # Catch-up moves the position only when the episode ends: until then
+            # rooms not yet handled may hold missed events below any row handled.
+            self._advance(batch, eff)
+
+    def _pause(self, txn: FrozenTxn, result: SendResult, now_ms: int) -> bool:
+        """A 429: wait briefly and resend the same transaction. False when the peer
+        asks for longer than the first failure interval (then it is a failure)."""
+        if result.retry_after_s is not None:
+            wait_ms = int(result.retry_after_s * 1000)
+            if wait_ms > self.policy.initial_s * 1000:
+                return False
+        else:
+            wait_ms = min(RATE_LIMIT_CAP_MS, RATE_LIMIT_BASE_MS << min(self._rate_limited, 16))
+        self._rate_limited += 1
+        self.current = FrozenTxn(txn.txn_id, txn.batch, txn.attempts + 1)
+        self.paused_until_ms = now_ms + max(wait_ms, 1)
+        return True
+
+    def _fail(self, txn: FrozenTxn, result: SendResult, now_ms: int, eff: Effects) -> None:
+        """The destination is down (or refuses everything): back off, keep the frozen
+        transaction for an identical retry."""
+        self.isolation.on_destination_failure()
+        self.current = FrozenTxn(txn.txn_id, txn.batch, txn.attempts + 1)
         self.backoff = self.policy.on_failure(
             self.backoff, now_ms, self.rng, result.retry_after_s
         )
         eff.backoff = self.backoff
         if self.policy.should_catch_up(self.backoff):
             self._enter_catchup(eff)
-        return eff
-
-    def _isolate(self, batch: Batch, eff: Effects, status: int | None) -> bool:
-        """A single item was refused alone. True if handled; False means the refusals
-        must be blamed on the destination instead (a normal failure).
-
-        A 400 names the transaction as bad; a 500 may just as well be a flaky server
-        that fails at random, so an item refused with 500 must be refused alone
-        ``SERVER_ERROR_FACTOR`` times as often before it is dropped (at a 20 % random
-        error rate: 0.2**9 instead of 0.2**3 per quarantined item)."""
-        limit = self.max_item_failures
-        if status != 400:
-            limit *= SERVER_ERROR_FACTOR
-        items: list[PduItem | EduItem] = [*batch.pdus, *batch.edus]
-        if not items:
-            return False
-        key = _failure_key(items[0])
-        n, since = self.item_failures.get(key, (0, self.successes))
-        n += 1
-        self.item_failures[key] = (n, since)
-        if n < limit:
-            self.quarantine.append(batch)
-            return True
-        if self.successes > since:
-            # Refused alone, again and again, while other transactions got through:
-            # the item is the problem, not the destination.
-            self._drop(batch, "refused", eff)
-            return True
-        if n == limit:
-            # Nothing else got through meanwhile: ask the destination whether it is up
-            # with an empty transaction before blaming the item.
-            self.quarantine.appendleft(batch)
-            self.work.appendleft(Batch((), (), probe=True))
-            return True
-        return False
 
     def _drop(self, batch: Batch, reason: str, eff: Effects) -> None:
         items: list[PduItem | EduItem] = [*batch.pdus, *batch.edus]
-        for item in items:
-            eff.dropped.append((item, reason))
-            self.item_failures.pop(_failure_key(item), None)
+        eff.dropped.extend((item, reason) for item in items)
+        self.isolation.forget(batch)
         # A dropped outbox row is marked sent so it cannot poison the queue again.
-        _outbox_keys(batch.edus, eff)
+        outbox_keys(batch.edus, eff)
         eff.prune.extend(batch.catchup_prune)
-        if not self.catching_up:
+        if not self.episode.active:
             self._advance(batch, eff)
 
     def _advance(self, batch: Batch, eff: Effects) -> None:
@@ -519,8 +435,9 @@ class DestinationCore:
     # --- operator actions ------------------------------------------------------------------
 
     def clear_backoff(self) -> bool:
-        was = self.backoff.backing_off
+        was = self.backoff.backing_off or self.paused_until_ms > 0
         self.backoff = RESET
+        self.paused_until_ms = 0
         return was
 
     def stop(self) -> None:
@@ -529,22 +446,25 @@ class DestinationCore:
 
     # --- status ----------------------------------------------------------------------------
 
+    def _held(self) -> tuple[Batch, ...]:
+        cur = (self.current.batch,) if self.current is not None else ()
+        return (*self.work, *self.isolation.batches(), *cur)
+
     @property
     def pending_pdus(self) -> int:
-        held = sum(len(b.pdus) for b in (*self.work, *self.quarantine))
-        cur = len(self.current.batch.pdus) if self.current else 0
-        return self.pending.pdu_count + held + cur
+        return self.pending.pdu_count + sum(len(b.pdus) for b in self._held())
 
     @property
     def pending_edus(self) -> int:
-        held = sum(len(b.edus) for b in (*self.work, *self.quarantine))
-        cur = len(self.current.batch.edus) if self.current else 0
-        return self.pending.edu_count + held + cur
+        return self.pending.edu_count + sum(len(b.edus) for b in self._held())
 
     def is_empty(self) -> bool:
         return (
             self.current is None
-            and not self._has_sendable()
-            and not self.catching_up
+            and not self.work
+            and not self.pending
+            and not self.isolation
+            and not self.episode.plans
+            and not self.episode.active
             and not self.outbox_dirty
         )

@@ -1,18 +1,18 @@
 """The explicit state machine of one destination.
 
-::
+:data:`TRANSITIONS` lists the legal transitions and nothing else; the diagram in
+``docs/queue-engine.md`` is checked against it (``tests/queue/test_destination_state.py``).
 
-    IDLE ──work──▶ SENDING ──200, nothing left──▶ IDLE
-      │              │  ▲
-      │         failure  └──backoff over──┐
-      │              ▼                    │
-      └─────────▶ BACKING_OFF ────────────┘
-                     │  ▲
-        backoff over │  │ failure
-                     ▼  │
-                  CATCHING_UP ──nothing outstanding──▶ SENDING / IDLE
+* ``IDLE -> SENDING | CATCHING_UP``: work arrives (a queue created in catch-up mode
+  starts catching up); ``IDLE -> BACKING_OFF``: it loads a persisted backoff.
+* ``SENDING -> IDLE``: nothing left; ``SENDING -> BACKING_OFF``: a failure or a 429.
+* ``BACKING_OFF -> SENDING``: the backoff is over (or cleared) with the frozen
+  transaction to resend; ``BACKING_OFF -> CATCHING_UP``: it is over in catch-up mode
+  (a backoff past an hour drops the queue to catch-up).
+* ``CATCHING_UP -> SENDING | IDLE``: the episode ended; ``CATCHING_UP -> BACKING_OFF``:
+  a failure.
+* ``STOPPED`` is terminal and reachable from every state (shutdown, idle eviction).
 
-``STOPPED`` is terminal and reachable from every state (shutdown, idle eviction).
 Catching up is also a *mode* (a flag on the queue) that survives a backoff: a queue
 backing off while in catch-up mode returns to ``CATCHING_UP``, not ``SENDING``.
 """
@@ -35,8 +35,8 @@ S = DestinationState
 
 TRANSITIONS: dict[DestinationState, frozenset[DestinationState]] = {
     S.IDLE: frozenset({S.SENDING, S.CATCHING_UP, S.BACKING_OFF, S.STOPPED}),
-    S.SENDING: frozenset({S.IDLE, S.BACKING_OFF, S.CATCHING_UP, S.STOPPED}),
-    S.BACKING_OFF: frozenset({S.SENDING, S.CATCHING_UP, S.IDLE, S.STOPPED}),
+    S.SENDING: frozenset({S.IDLE, S.BACKING_OFF, S.STOPPED}),
+    S.BACKING_OFF: frozenset({S.SENDING, S.CATCHING_UP, S.STOPPED}),
     S.CATCHING_UP: frozenset({S.SENDING, S.IDLE, S.BACKING_OFF, S.STOPPED}),
     S.STOPPED: frozenset(),
 }

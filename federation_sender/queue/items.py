@@ -57,6 +57,8 @@ class EduItem:
     size: int
     outbox_key: tuple[int, str, str] | None = None
     """(stream_id, user_id, device_id) for device lists, (stream_id, "", "") for to-device."""
+    key: tuple[str, Hashable] | None = None
+    """(edu_type, key) of a keyed EDU: a later one with the same key supersedes it."""
     uid: int = field(default_factory=lambda: next(_uids))
 
     def as_json(self) -> JsonDict:
@@ -64,8 +66,10 @@ class EduItem:
 
 
 def make_edu(kind: EduKind, edu_type: str, content: JsonDict,
-             outbox_key: tuple[int, str, str] | None = None) -> EduItem:
-    return EduItem(kind, edu_type, content, json_size(content) + len(edu_type) + 30, outbox_key)
+             outbox_key: tuple[int, str, str] | None = None,
+             key: tuple[str, Hashable] | None = None) -> EduItem:
+    return EduItem(kind, edu_type, content, json_size(content) + len(edu_type) + 30, outbox_key,
+                   key)
 
 
 def _thread_of(receipt: JsonDict) -> object:
@@ -104,7 +108,7 @@ class PendingItems:
             return
         k = (edu_type, key)
         self.keyed.pop(k, None)  # re-insert: a clobbered EDU moves to the back
-        self.keyed[k] = make_edu(EduKind.KEYED, edu_type, content)
+        self.keyed[k] = make_edu(EduKind.KEYED, edu_type, content, key=k)
 
     def add_presence(self, states: Iterable[JsonDict]) -> None:
         for st in states:

@@ -172,8 +172,7 @@ class QueueManager:
             t.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
         for r in self._runners.values():
-            r.stopping = True
-            r.poke()
+            r.request_stop()
         tasks = list(self._tasks.values())
         if tasks:
             all_done = asyncio.Event()
@@ -184,8 +183,7 @@ class QueueManager:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
         for r in list(self._runners.values()):
-            if r.core.sm.state is not DestinationState.STOPPED:
-                r.core.stop()
+            r.mark_stopped()
         self._runners.clear()
         self._tasks.clear()
         await self.store.drain()
@@ -256,11 +254,11 @@ class QueueManager:
                 if token is None:
                     # Another live instance still holds it (ownership is moving): the
                     # wake-up sweep tries again once its lease is released or lapses.
-                    r.stopping = True
+                    r.request_stop()
                     return
                 leased = True
                 guard = self.leases
-                r.may_send = lambda: guard.holds_lease(d, token) and guard.owns(d)
+                r.guard_sends(lambda: guard.holds_lease(d, token) and guard.owns(d))
             await r.run()
             clean = True
         except asyncio.CancelledError:
@@ -268,15 +266,14 @@ class QueueManager:
         except Exception:
             log.exception("queue for %s failed; it will be recreated from the database", d)
         finally:
-            r.finished = True
             if clean and not r.core.catching_up and r.core.is_empty():
                 self._needs_catchup.discard(d)
             else:
                 # Items may have been lost from memory: the next queue catches up.
                 self._needs_catchup.add(d)
-            retry_at = r.core.backoff.retry_at_ms
-            if retry_at is not None and not r.stopping:
-                self._parked[d] = (retry_at, r.core.backoff.retry_interval_ms)
+            parked = r.retry_at_ms()
+            if parked is not None:
+                self._parked[d] = parked
             if self._runners.get(d) is r:
                 del self._runners[d]
                 self._tasks.pop(d, None)
@@ -410,9 +407,7 @@ class QueueManager:
         released when they stop). Returns how many were stopped."""
         n = 0
         for d, r in list(self._runners.items()):
-            if not self.shard_filter(d) and not r.stopping:
-                r.stopping = True
-                r.poke()
+            if not self.shard_filter(d) and r.request_stop():
                 n += 1
         return n
 
@@ -448,26 +443,18 @@ class QueueManager:
     # --- housekeeping: deadlines and idle eviction ---------------------------------------------
 
     async def _housekeeping_loop(self) -> None:
-        """One clock task for all queues: cancels attempts past their deadline and
-        evicts queues idle past the TTL (cheaper than a timer per queue per wait)."""
-        tick = min(1.0, self.runner_config.attempt_deadline_s / 10)
+        """One clock task for all queues evicts those idle past the TTL (cheaper than a
+        timer per queue per wait). Attempt deadlines are each runner's own."""
+        tick = min(1.0, self.runner_config.idle_ttl_s / 10)
         while True:
             await self.clock.sleep(tick)
             self.housekeeping()
 
     def housekeeping(self) -> None:
         now = self.clock.monotonic_s()
-        deadline = self.runner_config.attempt_deadline_s
         ttl = self.runner_config.idle_ttl_s
-        for d, r in list(self._runners.items()):
-            if r.in_flight_since is not None and now - r.in_flight_since >= deadline:
-                task = self._tasks.get(d)
-                if task is not None and not r.deadline_hit:
-                    r.deadline_hit = True
-                    task.cancel()
-            elif r.idle_since is not None and now - r.idle_since >= ttl and r.core.is_empty():
-                r.evict = True
-                r.poke()
+        for r in list(self._runners.values()):
+            r.evict_if_idle(now, ttl)
 
     # --- wake-ups ----------------------------------------------------------------------------
 
@@ -538,28 +525,7 @@ class QueueManager:
                 catching_up=True,
                 last_successful_stream_ordering=None,
             )
-        c = r.core
-        now_mono = self.clock.monotonic_s()
-        return DestinationStatus(
-            destination=destination,
-            state=c.sm.state,
-            pending_pdus=c.pending_pdus,
-            pending_edus=c.pending_edus,
-            in_flight_txn_id=(
-                c.current.txn_id if c.current and r.in_flight_since is not None else None
-            ),
-            in_flight_age_s=(
-                now_mono - r.in_flight_since if r.in_flight_since is not None else None
-            ),
-            in_flight_attempts=c.current.attempts if c.current else 0,
-            last_error=c.last_error,
-            next_retry_ts_ms=c.backoff.retry_at_ms,
-            retry_interval_ms=c.backoff.retry_interval_ms,
-            catching_up=c.catching_up,
-            last_successful_stream_ordering=(
-                c.last_successful if c.last_successful >= 0 else None
-            ),
-        )
+        return r.status(self.clock.monotonic_s())
 
     def statuses(self) -> list[DestinationStatus]:
         """Every live or parked queue, by name."""
@@ -572,11 +538,21 @@ class QueueManager:
 
     def oldest_in_flight_age_s(self) -> float | None:
         starts = [
-            r.in_flight_since for r in self._runners.values() if r.in_flight_since is not None
+            t for r in self._runners.values() if (t := r.in_flight_since()) is not None
         ]
         if not starts:
             return None
         return self.clock.monotonic_s() - min(starts)
+
+    def quiescent(self) -> bool:
+        """Nothing is happening until a wake-up or the clock: the intake is caught up,
+        no write is pending, and every queue waits (none bootstrapping, reading,
+        sending or persisting). For tests and benchmarks."""
+        return (
+            self.intake.position >= self.intake.target
+            and self.store.idle
+            and all(r.quiescent for r in self._runners.values())
+        )
 
     @property
     def active_queues(self) -> int:

@@ -5,6 +5,12 @@ The loop exits (and the manager forgets the queue) when the core has been empty 
 ``idle_ttl_s``, or when it would back off for longer than that with nothing held in
 memory: everything it needs later is in the database, and the wake-up sweep recreates
 it. ``wake`` cuts any wait short (new work, REMOTE_SERVER_UP, shutdown).
+
+The runner owns its state; the manager only calls :meth:`DestinationRunner.request_stop`,
+:meth:`~DestinationRunner.evict_if_idle`, :meth:`~DestinationRunner.guard_sends` and
+:meth:`~DestinationRunner.status`. Each attempt has its own deadline
+(:func:`~federation_sender.queue.timing.deadline`, on the injected clock); an attempt
+past it counts as a transient failure.
 """
 
 from __future__ import annotations
@@ -27,10 +33,14 @@ from federation_sender.queue.core import (
     Send,
     Wait,
 )
+from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.isolation import describe
+from federation_sender.queue.items import PduItem
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.slots import Slots
+from federation_sender.queue.status import DestinationStatus
 from federation_sender.queue.store import QueueStore, log_row_for
-from federation_sender.queue.timing import wait_or_timeout
+from federation_sender.queue.timing import deadline, wait_or_timeout
 from federation_sender.transport.result import (
     Outcome,
     SendResult,
@@ -79,27 +89,110 @@ class DestinationRunner:
         self.observer = observer
         self.config = config
         self.wake = asyncio.Event()
-        self.in_flight_since: float | None = None
-        self.loaded = False
-        self.stopping = False
-        self.finished = False
+        self._in_flight_since: float | None = None
+        self._loaded = False
+        self._stopping = False
+        self._finished = False
+        self._waiting = False
+        """Blocked on the wake event or the clock (not reading, sending or writing)."""
         self._unpersisted: deque[asyncio.Future[None]] = deque()
         """Results submitted to the group commit and not yet known to be committed,
         oldest first."""
-        self.idle_since: float | None = None
+        self._idle_since: float | None = None
         """Monotonic time the queue went idle (None while busy)."""
-        self.evict = False
-        self.deadline_hit = False
-        self.may_send: Callable[[], bool] = lambda: True
+        self._evict = False
+        self._may_send: Callable[[], bool] = lambda: True
         """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
         queue before it sends; the transaction stays owed in the database."""
+
+    # --- what the manager may ask ------------------------------------------------------
 
     def poke(self) -> None:
         self.wake.set()
 
+    def request_stop(self) -> bool:
+        """Stop after the attempt in flight (if any); False if already stopping."""
+        if self._stopping:
+            return False
+        self._stopping = True
+        self.wake.set()
+        return True
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def guard_sends(self, may_send: Callable[[], bool]) -> None:
+        """Check ``may_send()`` before every attempt (a shard lease)."""
+        self._may_send = may_send
+
+    def evict_if_idle(self, now_s: float, ttl_s: float) -> bool:
+        """Ask an empty queue idle since ``ttl_s`` before ``now_s`` (monotonic) to exit."""
+        since = self._idle_since
+        if since is None or now_s - since < ttl_s or not self.core.is_empty():
+            return False
+        self._evict = True
+        self.wake.set()
+        return True
+
+    def mark_stopped(self) -> None:
+        if self.core.sm.state is not DestinationState.STOPPED:
+            self.core.stop()
+
+    @property
+    def quiescent(self) -> bool:
+        """Waiting for a wake-up or the clock, nothing in flight or unpersisted."""
+        return self._finished or (
+            self._waiting and not any(not f.done() for f in self._unpersisted)
+        )
+
+    def in_flight_since(self) -> float | None:
+        """Monotonic start of the attempt in flight, None when there is none."""
+        return self._in_flight_since
+
+    def retry_at_ms(self) -> tuple[int, int] | None:
+        """(retry at, interval) of a persisted backoff, for parking the destination."""
+        at = self.core.backoff.retry_at_ms
+        if at is None or self._stopping:
+            return None
+        return at, self.core.backoff.retry_interval_ms
+
+    def status(self, now_s: float) -> DestinationStatus:
+        c = self.core
+        since = self._in_flight_since
+        return DestinationStatus(
+            destination=self.destination,
+            state=c.sm.state,
+            pending_pdus=c.pending_pdus,
+            pending_edus=c.pending_edus,
+            in_flight_txn_id=c.current.txn_id if c.current and since is not None else None,
+            in_flight_age_s=now_s - since if since is not None else None,
+            in_flight_attempts=c.current.attempts if c.current else 0,
+            last_error=c.last_error,
+            next_retry_ts_ms=c.retry_at_ms(),
+            retry_interval_ms=c.backoff.retry_interval_ms,
+            catching_up=c.catching_up,
+            last_successful_stream_ordering=(
+                c.last_successful if c.last_successful >= 0 else None
+            ),
+        )
+
+    # --- the loop ------------------------------------------------------------------------
+
     async def run(self) -> None:
         try:
-            await self._loop()
+            await self._run()
+        finally:
+            self._finished = True
+
+    async def _run(self) -> None:
+        try:
+            if not self._stopping:
+                await self._loop()
         finally:
             # Let the submitted results reach the database even when cancelled (the
             # group commit writes them in submission order: the newest is the last).
@@ -108,34 +201,45 @@ class DestinationRunner:
                 await asyncio.shield(asyncio.gather(*pending, return_exceptions=True))
         await self._flush_persist()  # a normal exit: a failed write still surfaces
 
+    async def _wait(self, timeout_s: float | None) -> None:
+        self._waiting = True
+        try:
+            await wait_or_timeout(self.clock, self.wake, timeout_s)
+        finally:
+            self._waiting = False
+
+    async def _bootstrap(self) -> None:
+        """Read the queue's row, outbox window and first catch-up plans (one database
+        transaction) and load them into the core."""
+        c = self.core
+        async with self.db_slots:
+            boot = await self.store.bootstrap(
+                self.destination,
+                self.config.server_name,
+                c.catching_up,
+                self.config.outbox_read_limit,
+                self.config.catchup_rooms_per_batch,
+                self.config.catchup_max_gap_events,
+                time_ms(self.clock),
+            )
+        eff = c.load(boot.backoff, boot.last_successful)
+        self._loaded = True
+        if eff.dropped_for_catchup:
+            self.observer.catchup_entered(self.destination, eff.dropped_for_catchup)
+            return
+        c.add_outbox(boot.to_device, boot.device_lists, boot.outbox_exhausted)
+        if boot.plans and c.catching_up:
+            c.offer_catchup(boot.plans, len(boot.plans) < self.config.catchup_rooms_per_batch)
+        elif boot.plans == [] and c.catching_up:
+            done = c.catchup_finished()
+            if done.last_successful is not None:
+                await self.store.persist(self.destination, done, None, time_ms(self.clock))
+
     async def _loop(self) -> None:
         c = self.core
-        if not self.loaded:
-            async with self.db_slots:
-                boot = await self.store.bootstrap(
-                    self.destination,
-                    self.config.server_name,
-                    c.catching_up,
-                    self.config.outbox_read_limit,
-                    self.config.catchup_rooms_per_batch,
-                    self.config.catchup_max_gap_events,
-                    time_ms(self.clock),
-                )
-            eff = c.load(boot.backoff, boot.last_successful)
-            self.loaded = True
-            if eff.dropped_for_catchup:
-                self.observer.catchup_entered(self.destination, eff.dropped_for_catchup)
-            else:
-                c.add_outbox(boot.to_device, boot.device_lists, boot.outbox_exhausted)
-                if boot.plans and c.catching_up:
-                    c.offer_catchup(
-                        boot.plans, len(boot.plans) < self.config.catchup_rooms_per_batch
-                    )
-                elif boot.plans == [] and c.catching_up:
-                    done = c.catchup_finished()
-                    if done.last_successful is not None:
-                        await self.store.persist(self.destination, done, None, time_ms(self.clock))
-        while not self.stopping:
+        if not self._loaded:
+            await self._bootstrap()
+        while not self._stopping:
             self.wake.clear()
             now = time_ms(self.clock)
             step = c.next_step(now)
@@ -151,28 +255,7 @@ class DestinationRunner:
                     )
                 c.add_outbox(td, dl, exhausted)
             elif isinstance(step, NeedCatchup):
-                if step.exhausted:
-                    plans = []
-                else:
-                    async with self.db_slots:
-                        plans = await self.store.plan_catchup(
-                            self.destination,
-                            self.config.server_name,
-                            step.after,
-                            step.cursor,
-                            self.config.catchup_rooms_per_batch,
-                            self.config.catchup_max_gap_events,
-                        )
-                if plans:
-                    c.offer_catchup(plans, len(plans) < self.config.catchup_rooms_per_batch)
-                    self.observer.catchup_progress(
-                        self.destination, len(plans), sum(len(p.events) for p in plans)
-                    )
-                else:
-                    eff = c.catchup_finished()
-                    if eff.last_successful is not None:
-                        async with self.db_slots:
-                            await self.store.persist(self.destination, eff, None, now)
+                await self._catch_up(step, now)
             elif isinstance(step, Wait):
                 wait_s = max(0.0, (step.until_ms - now) / 1000.0)
                 if (
@@ -183,26 +266,50 @@ class DestinationRunner:
                 ):
                     # Nothing in memory: the wake-up sweep brings us back when due.
                     return
-                await wait_or_timeout(self.clock, self.wake, wait_s)
+                await self._wait(wait_s)
             elif isinstance(step, Idle):
                 if c.stopped:
                     return
                 # No timer here: the manager's housekeeping evicts queues idle past the
-                # TTL by setting ``evict`` and waking us (one clock task for all queues).
-                self.idle_since = self.clock.monotonic_s()
-                await self.wake.wait()
-                self.idle_since = None
-                if self.evict and c.is_empty():
+                # TTL through ``evict_if_idle`` (one clock task for all queues).
+                self._idle_since = self.clock.monotonic_s()
+                await self._wait(None)
+                self._idle_since = None
+                if self._evict and c.is_empty():
                     return
-                self.evict = False
+                self._evict = False
+
+    async def _catch_up(self, step: NeedCatchup, now: int) -> None:
+        c = self.core
+        plans = []
+        if not step.exhausted:
+            async with self.db_slots:
+                plans = await self.store.plan_catchup(
+                    self.destination,
+                    self.config.server_name,
+                    step.after,
+                    step.cursor,
+                    self.config.catchup_rooms_per_batch,
+                    self.config.catchup_max_gap_events,
+                )
+        if plans:
+            c.offer_catchup(plans, len(plans) < self.config.catchup_rooms_per_batch)
+            self.observer.catchup_progress(
+                self.destination, len(plans), sum(len(p.events) for p in plans)
+            )
+            return
+        eff = c.catchup_finished()
+        if eff.last_successful is not None:
+            async with self.db_slots:
+                await self.store.persist(self.destination, eff, None, now)
 
     async def _send(self, txn: FrozenTxn) -> None:
         c = self.core
         batch = txn.batch
-        if batch and not self.may_send():
+        if batch and not self._may_send():
             log.info("no longer allowed to send to %s (lease lost); stopping its queue",
                      self.destination)
-            self.stopping = True
+            self._stopping = True
             return
         started_ms = time_ms(self.clock)
         if not batch:
@@ -215,28 +322,7 @@ class DestinationRunner:
                 pdus=batch.pdu_json(),
                 edus=batch.edu_json(),
             )
-            async with self.txn_slots:
-                t0 = self.clock.monotonic_s()
-                self.in_flight_since = t0
-                try:
-                    result = await self.sender.send_transaction(request)
-                except asyncio.CancelledError:
-                    # The manager's watchdog cancels attempts past their deadline.
-                    if not self.deadline_hit:
-                        raise
-                    task = asyncio.current_task()
-                    if task is not None:
-                        task.uncancel()
-                    result = SendResult(
-                        Outcome.TRANSIENT,
-                        error=f"no answer within {self.config.attempt_deadline_s:g}s",
-                        duration_s=self.clock.monotonic_s() - t0,
-                    )
-                finally:
-                    self.in_flight_since = None
-                    self.deadline_hit = False
-            if result.duration_s <= 0:
-                result = replace(result, duration_s=self.clock.monotonic_s() - t0)
+            result = await self._attempt(request)
         now = time_ms(self.clock)
         eff = c.on_result(txn, result, now)
         log_row = None
@@ -281,6 +367,27 @@ class DestinationRunner:
             )
         self._report(eff, result)
 
+    async def _attempt(self, request: Transaction) -> SendResult:
+        """One attempt under a global slot, within the attempt deadline."""
+        limit = self.config.attempt_deadline_s
+        async with self.txn_slots:
+            t0 = self.clock.monotonic_s()
+            self._in_flight_since = t0
+            try:
+                async with deadline(self.clock, limit):
+                    result = await self.sender.send_transaction(request)
+            except TimeoutError:
+                result = SendResult(
+                    Outcome.TRANSIENT,
+                    error=f"no answer within {limit:g}s",
+                    duration_s=self.clock.monotonic_s() - t0,
+                )
+            finally:
+                self._in_flight_since = None
+        if result.duration_s <= 0:
+            result = replace(result, duration_s=self.clock.monotonic_s() - t0)
+        return result
+
     async def _flush_persist(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` results are uncommitted; a failed write surfaces
         here (and fails the queue, whose supervisor restarts it in catch-up mode)."""
@@ -300,10 +407,9 @@ class DestinationRunner:
                     eff.backoff.retry_interval_ms / 1000.0,
                 )
         for item, reason in eff.dropped:
-            kind = "pdu" if hasattr(item, "event_id") else getattr(item, "edu_type", "edu")
-            ident = getattr(item, "event_id", None) or kind
-            log.warning("dropping %s %s for %s: %s (last error: %s)",
-                        kind, ident, d, reason, result.error or result.status)
+            kind = "pdu" if isinstance(item, PduItem) else item.edu_type
+            log.warning("dropping %s for %s: %s (last error: %s)",
+                        describe(item), d, reason, result.error or result.status)
             self.observer.item_dropped(d, kind, reason)
         if eff.entered_catchup:
             log.info("destination %s enters catch-up, %d items dropped from memory",

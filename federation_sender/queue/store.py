@@ -79,6 +79,7 @@ class QueueStore:
         second, not thousands. Writes of one destination commit in submission order."""
         if (
             eff.backoff is None
+            and not eff.succeeded
             and eff.last_successful is None
             and not eff.to_device_sent
             and not eff.device_lists_sent
@@ -92,6 +93,11 @@ class QueueStore:
             self._flushing = True
             self._flusher = asyncio.ensure_future(self._flush())
         return fut
+
+    @property
+    def idle(self) -> bool:
+        """No write queued or being committed."""
+        return not self._pending and not self._flushing
 
     async def drain(self) -> None:
         """Wait for queued writes to commit (shutdown)."""
@@ -308,12 +314,16 @@ _Pending = tuple[str, Effects, "TxnLogRow | None", int, "asyncio.Future[None]"]
 async def _apply(tx: Tx, *, batch: Sequence[_Pending]) -> None:
     positions: list[tuple[str, int]] = []
     logs: list[TxnLogRow] = []
+    succeeded: set[str] = set()
     for destination, eff, log_row, now_ms, _fut in batch:
         if eff.backoff is not None:
             b = eff.backoff
             await tx.destinations.set_retry_timings(
                 destination, b.failure_ts_ms, b.retry_last_ts_ms, b.retry_interval_ms
             )
+            succeeded.discard(destination)  # a later failure of the same batch wins
+        elif eff.succeeded:
+            succeeded.add(destination)
         if eff.last_successful is not None:
             positions.append((destination, eff.last_successful))
         # Most results mark no outbox rows: skip the coroutine, not just the query.
@@ -325,6 +335,8 @@ async def _apply(tx: Tx, *, batch: Sequence[_Pending]) -> None:
             await tx.destinations.delete_destination_rooms(destination, eff.prune)
         if log_row is not None:
             logs.append(log_row)
+    # One statement for the group: a success clears a backoff another instance wrote.
+    await tx.destinations.clear_retry_many(succeeded)
     await tx.destinations.set_last_successful_many(positions)
     await tx.txlog.log_transactions(logs)
 

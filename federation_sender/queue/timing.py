@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from typing import TypeVar
 
-from federation_sender.clock import Clock
+from federation_sender.clock import Clock, SystemClock
 
 T = TypeVar("T")
 
@@ -26,3 +28,26 @@ async def wait_or_timeout(clock: Clock, event: asyncio.Event, timeout_s: float |
         timer.cancel()
     return event.is_set()
 
+
+
+@contextlib.asynccontextmanager
+async def deadline(clock: Clock, seconds: float) -> AsyncIterator[None]:
+    """``asyncio.timeout(seconds)`` measured on ``clock``: the body is cancelled and
+    :class:`TimeoutError` raised when ``seconds`` pass on the injected clock (a fake
+    clock in tests). The real clock uses the event loop's timer directly."""
+    if type(clock) is SystemClock:
+        async with asyncio.timeout(seconds):
+            yield
+        return
+    loop = asyncio.get_running_loop()
+    async with asyncio.timeout(None) as cm:
+
+        async def expire() -> None:
+            await clock.sleep(seconds)
+            cm.reschedule(loop.time())
+
+        watcher = asyncio.ensure_future(expire())
+        try:
+            yield
+        finally:
+            watcher.cancel()

@@ -336,6 +336,18 @@ async def clear_retry(conn: AsyncConnection, destination: str) -> bool:
     return bool(res.rowcount)
 
 
+async def clear_retry_many(conn: AsyncConnection, destinations: Collection[str]) -> None:
+    """Reset the backoff of destinations that just accepted a transaction, whoever wrote
+    it (another instance sharing the database); rows not backing off are untouched."""
+    if not destinations:
+        return
+    await conn.execute(
+        update(d)
+        .where(d.c.destination.in_(sorted(destinations)), d.c.retry_interval > 0)
+        .values(retry_interval=0, failure_ts=None, retry_last_ts=0)
+    )
+
+
 async def destinations_behind(conn: AsyncConnection) -> list[str]:
     """Destinations with ``destination_rooms`` rows past their position (at startup these
     need catch-up; every other destination's queue can start sending at once)."""

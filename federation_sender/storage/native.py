@@ -158,6 +158,9 @@ class _Destinations:
     async def clear_retry(self, destination: str) -> bool:
         return await dst.clear_retry(self._c, destination)
 
+    async def clear_retry_many(self, destinations: Collection[str]) -> None:
+        await dst.clear_retry_many(self._c, destinations)
+
     async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
         await dst.set_last_successful_many(self._c, positions)
 

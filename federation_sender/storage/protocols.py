@@ -129,6 +129,11 @@ class DestinationStore(Protocol):
         """Reset backoff; True if the destination was backing off."""
         ...
 
+    async def clear_retry_many(self, destinations: Collection[str]) -> None:
+        """Reset the backoff of destinations that just accepted a transaction, whoever
+        wrote it (another instance sharing the database)."""
+        ...
+
     async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
         """Move each ``last_successful_stream_ordering`` forwards (never backwards);
         creates missing destinations."""

@@ -124,27 +124,35 @@ class Harness:
         self.m.notify_new_events(self.writer.stream_ordering)
 
     async def settle(self) -> None:
-        """Let the queues run until nothing is in flight or about to be (real time)."""
+        """Let the queues run until the manager is quiescent (every queue waits on a
+        wake-up or the clock, none bootstrapping, reading, sending or persisting, the
+        intake caught up) for several loop turns in a row (real time: HTTP is real)."""
         quiet = 0
         loop = asyncio.get_running_loop()
         end = loop.time() + 15
         while quiet < 8:
-            await asyncio.sleep(0.005)  # noqa: TID251 - real HTTP runs in real time
-            busy = (
-                self.m.oldest_in_flight_age_s() is not None
-                or self.m.intake.position < self.m.intake.target
-                or any(
-                    st.state in (DestinationState.SENDING, DestinationState.CATCHING_UP)
-                    for st in self.m.statuses()
-                )
-            )
-            quiet = 0 if busy else quiet + 1
+            await asyncio.sleep(0.002)  # noqa: TID251 - real HTTP runs in real time
+            quiet = quiet + 1 if self.m.quiescent() else 0
             if loop.time() > end:
                 raise AssertionError(f"did not settle: {self.m.statuses()}")
 
     async def advance(self, seconds: float) -> None:
         await self.clock.advance_and_settle(seconds, rounds=50)
         await self.settle()
+
+    async def advance_until(
+        self, cond: Callable[[], bool], step_s: float = 1.0, max_s: float = 3600.0
+    ) -> float:
+        """Advance the fake clock ``step_s`` at a time, settling after each step, until
+        ``cond()``; returns the fake seconds it took."""
+        await self.settle()
+        waited = 0.0
+        while not cond():
+            if waited >= max_s:
+                raise AssertionError(f"not within {max_s}s: {self.m.statuses()}")
+            await self.advance(step_s)
+            waited += step_s
+        return waited
 
     async def dest_row(self, d: str) -> Any:
         async with self.engine.connect() as conn:

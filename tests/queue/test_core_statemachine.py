@@ -1,10 +1,16 @@
 """A Hypothesis state machine drives one sans-I/O DestinationCore against a model of the
 remote (up/down, poison items, a size limit) and of the database (destination_rooms).
 
+Some runs start in catch-up mode (as at startup), others outside it, so both delivery
+paths are reached. The remote may be down (transient failures) or refuse everything
+(400, even an empty transaction).
+
 Checked throughout: one transaction in flight; limits; a txn id always names the same
-content (retries are identical); the persisted position never passes an undelivered PDU.
-Checked at the end, after the remote recovers: every PDU was delivered or, being poison,
-dropped; the latest value of each keyed EDU arrived.
+content, and a retry after a transient failure reuses the txn id; the persisted
+position never passes an undelivered PDU; an item is dropped only if it is poison or
+too large (never because the destination refused everything). Checked at the end,
+after the remote recovers: every PDU was delivered or, being poison, dropped; the
+latest keyed EDU arrived.
 """
 
 from __future__ import annotations
@@ -15,7 +21,13 @@ import random
 
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
@@ -57,6 +69,13 @@ class CoreMachine(RuleBasedStateMachine):
         self.keyed_latest: dict[str, int] = {}
         self.keyed_seen: dict[str, int] = {}
         self.position_seen = -1
+        self.refusing = False
+        self.retry_of: str | None = None
+        """The txn id of a transaction that failed transiently: the next send reuses it."""
+
+    @initialize(catching_up=st.booleans())
+    def start(self, catching_up: bool) -> None:
+        self.core.episode.active = catching_up
 
     # --- inputs ---------------------------------------------------------------------------
 
@@ -89,6 +108,10 @@ class CoreMachine(RuleBasedStateMachine):
     def toggle_down(self) -> None:
         self.down = not self.down
 
+    @rule()
+    def toggle_refusing(self) -> None:
+        self.refusing = not self.refusing
+
     @precondition(lambda self: len(self.bad) < 3)
     @rule(data=st.data())
     def poison(self, data: st.DataObject) -> None:
@@ -101,6 +124,8 @@ class CoreMachine(RuleBasedStateMachine):
     def respond(self, pdus: tuple[str, ...], edus: int) -> SendResult:
         if self.down:
             return SendResult(Outcome.TRANSIENT, error="down")
+        if self.refusing:
+            return SendResult(Outcome.PERMANENT, status=400, error="refuses everything")
         if len(pdus) + edus > MAX_BODY_ITEMS:
             return SendResult(Outcome.TOO_LARGE, status=413)
         if self.bad & set(pdus):
@@ -144,8 +169,19 @@ class CoreMachine(RuleBasedStateMachine):
             content = (tuple(p.event_id for p in b.pdus), tuple(e.uid for e in b.edus))
             prev = self.txn_contents.setdefault(t.txn_id, content)
             assert prev == content, "a txn id must always carry the same content"
+            if self.retry_of is not None:
+                assert t.txn_id == self.retry_of, "a retry must reuse the txn id"
             res = self.respond(content[0], len(b.edus))
             eff = c.on_result(t, res, self.now)
+            self.retry_of = None
+            if eff.backoff is not None and eff.backoff.backing_off:
+                # A failure keeps the frozen transaction for an identical retry; only a
+                # fall back to catch-up (a backoff past an hour) may drop it.
+                if c.current is not None:
+                    assert c.current.txn_id == t.txn_id
+                    self.retry_of = t.txn_id
+                else:
+                    assert c.catching_up and self.core.policy.should_catch_up(c.backoff)
             if res.outcome is Outcome.SUCCESS:
                 self.delivered.update(content[0])
                 for e in b.edus:
@@ -180,6 +216,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.down = False
+        self.refusing = False
         for _ in range(20_000):
             if not self.step():
                 break

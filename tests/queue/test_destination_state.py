@@ -31,3 +31,27 @@ def test_transitions_are_reported_and_illegal_ones_raise() -> None:
     with pytest.raises(IllegalTransition, match="stopped -> sending"):
         sm.to(S.SENDING)
     assert sm.state is S.STOPPED
+
+
+def test_the_diagram_in_the_docs_is_the_transition_table() -> None:
+    import re
+    from pathlib import Path
+
+    doc = (Path(__file__).parents[2] / "docs" / "queue-engine.md").read_text()
+    block = doc.split("```mermaid\nstateDiagram-v2\n", 1)[1].split("```", 1)[0]
+    drawn = {
+        (S[a], S[b])
+        for a, b in re.findall(r"^\s*([A-Z_]+) --> ([A-Z_]+)", block, re.MULTILINE)
+    }
+    table = {(a, b) for a, targets in TRANSITIONS.items() for b in targets}
+    assert drawn == table
+
+
+def test_only_the_drawn_transitions_are_legal() -> None:
+    sm = DestinationStateMachine()
+    sm.to(S.SENDING)
+    with pytest.raises(IllegalTransition):
+        sm.to(S.CATCHING_UP)  # catch-up mode starts only through a backoff or at load
+    sm.to(S.BACKING_OFF)
+    with pytest.raises(IllegalTransition):
+        sm.to(S.IDLE)  # a backoff always keeps a transaction (or drops to catch-up)

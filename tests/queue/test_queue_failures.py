@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
+import pytest
+
 from federation_sender.queue.core import SERVER_ERROR_FACTOR
 from federation_sender.queue.destination import DestinationState
+from federation_sender.storage import destinations as dst
 from federation_sender.testing.queue_harness import ALICE, Harness, eventually, room_with
 from federation_sender.transport.result import Outcome
 
@@ -86,8 +91,9 @@ async def test_single_item_too_large_is_dropped(h: Harness) -> None:
 
 
 async def test_poison_item_is_isolated_and_dropped_while_the_rest_is_delivered(
-    h: Harness,
+    h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, "federation_sender.queue")
     await start_with_room(h)
     h.fake.behave(D, hang=True)
     await h.writer.message("!a:l", ALICE)
@@ -102,7 +108,8 @@ async def test_poison_item_is_isolated_and_dropped_while_the_rest_is_delivered(
     h.fake.behave(D, reject_event_ids={poison.event_id}, reject_edu_types={"m.bad"},
                   reject_status=500)
     h.fake.release()
-    await h.settle()
+    # Isolation retries are spaced (1 s, 2 s, 4 s ... 30 s): the clock must move.
+    await h.advance_until(lambda: len(h.observer.dropped) == 2, step_s=5, max_s=600)
     got = h.fake.received_event_ids(D)
     assert poison.event_id not in got
     assert sorted(got[1:]) == sorted(e.event_id for e in evs if e is not poison)
@@ -116,6 +123,12 @@ async def test_poison_item_is_isolated_and_dropped_while_the_rest_is_delivered(
     assert st is not None and st.retry_interval_ms == 0  # the destination never backed off
     row = await h.dest_row(D)
     assert row.last_successful_stream_ordering == evs[-1].stream_ordering
+    # The drop line names the item, its stream id and the destination.
+    drops = [r.getMessage() for r in caplog.records if "dropping" in r.getMessage()]
+    assert any(
+        f"event {poison.event_id} (stream {poison.stream_ordering}) for {D}: refused" in m
+        for m in drops
+    ), drops
 
 
 async def test_destination_refusing_everything_backs_off(h: Harness) -> None:
@@ -123,10 +136,11 @@ async def test_destination_refusing_everything_backs_off(h: Harness) -> None:
     h.fake.behave(D, status=500)
     await h.writer.messages("!a:l", ALICE, 4)
     h.poke()
-    await h.settle()
-    st = h.m.status(D)
-    assert st is not None and st.state is DestinationState.BACKING_OFF
+    await h.advance_until(
+        lambda: h.m.status(D).state is DestinationState.BACKING_OFF,  # type: ignore[union-attr]
+        step_s=5, max_s=600)
     assert len(h.fake.attempts[D]) <= 20
+    assert not h.observer.dropped  # nothing got through: nothing is blamed on an item
 
 
 async def test_hanging_request_hits_the_deadline(h: Harness) -> None:
@@ -177,3 +191,38 @@ async def test_reset_connection(h: Harness) -> None:
     assert await h.m.reset_connection(D)
     await h.settle()
     assert len(h.fake.accepted(D)) == 1
+
+
+async def test_429_is_a_brief_pause_not_the_failure_schedule(h: Harness) -> None:
+    await start_with_room(h)
+    h.fake.behave(D, status=429, times=1)
+    e = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    st = h.m.status(D)
+    assert st is not None and st.state is DestinationState.BACKING_OFF
+    assert st.retry_interval_ms == 0 and st.next_retry_ts_ms is not None
+    row = await h.dest_row(D)
+    assert not row.retry_interval  # nothing persisted
+    waited = await h.advance_until(lambda: bool(h.fake.accepted(D)), step_s=1, max_s=60)
+    assert waited <= 3  # seconds, not the ten-minute schedule
+    first, second = h.fake.attempts[D]
+    assert first.txn_id == second.txn_id and second.event_ids == [e.event_id]
+
+
+async def test_a_success_resets_a_backoff_another_instance_wrote(h: Harness) -> None:
+    await start_with_room(h)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    # Another instance sharing the database failed to reach D and wrote a backoff.
+    now_ms = int(h.clock.time_s() * 1000)
+    async with h.engine.begin() as conn:
+        await dst.set_retry_timings(conn, D, now_ms, now_ms, 600_000)
+    assert (await h.dest_row(D)).retry_interval == 600_000
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert len(h.fake.accepted(D)) == 2
+    row = await h.dest_row(D)
+    assert row.retry_interval == 0 and row.failure_ts is None

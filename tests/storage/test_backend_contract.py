@@ -239,6 +239,17 @@ async def test_destination_retry_timings_round_trip_and_only_lengthen(subject: S
 
     assert (await subject.run(explicit_reset)).retry_interval == 0
 
+    async def reset_many(tx: Tx) -> list[Any]:
+        await tx.destinations.set_retry_timings("a.test", 100, 400, 600_000)
+        await tx.destinations.set_retry_timings("b.test", 100, 400, 600_000)
+        await tx.destinations.clear_retry_many({"a.test", "nowhere.test"})
+        await tx.destinations.clear_retry_many(set())
+        return [await tx.destinations.get_destination(d) for d in ("a.test", "b.test")]
+
+    a, b = await subject.run(reset_many)
+    assert a.retry_interval == 0 and a.failure_ts is None
+    assert b.retry_interval == 600_000  # only the destinations named
+
 
 async def test_last_successful_only_moves_forwards(subject: Subject) -> None:
     async def writes(tx: Tx) -> None:

@@ -1,0 +1,124 @@
+"""Catch-up mode and the catch-up episode in progress: a pure object of one queue.
+
+A queue is in catch-up *mode* (``active``) when it may have missed events: at startup,
+after a long backoff, after a crash of its runner. An *episode* starts at the persisted
+position P and reads ``destination_rooms`` past a keyset cursor (stream ordering, room);
+the rooms' plans are packed into transactions adaptively (``rooms_per_txn`` doubles
+after a fast answer, back to one room after a slow one). The position moves to the
+last row handled only when the episode ends: a room whose row is newer than the cursor
+may still hold missed events older than rows already handled.
+
+While in catch-up mode no PDU is held in memory; ``last_skipped`` remembers the newest
+PDU that arrived meanwhile, so an event recorded while the rows were being read is not
+missed (one more read before the episode ends).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from federation_sender.queue.batching import Batch, Limits
+from federation_sender.queue.catchup import RoomPlan, pack_next
+from federation_sender.queue.items import PduItem
+from federation_sender.storage.events import EventRow
+
+
+class CatchupEpisode:
+    __slots__ = (
+        "_exhausted",
+        "_recheck",
+        "active",
+        "cursor",
+        "fast_answer_s",
+        "last_skipped",
+        "max_rooms_per_txn",
+        "plans",
+        "room_floor",
+        "rooms_per_txn",
+    )
+
+    def __init__(
+        self,
+        active: bool,
+        initial_rooms_per_txn: int = 8,
+        max_rooms_per_txn: int = 50,
+        fast_answer_s: float = 1.0,
+    ) -> None:
+        self.active = active
+        self.last_skipped = -1
+        self.plans: deque[RoomPlan] = deque()
+        self.cursor: tuple[int, str | None] = (-1, None)
+        self.room_floor: dict[str, int] = {}
+        self.rooms_per_txn = initial_rooms_per_txn
+        self.max_rooms_per_txn = max_rooms_per_txn
+        self.fast_answer_s = fast_answer_s
+        self._recheck = False
+        self._exhausted = False
+
+    @property
+    def exhausted(self) -> bool:
+        """The last read returned fewer rows than asked: no need to read again."""
+        return self._exhausted
+
+    def reset(self, base: int) -> None:
+        """A new episode starts at ``base`` (the persisted position)."""
+        self._exhausted = False
+        self.cursor = (base, None)
+        self.room_floor = {}
+
+    def enter(self, base: int) -> bool:
+        """Enter catch-up mode, dropping the plans in progress; True if it was off."""
+        was = self.active
+        self.active = True
+        self.plans.clear()
+        self.reset(base)
+        return not was
+
+    def skipped(self, stream_ordering: int) -> None:
+        """A PDU arrived in catch-up mode: the intake recorded it in the table."""
+        if stream_ordering > self.last_skipped:
+            self.last_skipped = stream_ordering
+
+    def offer(self, plans: Sequence[RoomPlan], exhausted: bool) -> None:
+        """Plans read past the cursor, in the database's keyset order. Events of a room
+        already handled in this episode are not resent."""
+        for plan in plans:
+            floor = self.room_floor.get(plan.room_id)
+            if floor is not None:
+                plan = RoomPlan(
+                    plan.room_id,
+                    plan.row_stream_ordering,
+                    tuple(e for e in plan.events if e.stream_ordering > floor),
+                    plan.prune,
+                    plan.mode,
+                )
+            self.room_floor[plan.room_id] = plan.row_stream_ordering
+            # Plans arrive in the database's keyset order (its collation, not Python's).
+            self.cursor = (plan.row_stream_ordering, plan.room_id)
+            self.plans.append(plan)
+        self._recheck = False
+        self._exhausted = exhausted
+
+    def next_batch(self, limits: Limits, parse: Callable[[EventRow], PduItem]) -> Batch:
+        return pack_next(self.plans, self.rooms_per_txn, limits, parse)
+
+    def answered(self, duration_s: float) -> None:
+        """A catch-up transaction got its 200 after ``duration_s``: adapt the packing."""
+        if duration_s <= self.fast_answer_s:
+            self.rooms_per_txn = min(self.max_rooms_per_txn, self.rooms_per_txn * 2)
+        else:
+            self.rooms_per_txn = 1
+
+    def finish(self) -> int | None:
+        """No rows past the cursor and everything planned delivered. Returns the
+        stream ordering of the last row handled when the episode (and catch-up mode)
+        ends, None when an event arrived while reading: look once more first."""
+        if self.last_skipped > self.cursor[0] and not self._recheck:
+            self._recheck = True
+            self._exhausted = False
+            return None
+        self._recheck = False
+        self.active = False
+        self.last_skipped = -1
+        return self.cursor[0]

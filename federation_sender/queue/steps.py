@@ -1,0 +1,79 @@
+"""What a :class:`~federation_sender.queue.core.DestinationCore` asks its shell to do
+(the steps) and what a result implies that the shell must persist and report
+(:class:`Effects`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from federation_sender.queue.backoff import BackoffState
+from federation_sender.queue.batching import Batch
+from federation_sender.queue.items import EduItem, EduKind, PduItem
+
+
+@dataclass(frozen=True, slots=True)
+class Idle:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    until_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class NeedCatchup:
+    after: int
+    """The episode's base position: gaps are replayed from here."""
+    cursor: tuple[int, str | None]
+    """Read ``destination_rooms`` rows past this (stream_ordering, room_id) keyset."""
+    exhausted: bool = False
+    """The last read returned fewer rows than asked: no need to read again."""
+
+
+@dataclass(frozen=True, slots=True)
+class NeedOutbox:
+    to_device_after: int
+    device_lists_after: int
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenTxn:
+    txn_id: str
+    batch: Batch
+    attempts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    txn: FrozenTxn
+
+
+Step = Idle | Wait | NeedCatchup | NeedOutbox | Send
+
+
+@dataclass(slots=True)
+class Effects:
+    """What the shell must persist and report after a result."""
+
+    backoff: BackoffState | None = None
+    last_successful: int | None = None
+    to_device_sent: list[int] = field(default_factory=list)
+    device_lists_sent: list[tuple[int, str, str]] = field(default_factory=list)
+    prune: list[tuple[str, int]] = field(default_factory=list)
+    dropped: list[tuple[PduItem | EduItem, str]] = field(default_factory=list)
+    entered_catchup: bool = False
+    dropped_for_catchup: int = 0
+    succeeded: bool = False
+    """The destination accepted a transaction: the persisted backoff must be reset,
+    whoever wrote it."""
+
+
+def outbox_keys(items: Iterable[PduItem | EduItem], eff: Effects) -> None:
+    for e in items:
+        if isinstance(e, EduItem) and e.outbox_key is not None:
+            if e.kind is EduKind.TO_DEVICE:
+                eff.to_device_sent.append(e.outbox_key[0])
+            else:
+                eff.device_lists_sent.append(e.outbox_key)
