@@ -18,10 +18,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Sequence
 
+from federation_sender.model import EventRow
 from federation_sender.queue.batching import Batch, Limits
 from federation_sender.queue.catchup import RoomPlan, pack_next
 from federation_sender.queue.items import PduItem
-from federation_sender.storage.events import EventRow
 
 
 class CatchupEpisode:
