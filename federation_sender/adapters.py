@@ -19,6 +19,7 @@ from typing import Any
 from federation_sender.admin.protocols import LiveState
 from federation_sender.clock import Clock, time_ms
 from federation_sender.edus import EventMeta, RoomHosts
+from federation_sender.edus.presence import PresenceFanout
 from federation_sender.edus.receipts import ReceiptFanout
 from federation_sender.edus.typing_edus import TypingFanout
 from federation_sender.queue import DestinationState, DestinationStatus, FederationEdu, QueueManager
@@ -27,6 +28,8 @@ from federation_sender.replication.rows import (
     EduRow,
     KeyedEduRow,
     PresenceDestinationsRow,
+    PresenceFederationRow,
+    PresenceRow,
     PresenceState,
     ReceiptsRow,
     Row,
@@ -62,6 +65,7 @@ class WorkerReplicationHandler:
         metrics: Metrics | None = None,
         on_events_token: Callable[[int], None] | None = None,
         room_hosts: RoomHosts | None = None,
+        presence: PresenceFanout | None = None,
     ) -> None:
         self._m = manager
         self._on_events_token = on_events_token
@@ -73,6 +77,8 @@ class WorkerReplicationHandler:
         hosts = room_hosts or StorageRoomHosts(storage)
         self.typing = TypingFanout(server_name, hosts, manager, clock)
         self.receipts = ReceiptFanout(server_name, hosts, manager, clock)
+        self.presence = presence
+        """Presence streams are consumed when the backend has presence (Synapse)."""
 
     def background(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """Loops to run beside the replication client (typing re-sends, receipt
@@ -108,6 +114,12 @@ class WorkerReplicationHandler:
             await self.receipts.on_rows(r for r in rows if isinstance(r, ReceiptsRow))
         elif stream_name == "typing":
             await self.typing.on_rows(token, (r for r in rows if isinstance(r, TypingRow)))
+        elif stream_name == "presence" and self.presence is not None:
+            await self.presence.on_presence(r for r in rows if isinstance(r, PresenceRow))
+        elif stream_name == "presence_federation" and self.presence is not None:
+            await self.presence.on_presence_federation(
+                r for r in rows if isinstance(r, PresenceFederationRow)
+            )
 
     async def _federation(self, token: int, rows: Sequence[Row]) -> None:
         edus: list[FederationEdu] = []

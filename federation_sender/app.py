@@ -68,7 +68,14 @@ Listener = tuple[str, str, int, web.Application, ssl.SSLContext | None]
 """(config key, bind, port, application, TLS context or None for plain HTTP)"""
 
 CONSUMED_STREAMS = (
-    "events", "federation", "to_device", "device_lists", "receipts", "typing"
+    "events",
+    "federation",
+    "to_device",
+    "device_lists",
+    "receipts",
+    "typing",
+    "presence",
+    "presence_federation",
 )
 
 
