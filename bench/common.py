@@ -1,9 +1,24 @@
 """Shared pieces of the queue benchmarks: receivers in separate processes, a database,
-a world of rooms and remote servers, a recording sender, the bare aiohttp baseline, RSS.
+a world of rooms and remote servers, the two senders, the bare aiohttp baseline, RSS.
 
 Receivers are FakeHomeservers (recording off) in child processes, so their CPU is not
 charged to the sender; every benchmark that compares against the bare loop sends the
 same bodies to the same receivers.
+
+Two senders (``--sender``), usually both in one run, side by side:
+
+* ``production``: what an operator runs. The real :class:`FederationClient` (canonical
+  JSON, ed25519 X-Matrix signature per request, the outbound address policy with
+  loopback allowed by configuration, response size limit, per-attempt deadline) and the
+  real :class:`TelemetryObserver` with metrics and spans on (spans go through a
+  ``BatchSpanProcessor`` to an exporter that drops them: everything but the network
+  export of an OTLP collector). The one difference from a default configuration: every
+  destination is overridden to the receivers' loopback address, and since all of them
+  share that address, the pool has no per-host limit (a real deployment has one host
+  per destination, where the per-host limit of 4 never binds: one transaction in flight
+  per destination).
+* ``stand-in``: ``testing/http_sender.py`` (unsigned JSON, no telemetry), the sender of
+  the earlier figures, kept to show what production costs on top.
 """
 
 from __future__ import annotations
@@ -18,7 +33,7 @@ import random
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,7 +48,10 @@ from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.postgres import ephemeral_cluster
-from federation_sender.transport.result import Transaction
+from federation_sender.transport.client import FederationClient
+from federation_sender.transport.encoding import canonical_json, signing_bytes
+from federation_sender.transport.result import Outcome, SendResult, Transaction
+from federation_sender.transport.signing import SigningKey, sign_request_bytes
 
 ME = "local.bench"
 
@@ -82,6 +100,37 @@ def receivers(n: int = 1) -> Iterator[list[str]]:
             p.join(5)
             if p.is_alive():
                 p.kill()
+
+
+@contextlib.asynccontextmanager
+async def databases(kind: str) -> AsyncIterator[Any]:
+    """One PostgreSQL cluster (or a temporary directory for SQLite); yields an async
+    context manager factory giving a fresh, migrated database per use."""
+    if kind == "sqlite":
+        @contextlib.asynccontextmanager
+        async def fresh_sqlite() -> AsyncIterator[Any]:
+            async with database("sqlite") as eng:
+                yield eng
+
+        yield fresh_sqlite
+        return
+    with ephemeral_cluster() as cluster:
+        cluster.psql("ALTER SYSTEM SET synchronous_commit = off")
+        cluster.psql("SELECT pg_reload_conf()")
+        count = 0
+
+        @contextlib.asynccontextmanager
+        async def fresh() -> AsyncIterator[Any]:
+            nonlocal count
+            count += 1
+            eng = create_engine(cluster.create_database(f"bench{count}"), pool_size=20)
+            await upgrade(eng)
+            try:
+                yield eng
+            finally:
+                await eng.dispose()
+
+        yield fresh
 
 
 @contextlib.asynccontextmanager
@@ -145,38 +194,225 @@ class RecordingSender:
             self.done.set()
 
 
+BENCH_KEY = SigningKey.generate("a_bench")
+
+
 async def bare_loop(txns: Sequence[Transaction], url: Any, concurrency: int,
-                    connection_limit: int = 1000) -> tuple[float, float]:
+                    connection_limit: int = 1000, *, sign: bool = True,
+                    warm: bool = True) -> tuple[float, float]:
     """Send ``txns`` like the simplest correct sender: per destination one at a time,
     in order; destinations concurrently, at most ``concurrency`` requests in flight.
     Bodies are encoded before the clock starts (the strictest baseline: no
-    serialisation cost at all). Returns wall and CPU seconds, both from that clock."""
+    serialisation cost at all); with ``sign`` every request is signed (X-Matrix over the
+    canonical request object, as any federation sender must) inside the clock. With
+    ``warm``, one request per destination opens the pool's connections before the clock,
+    as the engine's warm-up event does. Returns wall and CPU seconds from that clock."""
     by_dest: dict[str, list[tuple[str, bytes]]] = {}
     for t in txns:
-        body = json.dumps({"origin": ME, "origin_server_ts": int(time.time() * 1000),
-                           "pdus": list(t.pdus), "edus": list(t.edus)},
-                          separators=(",", ":")).encode()
+        content = {"origin": ME, "origin_server_ts": int(time.time() * 1000),
+                   "pdus": list(t.pdus), "edus": list(t.edus)}
+        body = canonical_json(content) if sign else json.dumps(
+            content, separators=(",", ":")).encode()
         by_dest.setdefault(t.destination, []).append((t.txn_id, body))
     sem = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=connection_limit, limit_per_host=0)
     ) as session:
 
+        async def put(dest: str, txn_id: str, body: bytes) -> None:
+            path = f"/_matrix/federation/v1/send/bare{txn_id}"
+            headers = {"Content-Type": "application/json", "Host": dest,
+                       "X-Destination": dest}
+            if sign:
+                headers["Authorization"] = sign_request_bytes(
+                    key=BENCH_KEY, origin=ME, destination=dest,
+                    message=signing_bytes(content=body, destination=dest, method="PUT",
+                                          origin=ME, uri=path))
+            async with sem, session.put(f"{url(dest)}{path}", data=body,
+                                        headers=headers) as resp:
+                await resp.read()
+                assert resp.status == 200, resp.status
+
         async def one_dest(dest: str, items: list[tuple[str, bytes]]) -> None:
             for txn_id, body in items:
-                async with sem, session.put(
-                    f"{url(dest)}/_matrix/federation/v1/send/bare{txn_id}",
-                    data=body,
-                    headers={"Content-Type": "application/json", "Host": dest,
-                             "X-Destination": dest},
-                ) as resp:
-                    await resp.read()
-                    assert resp.status == 200, resp.status
+                await put(dest, txn_id, body)
 
+        if warm:
+            empty = b'{"edus":[],"origin":"' + ME.encode() + b'","origin_server_ts":0,"pdus":[]}'
+            await asyncio.gather(*(put(d, f"warm{d}", empty) for d in by_dest))
         t0 = time.perf_counter()
         c0 = time.process_time()
         await asyncio.gather(*(one_dest(d, items) for d, items in by_dest.items()))
         return time.perf_counter() - t0, time.process_time() - c0
+
+
+class NullExporter:
+    """A span exporter that drops what it is given (spans are still recorded, batched
+    and handed over: everything but an OTLP collector's network export)."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    def export(self, spans: Sequence[Any]) -> Any:
+        from opentelemetry.sdk.trace.export import SpanExportResult
+
+        self.spans += len(spans)
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        return True
+
+
+def production_observer() -> tuple[Any, Any]:
+    """The worker's TelemetryObserver, metrics on and spans recorded (see the module),
+    and its tracer provider (to shut down)."""
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    from federation_sender.telemetry.metrics import Metrics, new_registry
+    from federation_sender.telemetry.queue_observer import TelemetryObserver
+
+    provider = TracerProvider()
+    provider.add_span_processor(BatchSpanProcessor(NullExporter()))  # type: ignore[arg-type]
+    return TelemetryObserver(Metrics(new_registry()), provider, SystemClock()), provider
+
+
+class LoopbackOverrides(Mapping[str, str]):
+    """Every destination to one of the receivers' ``host:port`` (computed, not stored:
+    100,000 destinations cost nothing here)."""
+
+    def __init__(self, urls: Sequence[str]) -> None:
+        self._targets = [u.removeprefix("http://") for u in urls]
+
+    def __getitem__(self, dest: str) -> str:
+        return self._targets[hash(dest) % len(self._targets)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+class CountingClient(FederationClient):
+    """The production client, counting acknowledged transactions for the benchmark in
+    the (synchronous) bookkeeping call every attempt already makes."""
+
+    def __init__(self, counter: Deliveries, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.counter = counter
+
+    def _finish(self, txn: Transaction, result: SendResult, size: int,
+                started: float) -> SendResult:
+        r = super()._finish(txn, result, size, started)
+        if r.outcome is Outcome.SUCCESS:
+            self.counter.delivered(txn)
+        return r
+
+
+@dataclass
+class Deliveries:
+    """What a sender delivered: counts, and with ``keep`` the transactions themselves
+    (for the bare loop's replay); ``done`` is set at ``target_pdus``."""
+
+    keep: bool = False
+    sent: list[Transaction] = field(default_factory=list)
+    ok_txns: int = 0
+    ok_pdus: int = 0
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    target_pdus: int = 0
+
+    def delivered(self, txn: Transaction) -> None:
+        self.ok_txns += 1
+        self.ok_pdus += len(txn.pdus)
+        if self.keep:
+            self.sent.append(txn)
+        if self.target_pdus and self.ok_pdus >= self.target_pdus:
+            self.done.set()
+
+    def reset(self, target_pdus: int, keep: bool = False) -> None:
+        self.sent.clear()
+        self.ok_txns = self.ok_pdus = 0
+        self.done.clear()
+        self.target_pdus = target_pdus
+        self.keep = keep
+
+
+SENDERS = ("stand-in", "production")
+EXTRA_SENDERS = ("production-no-telemetry",)
+"""The production client without the telemetry observer: what telemetry costs."""
+
+
+@dataclass
+class BenchSender:
+    """A sender of either kind with its counter and telemetry observer (or None)."""
+
+    kind: str
+    sender: Any
+    counter: Deliveries
+    observer: Any = None
+    provider: Any = None
+
+    async def start(self) -> None:
+        if isinstance(self.sender, FederationClient):
+            await self.sender.start()
+
+    async def warm_pool(self, dests: Sequence[str], concurrency: int = 500) -> None:
+        """Open the pool's connections as the bare loop's warm-up does: one empty
+        transaction per destination, all at once (at most ``concurrency``)."""
+        sem = asyncio.Semaphore(concurrency)
+
+        async def one(d: str) -> None:
+            async with sem:
+                await self.sender.send_transaction(Transaction(d, f"warm{d}", (), ()))
+
+        await asyncio.gather(*(one(d) for d in dests))
+        self.counter.reset(0)
+
+    def manager(self, engine: Any, settings: Any, **kwargs: Any) -> Any:
+        """A QueueManager over this sender and observer, as the worker builds it."""
+        from federation_sender.queue import QueueManager
+        from federation_sender.storage.native import NativeBackend
+
+        return QueueManager(NativeBackend(engine), self.sender, settings, ME, "bench", clock(),
+                            random.Random(1), lambda _d: True, self.observer, **kwargs)
+
+    async def close(self) -> None:
+        await self.sender.close()
+        if self.provider is not None:
+            self.provider.shutdown()
+
+
+def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> BenchSender:
+    counter = Deliveries()
+    if kind == "stand-in":
+        inner = HttpTransactionSender(url_for(urls), ME, clock(), timeout_s=timeout_s)
+        inner.on_success = counter.delivered
+        return BenchSender(kind, inner, counter, None)
+    if kind not in ("production", *EXTRA_SENDERS):
+        raise ValueError(kind)
+    client = CountingClient(
+        counter,
+        server_name=ME,
+        signing_key=BENCH_KEY,
+        clock=clock(),
+        attempt_timeout_s=timeout_s,
+        max_connections=1000,
+        max_connections_per_host=0,
+        ip_allow_list=("127.0.0.0/8",),
+        destination_overrides=LoopbackOverrides(urls),
+        plain_http=True,
+    )
+    if kind == "production-no-telemetry":
+        return BenchSender(kind, client, counter)
+    return BenchSender(kind, client, counter, *production_observer())
+
+
+def load_average() -> str:
+    return " ".join(open("/proc/loadavg").read().split()[:3])
 
 
 async def build_rooms(engine: Any, n_dests: int, n_rooms: int, dests_per_room: int | None = None,

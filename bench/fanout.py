@@ -1,12 +1,17 @@
 """Fan-out throughput: transactions per second to N loopback destinations, the queue
-engine side by side with a bare aiohttp loop sending the same bodies to the same
-receivers (in another process).
+engine with the production sender and with the stand-in, side by side with a bare
+aiohttp loop sending the same transactions to the same receivers (in another process).
 
-For each N: one room joined by every destination; ``--events`` events, announced to the
-engine as the main process would persist them, ``--burst`` per millisecond, and drained to
-all N; then the bare loop replays the exact transactions the engine sent (per destination
-in order, one in flight per destination, the same global concurrency). Prints txn/s for
-both and the ratio.
+For each N and each sender (``--senders``, default both; see ``common.py``): a fresh
+database, one room joined by every destination, a warm-up event (every queue and
+connection exists), then ``--events`` events announced to the engine as the main process
+would persist them, ``--burst`` per millisecond, and drained to all N. Then the bare
+loop replays the production run's transactions (per destination in order, one in flight
+per destination, the same global concurrency, its pool warmed before its clock), signed
+(the baseline for the production sender) and unsigned (the stand-in's). With
+``--rounds`` > 1 the four are interleaved in rotating order, so load from other jobs on
+the machine falls on all of them alike; medians are printed. Ratios:
+production / signed bare loop (target >= 0.8) and stand-in / unsigned bare loop.
 
 How events are announced (``--announce``):
 
@@ -18,25 +23,28 @@ How events are announced (``--announce``):
   in at the loop's pace and the figure measures loop latency more than throughput.
 
     .venv/bin/python bench/fanout.py [--db postgres|sqlite] [--dests 200 1000] \
-        [--announce clock|turn]
+        [--senders production stand-in] [--rounds 1] [--announce clock|turn]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
+import statistics
 import time
 from dataclasses import replace
 from typing import Any
 
 from common import (
+    EXTRA_SENDERS,
     ME,
-    RecordingSender,
+    SENDERS,
     bare_loop,
     build_rooms,
-    clock,
-    database,
+    databases,
+    dest_name,
+    load_average,
+    make_sender,
     receivers,
     report,
     url_for,
@@ -44,8 +52,6 @@ from common import (
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
-from federation_sender.storage.native import NativeBackend
-from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 PROFILE: Any = None
@@ -69,27 +75,23 @@ async def announce(m: QueueManager, start: int, events: int, burst: int, mode: s
         await asyncio.sleep(0.001)
 
 
-async def run_one(db: str, n: int, urls: list[str], events: int, burst: int,
-                  mode: str = "clock") -> dict[str, float]:
+async def engine_run(fresh_db: Any, kind: str, n: int, urls: list[str], events: int,
+                     burst: int, mode: str) -> dict[str, Any]:
     settings = replace(QueueSettings(), max_concurrent_transactions=500)
-    async with database(db) as engine:
+    async with fresh_db() as engine:
         rooms = await build_rooms(engine, n, 1)
         writer = await HomeserverWriter(engine, ME).init()
-        inner = HttpTransactionSender(url_for(urls), ME, clock(), timeout_s=60)
-        sender = RecordingSender(inner, keep=False)
-        m = QueueManager(NativeBackend(engine), sender.inner, settings, ME, "bench", clock(),
-                         random.Random(1), lambda _d: True, attempt_deadline_s=60)
+        bs = make_sender(kind, urls)
+        await bs.start()
+        await bs.warm_pool([dest_name(i) for i in range(n)])
+        m = bs.manager(engine, settings, attempt_deadline_s=60)
         await m.start()
         # Warm-up: create every queue and connection once.
-        sender.target_pdus = n
+        bs.counter.reset(n)
         await writer.message(rooms[0], f"@alice:{ME}")
         m.notify_new_events(writer.stream_ordering)
-        await asyncio.wait_for(sender.done.wait(), 120)
-        sender.keep = True
-        sender.sent.clear()
-        sender.ok_txns = sender.ok_pdus = 0
-        sender.done.clear()
-        sender.target_pdus = events * n
+        await asyncio.wait_for(bs.counter.done.wait(), 120)
+        bs.counter.reset(events * n, keep=True)
         # The main process's writes are not the engine's cost: write first, then poke the
         # engine burst by burst as the events stream would.
         start = writer.stream_ordering
@@ -99,25 +101,95 @@ async def run_one(db: str, n: int, urls: list[str], events: int, burst: int,
         if PROFILE is not None:
             PROFILE.enable()
         await announce(m, start, events, burst, mode)
-        await asyncio.wait_for(sender.done.wait(), 600)
-        t_engine = time.perf_counter() - t0
-        cpu_engine = time.process_time() - c0
+        await asyncio.wait_for(bs.counter.done.wait(), 600)
+        wall = time.perf_counter() - t0
+        cpu = time.process_time() - c0
         if PROFILE is not None:
             PROFILE.disable()
-        txns = list(sender.sent)
+        txns = list(bs.counter.sent)
         await m.stop(5)
-        await inner.close()
-        t_bare, cpu_bare = await bare_loop(txns, url_for(urls),
-                                           settings.max_concurrent_transactions)
-        return {
-            "txns": len(txns),
-            "engine_s": t_engine,
-            "bare_s": t_bare,
-            "engine_tps": len(txns) / t_engine,
-            "bare_tps": len(txns) / t_bare,
-            "engine_cpu_ms_per_txn": 1000 * cpu_engine / len(txns),
-            "bare_cpu_ms_per_txn": 1000 * cpu_bare / len(txns),
-        }
+        await bs.close()
+        return {"txns": txns, "s": wall, "cpu": cpu}
+
+
+async def run_one(db: str, n: int, urls: list[str], events: int, burst: int,
+                  mode: str = "clock", kind: str = "production") -> dict[str, float]:
+    """One engine run of ``kind`` and the bare loop replaying it (signed for the
+    production senders), for the diagnostics and profiling drivers."""
+    async with databases(db) as fresh_db:
+        res = await engine_run(fresh_db, kind, n, urls, events, burst, mode)
+    txns = res["txns"]
+    t_bare, cpu_bare = await bare_loop(txns, url_for(urls), 500, sign=kind != "stand-in")
+    return {"txns": len(txns), "engine_s": res["s"], "bare_s": t_bare,
+            "engine_tps": len(txns) / res["s"], "bare_tps": len(txns) / t_bare,
+            "engine_cpu_ms_per_txn": 1000 * res["cpu"] / len(txns),
+            "bare_cpu_ms_per_txn": 1000 * cpu_bare / len(txns)}
+
+
+VARIANTS = ("production", "bare signed", "stand-in", "bare unsigned",
+            "production-no-telemetry")
+
+
+async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace
+                ) -> dict[str, list[tuple[float, float, int]]]:
+    """``variant -> [(txn/s, CPU ms per txn, txns)]`` over the rounds."""
+    out: dict[str, list[tuple[float, float, int]]] = {v: [] for v in VARIANTS}
+    concurrency = 500
+    for r in range(a.rounds):
+        engines = list(a.senders)
+        engines = engines[r % len(engines):] + engines[:r % len(engines)]
+        replay: list[Any] = []
+        for kind in engines:
+            res = await engine_run(fresh_db, kind, n, urls, a.events, a.burst, a.announce)
+            k = len(res["txns"])
+            out[kind].append((k / res["s"], 1000 * res["cpu"] / k, k))
+            if kind == "production" or not replay:
+                replay = res["txns"]
+        bares = [("bare signed", True), ("bare unsigned", False)]
+        if r % 2:
+            bares.reverse()
+        for name, sign in bares:
+            wall, cpu = await bare_loop(replay, url_for(urls), concurrency, sign=sign)
+            out[name].append((len(replay) / wall, 1000 * cpu / len(replay), len(replay)))
+    return out
+
+
+def _median(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarise(n: int, out: dict[str, list[tuple[float, float, int]]], a: argparse.Namespace,
+              load: str) -> dict[str, float]:
+    med = {v: _median([x[0] for x in out[v]]) for v in VARIANTS}
+    cpu = {v: _median([x[1] for x in out[v]]) for v in VARIANTS}
+    if not out["production"] or not out["stand-in"]:
+        report(f"fan-out to {n} destinations", [(f"{v}: txn/s / CPU ms per txn",
+                                                 f"{med[v]:.0f} / {cpu[v]:.3f}")
+                                                for v in VARIANTS if out[v]])
+        return {}
+    rows = [("load average at start / end (1/5/15 min)", f"{load} / {load_average()}")]
+    for v in VARIANTS:
+        if out[v]:
+            runs = ", ".join(f"{x[0]:.0f}" for x in out[v])
+            rows.append((f"{v}: txn/s (runs) / CPU ms per txn",
+                         f"{med[v]:.0f} ({runs}) / {cpu[v]:.3f}"))
+    prod_ratio = med["production"] / med["bare signed"]
+    stand_ratio = med["stand-in"] / med["bare unsigned"]
+    per_round = [p[0] / b[0] for p, b in zip(out["production"], out["bare signed"],
+                                             strict=False)]
+    rows += [
+        ("ratio production / bare signed (target >= 0.8)",
+         f"{prod_ratio:.2f}" + (f" (rounds: {', '.join(f'{x:.2f}' for x in per_round)})"
+                                if len(per_round) > 1 else "")),
+        ("ratio stand-in / bare unsigned", f"{stand_ratio:.2f}"),
+        ("production / stand-in", f"{med['production'] / med['stand-in']:.2f}"),
+    ]
+    txns = out["production"][0][2] if out["production"] else 0
+    report(f"fan-out to {n} destinations ({a.db}, {a.events} events, {a.burst} per ms, "
+           f"announced per {a.announce}, {txns} txns, {a.rounds} round(s))", rows)
+    return {"production_tps": med["production"], "bare_signed_tps": med["bare signed"],
+            "standin_tps": med["stand-in"], "bare_unsigned_tps": med["bare unsigned"],
+            "ratio": prod_ratio, "standin_ratio": stand_ratio}
 
 
 async def main() -> None:
@@ -127,21 +199,17 @@ async def main() -> None:
     ap.add_argument("--events", type=int, default=400)
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--receivers", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--senders", nargs="+", default=list(SENDERS),
+                    choices=[*SENDERS, *EXTRA_SENDERS])
     ap.add_argument("--announce", default="clock", choices=["clock", "turn"])
     a = ap.parse_args()
     with receivers(a.receivers) as urls:
-        for n in a.dests:
-            r = await run_one(a.db, n, urls, a.events, a.burst, a.announce)
-            report(f"fan-out to {n} destinations ({a.db}, {a.events} events, {a.burst} per ms, "
-                   f"announced per {a.announce})", [
-                ("transactions", f"{int(r['txns'])}"),
-                ("engine: seconds / txn per s", f"{r['engine_s']:.2f} / {r['engine_tps']:.0f}"),
-                ("bare aiohttp loop: seconds / txn per s",
-                 f"{r['bare_s']:.2f} / {r['bare_tps']:.0f}"),
-                ("CPU ms per txn: engine / bare",
-                 f"{r['engine_cpu_ms_per_txn']:.2f} / {r['bare_cpu_ms_per_txn']:.2f}"),
-                ("ratio engine / bare (target >= 0.7)", f"{r['engine_tps'] / r['bare_tps']:.2f}"),
-            ])
+        async with databases(a.db) as fresh_db:
+            for n in a.dests:
+                load = load_average()
+                out = await run_n(fresh_db, n, urls, a)
+                summarise(n, out, a, load)
 
 
 if __name__ == "__main__":

@@ -8,24 +8,35 @@ destination's ``last_successful_stream_ordering``; every destination in a day-lo
 backoff. The clock starts at the REMOTE_SERVER_UPs and stops when every destination's
 position is past all its rows (no destination left behind in ``destination_rooms``).
 
-    .venv/bin/python bench/recovery.py [--db postgres|sqlite] [--dests 10000]
+For each sender (``--senders``, default the production path, then the stand-in; see
+``common.py``), in one run, each with a fresh database.
+
+    .venv/bin/python bench/recovery.py [--db postgres|sqlite] [--dests 10000] \
+        [--senders production stand-in]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import random
 import time
+from typing import Any
 
-from common import ME, RecordingSender, clock, database, dest_name, receivers, report, rss_mb
-from common import url_for as url_for_dest
+from common import (
+    EXTRA_SENDERS,
+    ME,
+    SENDERS,
+    databases,
+    dest_name,
+    load_average,
+    make_sender,
+    receivers,
+    report,
+    rss_mb,
+)
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue import QueueManager
 from federation_sender.storage import destinations as dst
-from federation_sender.storage.native import NativeBackend
-from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 
@@ -56,6 +67,51 @@ async def setup(engine: object, n_dests: int, rooms_per_dest: int, per_room: int
     return w.stream_ordering
 
 
+async def recover(fresh_db: Any, kind: str, urls: list[str], a: argparse.Namespace
+                  ) -> list[tuple[str, str]]:
+    async with fresh_db() as engine:
+        t_setup = time.perf_counter()
+        await setup(engine, a.dests, a.rooms_per_dest, a.dests_per_room)
+        t_setup = time.perf_counter() - t_setup
+        bs = make_sender(kind, urls)
+        await bs.start()
+        m = bs.manager(engine, QueueSettings(), attempt_deadline_s=60, db_concurrency=24)
+        await m.start()
+        expected = a.dests * a.rooms_per_dest
+        load = load_average()
+        t0 = time.perf_counter()
+        c0 = time.process_time()
+        await asyncio.gather(*(m.remote_server_up(dest_name(d)) for d in range(a.dests)))
+        t_up = time.perf_counter() - t0
+        peak = rss_mb()
+        behind = a.dests
+        while True:
+            await asyncio.sleep(0.5)
+            peak = max(peak, rss_mb())
+            if bs.counter.ok_pdus >= expected:
+                async with engine.connect() as conn:
+                    behind = len(await dst.destinations_behind(conn))
+                if behind == 0:
+                    break
+            if time.perf_counter() - t0 > 600:
+                break
+        elapsed = time.perf_counter() - t0
+        cpu = time.process_time() - c0
+        await m.stop(5)
+        await bs.close()
+        return [
+            ("load average at start (1/5/15 min)", load),
+            ("setup (not timed)", f"{t_setup:.1f} s"),
+            ("REMOTE_SERVER_UP for all", f"{t_up:.1f} s"),
+            ("PDUs delivered", f"{bs.counter.ok_pdus} of {expected}"),
+            ("transactions", f"{bs.counter.ok_txns}"),
+            ("destinations still behind", f"{behind}"),
+            ("all caught up after (target <= 60 s)", f"{elapsed:.1f} s"),
+            ("engine CPU", f"{cpu:.1f} s"),
+            ("peak RSS", f"{peak:.0f} MB"),
+        ]
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--db", default="postgres", choices=["postgres", "sqlite"])
@@ -63,50 +119,15 @@ async def main() -> None:
     ap.add_argument("--rooms-per-dest", type=int, default=20)
     ap.add_argument("--dests-per-room", type=int, default=200)
     ap.add_argument("--receivers", type=int, default=1)
+    ap.add_argument("--senders", nargs="+", default=list(reversed(SENDERS)),
+                    choices=[*SENDERS, *EXTRA_SENDERS])
     a = ap.parse_args()
     with receivers(a.receivers) as urls:
-        async with database(a.db) as engine:
-            t_setup = time.perf_counter()
-            await setup(engine, a.dests, a.rooms_per_dest, a.dests_per_room)
-            t_setup = time.perf_counter() - t_setup
-            inner = HttpTransactionSender(url_for_dest(urls), ME, clock(), timeout_s=60)
-            sender = RecordingSender(inner, keep=False)
-            m = QueueManager(NativeBackend(engine), sender.inner, QueueSettings(), ME, "bench",
-                             clock(), random.Random(1), lambda _d: True, attempt_deadline_s=60,
-                             db_concurrency=24)
-            await m.start()
-            expected = a.dests * a.rooms_per_dest
-            t0 = time.perf_counter()
-            c0 = time.process_time()
-            await asyncio.gather(*(m.remote_server_up(dest_name(d)) for d in range(a.dests)))
-            t_up = time.perf_counter() - t0
-            peak = rss_mb()
-            behind = a.dests
-            while True:
-                await asyncio.sleep(0.5)
-                peak = max(peak, rss_mb())
-                if sender.ok_pdus >= expected:
-                    async with engine.connect() as conn:
-                        behind = len(await dst.destinations_behind(conn))
-                    if behind == 0:
-                        break
-                if time.perf_counter() - t0 > 600:
-                    break
-            elapsed = time.perf_counter() - t0
-            cpu = time.process_time() - c0
-            await m.stop(5)
-            await inner.close()
-            report(f"recovery: {a.dests} destinations x {a.rooms_per_dest} rooms outstanding "
-                   f"({a.db})", [
-                ("setup (not timed)", f"{t_setup:.1f} s"),
-                ("REMOTE_SERVER_UP for all", f"{t_up:.1f} s"),
-                ("PDUs delivered", f"{sender.ok_pdus} of {expected}"),
-                ("transactions", f"{sender.ok_txns}"),
-                ("destinations still behind", f"{behind}"),
-                ("all caught up after (target <= 60 s)", f"{elapsed:.1f} s"),
-                ("engine CPU", f"{cpu:.1f} s"),
-                ("peak RSS", f"{peak:.0f} MB"),
-            ])
+        async with databases(a.db) as fresh_db:
+            for kind in a.senders:
+                rows = await recover(fresh_db, kind, urls, a)
+                report(f"recovery, {kind} sender: {a.dests} destinations x "
+                       f"{a.rooms_per_dest} rooms outstanding ({a.db})", rows)
 
 
 if __name__ == "__main__":

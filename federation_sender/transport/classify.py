@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
+import orjson
 
 from federation_sender.errors import RemoteTransientError
 from federation_sender.transport.addresses import AddressRefusedError
@@ -56,9 +57,14 @@ def sanitise(text: str, limit: int = MAX_ERROR_CHARS) -> str:
 
 def _json_object(body: bytes) -> dict[str, Any] | None:
     try:
-        parsed = json.loads(body)
-    except (ValueError, UnicodeDecodeError, RecursionError):
-        return None
+        parsed = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        # orjson refuses some JSON the standard library reads (integers beyond 64
+        # bits, NaN, nesting past 1024): let that decide.
+        try:
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            return None
     return parsed if isinstance(parsed, dict) else None
 
 

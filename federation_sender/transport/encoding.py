@@ -87,6 +87,8 @@ class PduEncodings:
     def __init__(self, max_entries: int = 8192) -> None:
         self._max = max_entries
         self._cache: dict[int, tuple[object, bytes]] = {}
+        self.entries = self._cache
+        """``id(pdu) -> (pdu, encoding)``, read-only for callers inlining :meth:`get`."""
         self.encodes = 0
         """PDUs encoded (misses); for tests and benchmarks."""
 

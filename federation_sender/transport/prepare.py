@@ -70,6 +70,7 @@ class RequestBuilder:
         self._origin = origin
         self._origin_json = canonical_json(origin)
         self._key = key
+        self._key_id = key.key_id
         self._clock = clock
         self.pdus = PduEncodings(pdu_cache_entries)
         self._kept: dict[str, PreparedRequest] = {}
@@ -88,7 +89,13 @@ class RequestBuilder:
         prev = self._kept.get(txn.destination)
         if prev is not None and prev.matches(txn):
             return prev
-        encoded = [self.pdus.get(p) for p in txn.pdus]
+        # The cache lookup inlined: this runs for every PDU of every transaction.
+        pdus = self.pdus
+        cache = pdus.entries
+        encoded = []
+        for p in txn.pdus:
+            hit = cache.get(id(p))
+            encoded.append(hit[1] if hit is not None and hit[0] is p else pdus.get(p))
         body = transaction_body(self._origin_json, time_ms(self._clock), encoded, txn.edus)
         self.encodes += 1
         path = SEND_PATH + quote(txn.txn_id, safe="")
@@ -97,7 +104,8 @@ class RequestBuilder:
             uri=path,
         )
         auth = sign_request_bytes(
-            key=self._key, origin=self._origin, destination=txn.destination, message=message
+            key=self._key, origin=self._origin, destination=txn.destination, message=message,
+            key_id=self._key_id,
         )
         self.signatures += 1
         prepared = PreparedRequest(

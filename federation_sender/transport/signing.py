@@ -339,7 +339,9 @@ def sign_request(
     return format_x_matrix(XMatrixAuth(origin, destination, key.key_id, sig))
 
 
-def sign_request_bytes(*, key: SigningKey, origin: str, destination: str, message: bytes) -> str:
+def sign_request_bytes(
+    *, key: SigningKey, origin: str, destination: str, message: bytes, key_id: str | None = None
+) -> str:
     """The ``Authorization`` header value for a request whose canonical request object
     (:func:`federation_sender.transport.encoding.signing_bytes`) is ``message``.
 
@@ -347,7 +349,7 @@ def sign_request_bytes(*, key: SigningKey, origin: str, destination: str, messag
     encoding the content again: ``sign_json`` is canonical JSON, then this signature.
     """
     sig = encode_base64(key.raw.sign(message).signature)
-    return format_x_matrix(XMatrixAuth(origin, destination, key.key_id, sig))
+    return format_x_matrix(XMatrixAuth(origin, destination, key_id or key.key_id, sig))
 
 
 VerifyKeyLookup = Callable[[str, str], Any | None]
