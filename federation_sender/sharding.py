@@ -29,7 +29,7 @@ Assumptions and failure modes: wall clocks of instances agree to well within
 ``lease_s`` (NTP); a database outage stops heartbeats, so every lease lapses locally
 and sending stops until the database returns; a crashed instance's destinations move
 after ``lease_s``. Released leases keep their row (``lease_until_ts = 0``) so fencing
-tokens never go backwards.
+tokens never go backwards. The statements are in :mod:`federation_sender.storage.leases`.
 """
 
 from __future__ import annotations
@@ -39,17 +39,19 @@ import hashlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
 
-from sqlalchemy import Table, delete, select, update
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import ShardingSettings
+from federation_sender.storage import leases as sql
 from federation_sender.storage.engine import is_sqlite, run_in_transaction
-from federation_sender.storage.schema import destination_leases, federation_sender_instances
+from federation_sender.storage.leases import lease_is_current
+
+__all__ = [
+    "REAP_AFTER_LEASES", "SINGLE_MODE_TOKEN", "ShardCoordinator", "lease_is_current",
+    "rendezvous_owner", "static_owner",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,9 +62,6 @@ SINGLE_MODE_TOKEN = 0
 
 REAP_AFTER_LEASES = 10
 """Instance rows silent for this many lease periods are deleted (housekeeping only)."""
-
-_L = destination_leases.c
-_I = federation_sender_instances.c
 
 
 def static_owner(destination: str, instances: Sequence[str]) -> str:
@@ -85,19 +84,6 @@ def rendezvous_owner(destination: str, instances: Iterable[str]) -> str:
     if best is None:
         raise ValueError("no instances")
     return best
-
-
-async def lease_is_current(conn: AsyncConnection, destination: str, instance_name: str,
-                           fencing_token: int) -> bool:
-    """Inside the caller's transaction: does ``instance_name`` still hold the lease
-    with ``fencing_token``? Locks the lease row on PostgreSQL so a takeover waits for
-    the caller's commit."""
-    stmt = select(_L.fencing_token).where(
-        _L.destination == destination, _L.instance_name == instance_name,
-        _L.fencing_token == fencing_token)
-    if conn.dialect.name == "postgresql":
-        stmt = stmt.with_for_update()
-    return (await conn.execute(stmt)).first() is not None
 
 
 class ShardCoordinator:
@@ -151,11 +137,7 @@ class ShardCoordinator:
             return
 
         async def leave(conn: AsyncConnection) -> None:
-            await conn.execute(update(destination_leases)
-                               .where(_L.instance_name == self.instance_name)
-                               .values(lease_until_ts=0))
-            await conn.execute(delete(federation_sender_instances)
-                               .where(_I.instance_name == self.instance_name))
+            await sql.leave(conn, self.instance_name)
 
         await run_in_transaction(self._engine, leave)
         self._leases.clear()
@@ -179,26 +161,13 @@ class ShardCoordinator:
         until_ms = now_ms + self._lease_ms
 
         async def beat(conn: AsyncConnection) -> tuple[frozenset[str], dict[str, int]]:
-            updated = await conn.execute(
-                update(federation_sender_instances)
-                .where(_I.instance_name == self.instance_name).values(heartbeat_ts=now_ms))
-            if updated.rowcount == 0:
-                await conn.execute(self._insert(federation_sender_instances).values(
-                    instance_name=self.instance_name, started_ts=now_ms, heartbeat_ts=now_ms,
-                ).on_conflict_do_nothing())
-            await conn.execute(delete(federation_sender_instances).where(
-                _I.heartbeat_ts < now_ms - REAP_AFTER_LEASES * self._lease_ms))
-            rows = await conn.execute(select(_I.instance_name).where(
-                _I.heartbeat_ts >= now_ms - self._lease_ms))
-            live = frozenset(r[0] for r in rows) | {self.instance_name}
+            live = await sql.heartbeat(
+                conn, self.instance_name, now_ms, now_ms - self._lease_ms,
+                now_ms - REAP_AFTER_LEASES * self._lease_ms,
+            )
             keep = [d for d in self._leases if self._owner(d, live) == self.instance_name]
-            if keep:
-                await conn.execute(update(destination_leases).where(
-                    _L.instance_name == self.instance_name, _L.destination.in_(keep),
-                ).values(lease_until_ts=until_ms))
-            held = await conn.execute(select(_L.destination, _L.fencing_token).where(
-                _L.instance_name == self.instance_name, _L.lease_until_ts > 0))
-            return live, {d: int(t) for d, t in held}
+            await sql.renew_leases(conn, self.instance_name, keep, until_ms)
+            return live, await sql.held_leases(conn, self.instance_name)
 
         live, held = await run_in_transaction(self._engine, beat)
         for destination, (token, until_s) in list(self._leases.items()):
@@ -234,10 +203,6 @@ class ShardCoordinator:
 
     # --- leases ---------------------------------------------------------------------
 
-    def _insert(self, table: Table) -> Any:
-        # Both dialects' INSERT support on_conflict_do_nothing(); their types differ.
-        return sqlite_insert(table) if is_sqlite(self._engine) else pg_insert(table)
-
     async def acquire_lease(self, destination: str) -> int | None:
         """Take or renew the lease on an owned destination. Returns its fencing token,
         or ``None`` when we do not own it or another instance's lease has not expired."""
@@ -249,31 +214,7 @@ class ShardCoordinator:
         until_ms = now_ms + self._lease_ms
 
         async def take(conn: AsyncConnection) -> int | None:
-            stmt = select(_L.instance_name, _L.lease_until_ts, _L.fencing_token).where(
-                _L.destination == destination)
-            if conn.dialect.name == "postgresql":
-                stmt = stmt.with_for_update()
-            row = (await conn.execute(stmt)).first()
-            if row is None:
-                inserted = await conn.execute(self._insert(destination_leases).values(
-                    destination=destination, instance_name=self.instance_name,
-                    lease_until_ts=until_ms, fencing_token=1).on_conflict_do_nothing())
-                if inserted.rowcount == 1:
-                    return 1
-                row = (await conn.execute(stmt)).one()
-            holder, lease_until, token = row
-            if holder == self.instance_name and lease_until > 0:
-                await conn.execute(update(destination_leases).where(
-                    _L.destination == destination).values(lease_until_ts=until_ms))
-                return int(token)
-            if lease_until > now_ms:
-                return None
-            new_token = int(token) + 1
-            await conn.execute(update(destination_leases).where(
-                _L.destination == destination, _L.fencing_token == token,
-            ).values(instance_name=self.instance_name, lease_until_ts=until_ms,
-                     fencing_token=new_token))
-            return new_token
+            return await sql.take_lease(conn, destination, self.instance_name, now_ms, until_ms)
 
         token = await run_in_transaction(self._engine, take)
         if token is None:
@@ -302,8 +243,6 @@ class ShardCoordinator:
         token = held[0]
 
         async def give_up(conn: AsyncConnection) -> None:
-            await conn.execute(update(destination_leases).where(
-                _L.destination == destination, _L.instance_name == self.instance_name,
-                _L.fencing_token == token).values(lease_until_ts=0))
+            await sql.release_lease(conn, destination, self.instance_name, token)
 
         await run_in_transaction(self._engine, give_up)

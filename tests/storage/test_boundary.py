@@ -1,0 +1,83 @@
+"""The storage boundary holds: who may import what (read from the source, no database).
+
+* The pure cores (``queue/core.py``, ``queue/catchup.py``) import no storage module.
+* The queue engine, the admin API, the EDU fan-outs and the adapters reach storage only
+  through ``storage/protocols.py`` and build no SQL.
+* Outside ``storage/`` (and the places that stand in for other processes or are another
+  backend: ``testing/``, ``sim/``, ``batch/``, ``synapse/``), nothing builds SQL or reads
+  the schema; the composition root may name engine types only.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import federation_sender
+
+PACKAGE = Path(federation_sender.__file__).parent
+PURE = ("queue/core.py", "queue/catchup.py")
+THROUGH_PROTOCOLS = ("queue", "admin", "edus", "adapters.py")
+MAY_BUILD_SQL = ("storage", "testing", "sim", "batch", "synapse")
+
+
+def _imports(path: Path) -> set[str]:
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module is not None:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+def _modules(*under: str) -> list[Path]:
+    found: list[Path] = []
+    for u in under:
+        p = PACKAGE / u
+        found.extend(sorted(p.rglob("*.py")) if p.is_dir() else [p])
+    return found
+
+
+def _rel(p: Path) -> str:
+    return p.relative_to(PACKAGE).as_posix()
+
+
+def test_pure_cores_import_no_storage() -> None:
+    offenders = {
+        _rel(p): sorted(i for i in _imports(p) if i.startswith("federation_sender.storage"))
+        for p in _modules(*PURE)
+    }
+    assert offenders == {rel: [] for rel in PURE}
+
+
+def test_engine_admin_and_adapters_use_only_the_protocols() -> None:
+    allowed = {"federation_sender.storage", "federation_sender.storage.protocols"}
+    bad: dict[str, list[str]] = {}
+    for p in _modules(*THROUGH_PROTOCOLS):
+        found = sorted(
+            i for i in _imports(p)
+            if (i.startswith("federation_sender.storage") and i not in allowed
+                and not i.startswith("federation_sender.storage.protocols."))
+            or i.split(".")[0] == "sqlalchemy"
+        )
+        if found:
+            bad[_rel(p)] = found
+    assert bad == {}
+
+
+def test_no_sql_outside_storage() -> None:
+    bad: dict[str, list[str]] = {}
+    for p in sorted(PACKAGE.rglob("*.py")):
+        rel = _rel(p)
+        if rel.split("/")[0] in MAY_BUILD_SQL:
+            continue
+        found = sorted(
+            i for i in _imports(p)
+            if i.startswith("federation_sender.storage.schema")
+            or (i.split(".")[0] == "sqlalchemy" and not i.startswith("sqlalchemy.ext.asyncio"))
+        )
+        if found:
+            bad[rel] = found
+    assert bad == {}
