@@ -66,3 +66,31 @@ def test_compose_main_process_command_is_ours() -> None:
         assert e.code == 0
     else:
         raise AssertionError("--help did not exit")
+
+
+SYNAPSE_DIR = ROOT / "deploy" / "synapse"
+
+
+def test_compose_synapse_profile_runs_our_worker_as_synapses_sender() -> None:
+    from federation_sender.synapse.config import load_synapse_config, merge_settings
+
+    services = _compose()["services"]
+    ours = services["synapse-federation-sender"]
+    assert ours["profiles"] == ["synapse"]
+    assert "synapse" in services["synapse-main"]["profiles"]
+    assert services["synapse-fed1"]["profiles"] == ["synapse-own-sender"]  # never both
+    assert ours["command"][:2] == ["federation-sender", "worker"]
+    files = [
+        a for i, a in enumerate(ours["command"]) if ours["command"][i - 1] == "--synapse-config"
+    ]
+    assert files == ["/config/homeserver.yaml", "/config/fed1.yaml"]
+    local = [SYNAPSE_DIR / Path(f).name for f in files]
+    settings = merge_settings(load_settings(None, environ={}), load_synapse_config(local))
+    assert settings.instance_name == "fed1"
+    assert settings.replication.transport == "redis"
+    assert settings.replication.redis_url == "redis://synapse-redis:6379/0"
+    assert settings.database.url.startswith("postgresql://synapse:synapse@synapse-postgres:5432/")
+    fed1 = services["synapse-fed1"]["command"]
+    assert fed1[-1] == "/config/fed1.yaml"  # Synapse's worker reads the same worker file
+    pg_args = services["synapse-postgres"]["environment"]["POSTGRES_INITDB_ARGS"]
+    assert "--lc-collate=C" in pg_args and "--lc-ctype=C" in pg_args
