@@ -38,6 +38,7 @@ from federation_sender.replication.rows import (
 )
 from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.telemetry.metrics import Metrics, QueueSnapshot
+from federation_sender.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -66,8 +67,10 @@ class WorkerReplicationHandler:
         on_events_token: Callable[[int], None] | None = None,
         room_hosts: RoomHosts | None = None,
         presence: PresenceFanout | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._m = manager
+        self._tracing = tracing or Tracing(None)
         self._on_events_token = on_events_token
         self._storage = storage
         self._server_name = server_name
@@ -86,6 +89,12 @@ class WorkerReplicationHandler:
         return {"typing-resend": self.typing.run, "receipt-wakeups": self.receipts.wakeups.run}
 
     async def on_rows(
+        self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
+    ) -> None:
+        with self._tracing.replication_batch(stream_name, instance_name, token, len(rows)):
+            await self._on_rows(stream_name, instance_name, token, rows)
+
+    async def _on_rows(
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
     ) -> None:
         self.rows_seen += len(rows)

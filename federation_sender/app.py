@@ -242,6 +242,8 @@ class Worker:
         metrics = Metrics(registry)
         provider = setup_tracing(settings.telemetry, instance_name=settings.instance_name)
         observer = TelemetryObserver(metrics, provider, clock)
+        if own_client is not None:
+            own_client.tracer = observer.tracing.tracer
         storage = NativeBackend(engine)
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
         manager = build_queue_manager(settings, storage, sender, clock, observer, shards)
@@ -325,6 +327,7 @@ class Worker:
             self.clock,
             self.metrics,
             on_events_token=self.observer.note_poke,
+            tracing=self.observer.tracing,
         )
         client = ReplicationClient(
             transport,

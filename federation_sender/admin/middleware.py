@@ -22,6 +22,11 @@ from aiohttp.typedefs import Middleware
 from federation_sender.admin.errors import AdminError, Codes, error_response
 
 log = logging.getLogger(__name__)
+audit = logging.getLogger("federation_sender.admin.audit")
+"""One line per admin action (every request that is not a read): who, what, result."""
+
+PRINCIPAL = web.RequestKey("admin_principal", str)
+"""Who made the request, as the audit line names them (never the token itself)."""
 
 ADMIN_PREFIX = "/_synapse/admin/"
 
@@ -54,6 +59,7 @@ def make_auth_middleware(token: str) -> Middleware:
             raise AdminError(401, Codes.MISSING_TOKEN, "Invalid Authorization header.")
         if not token_matches(presented.strip(), token):
             raise AdminError(401, Codes.UNKNOWN_TOKEN, "Unrecognised access token.")
+        request[PRINCIPAL] = "admin token"
         return await handler(request)
 
     return auth_middleware
@@ -81,6 +87,16 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # The top of a request: log with context and answer 500 rather than drop it.
         log.exception("admin request %s %s failed", request.method, request.path)
         response = error_response(500, Codes.UNKNOWN, "Internal server error")
-    if request.path.startswith(ADMIN_PREFIX) and not response.prepared:
-        response.headers.update(_CORS_HEADERS)
+    if request.path.startswith(ADMIN_PREFIX):
+        if not response.prepared:
+            response.headers.update(_CORS_HEADERS)
+        if request.method not in ("GET", "HEAD"):
+            _audit(request, response.status)
     return response
+
+
+def _audit(request: web.Request, status: int) -> None:
+    who = request.get(PRINCIPAL, "unauthenticated")
+    result = "ok" if status < 400 else "refused" if status < 500 else "failed"
+    audit.info("admin action by %s from %s: %s %s -> %d %s", who, request.remote,
+               request.method, request.path, status, result)

@@ -6,7 +6,9 @@ and must not raise. :class:`NoopObserver` is the default.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from federation_sender.queue.destination import DestinationState
@@ -14,6 +16,20 @@ from federation_sender.transport.result import Outcome
 
 
 class QueueObserver(Protocol):
+    def attempt(self, destination: str, txn_id: str, pdu_count: int, edu_count: int,
+                catchup: bool) -> AbstractContextManager[None]:
+        """Wraps one attempt, from sending to handing its result to the database
+        (``transaction_sent`` is called inside). Telemetry opens the transaction span
+        here: what runs inside (discovery, the HTTP request) becomes its children."""
+
+    def persisting(self, destination: str, committed: asyncio.Future[None]) -> None:
+        """Inside :meth:`attempt`: the result went to the group commit and
+        ``committed`` resolves when it is in the database (or fails)."""
+
+    def catchup_step(self, destination: str) -> AbstractContextManager[None]:
+        """Wraps one catch-up step: reading its plan (``catchup_progress`` is called
+        inside when there is one)."""
+
     def transaction_sent(
         self,
         destination: str,
@@ -53,6 +69,16 @@ class QueueObserver(Protocol):
 
 
 class NoopObserver:
+    def attempt(self, destination: str, txn_id: str, pdu_count: int, edu_count: int,
+                catchup: bool) -> AbstractContextManager[None]:
+        return nullcontext()
+
+    def persisting(self, destination: str, committed: asyncio.Future[None]) -> None:
+        pass
+
+    def catchup_step(self, destination: str) -> AbstractContextManager[None]:
+        return nullcontext()
+
     def transaction_sent(
         self,
         destination: str,

@@ -41,6 +41,7 @@ from federation_sender.queue.slots import Slots
 from federation_sender.queue.status import DestinationStatus
 from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import deadline, wait_or_timeout
+from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
     Outcome,
     SendResult,
@@ -185,7 +186,8 @@ class DestinationRunner:
 
     async def run(self) -> None:
         try:
-            await self._run()
+            with log_context(destination=self.destination):
+                await self._run()
         finally:
             self._finished = True
 
@@ -255,7 +257,8 @@ class DestinationRunner:
                     )
                 c.add_outbox(td, dl, exhausted)
             elif isinstance(step, NeedCatchup):
-                await self._catch_up(step, now)
+                with self.observer.catchup_step(self.destination):
+                    await self._catch_up(step, now)
             elif isinstance(step, Wait):
                 wait_s = max(0.0, (step.until_ms - now) / 1000.0)
                 if (
@@ -304,13 +307,24 @@ class DestinationRunner:
                 await self.store.persist(self.destination, eff, None, now)
 
     async def _send(self, txn: FrozenTxn) -> None:
-        c = self.core
         batch = txn.batch
         if batch and not self._may_send():
             log.info("no longer allowed to send to %s (lease lost); stopping its queue",
                      self.destination)
             self._stopping = True
             return
+        if not batch:
+            await self._send_spanned(txn)
+            return
+        with log_context(txn_id=txn.txn_id), self.observer.attempt(
+                self.destination, txn.txn_id, len(batch.pdus), len(batch.edus), batch.catchup):
+            await self._send_spanned(txn)
+
+    async def _send_spanned(self, txn: FrozenTxn) -> None:
+        """Send (or, for an empty catch-up batch, advance locally), then hand the
+        result to the group commit and report it."""
+        c = self.core
+        batch = txn.batch
         started_ms = time_ms(self.clock)
         if not batch:
             # A catch-up batch whose rooms had nothing to send: advance locally.
@@ -324,6 +338,7 @@ class DestinationRunner:
             )
             result = await self._attempt(request)
         now = time_ms(self.clock)
+        was_failing = c.backoff.retry_interval_ms > 0
         eff = c.on_result(txn, result, now)
         log_row = None
         if batch:
@@ -352,6 +367,8 @@ class DestinationRunner:
         fut = self.store.submit(self.destination, eff, log_row, now)
         if fut is not None:
             self._unpersisted.append(fut)
+            if batch:
+                self.observer.persisting(self.destination, fut)
         if batch:
             self.observer.transaction_sent(
                 self.destination,
@@ -365,7 +382,7 @@ class DestinationRunner:
                 result.duration_s,
                 batch.catchup,
             )
-        self._report(eff, result)
+        self._report(eff, result, was_failing)
 
     async def _attempt(self, request: Transaction) -> SendResult:
         """One attempt under a global slot, within the attempt deadline."""
@@ -395,17 +412,22 @@ class DestinationRunner:
         while q and (len(q) > keep or q[0].done()):
             await q.popleft()
 
-    def _report(self, eff: Effects, result: SendResult) -> None:
+    def _report(self, eff: Effects, result: SendResult, was_failing: bool) -> None:
         d = self.destination
         if eff.backoff is not None:
-            self.observer.backoff_changed(d, eff.backoff.retry_interval_ms / 1000.0)
-            if eff.backoff.retry_interval_ms:
-                log.info(
-                    "destination %s failed (%s); backing off %.0fs",
-                    d,
-                    result.error or result.outcome.value,
-                    eff.backoff.retry_interval_ms / 1000.0,
-                )
+            interval_s = eff.backoff.retry_interval_ms / 1000.0
+            self.observer.backoff_changed(d, interval_s)
+            if interval_s and not was_failing:
+                # Once per change of state: a destination down for a week would
+                # otherwise repeat this line on every retry.
+                log.warning("destination %s is failing (%s); backing off %gs, further "
+                            "failures are logged at DEBUG until it answers",
+                            d, result.error or result.outcome.value, interval_s)
+            elif interval_s:
+                log.debug("destination %s failed again (%s); backing off %gs",
+                          d, result.error or result.outcome.value, interval_s)
+            elif was_failing:
+                log.info("destination %s answers again; backoff cleared", d)
         for item, reason in eff.dropped:
             kind = "pdu" if isinstance(item, PduItem) else item.edu_type
             log.warning("dropping %s for %s: %s (last error: %s)",

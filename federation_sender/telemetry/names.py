@@ -47,6 +47,14 @@ TRANSACTION_OUTCOMES = ("success", "transient", "permanent", "too_large", "error
 SPAN_TRANSACTION = "federation.transaction"
 SPAN_CATCHUP_STEP = "federation.catchup_step"
 SPAN_REPLICATION_BATCH = "replication.batch"
+SPAN_DISCOVERY = "federation.discovery"
+"""Child of the transaction: finding where the destination is reached."""
+SPAN_HTTP_REQUEST = "HTTP PUT"
+"""Child of the transaction: one PUT /send to one target (OpenTelemetry's HTTP client
+span name is the method)."""
+SPAN_PERSIST = "db.persist_result"
+"""Child of the transaction: from handing its result to the group commit until the
+commit (the transaction log row, the destination's position or backoff, outbox rows)."""
 
 # --- span attributes ------------------------------------------------------------------------
 ATTR_DESTINATION = "matrix.destination"
@@ -63,3 +71,7 @@ ATTR_INSTANCE = "replication.instance"
 ATTR_TOKEN = "replication.token"
 ATTR_ROWS = "replication.rows"
 ATTR_SERVICE_INSTANCE = "service.instance.id"
+ATTR_HTTP_METHOD = "http.request.method"
+ATTR_SERVER_ADDRESS = "server.address"
+ATTR_SERVER_PORT = "server.port"
+ATTR_DB_SYSTEM = "db.system"

@@ -1,15 +1,21 @@
-"""Adapts the queue engine's :class:`QueueObserver` hooks to metrics and spans.
+"""Adapts the queue engine's :class:`QueueObserver` hooks to metrics, spans and logs.
 
-The queue reports each transaction attempt when it ends, with its duration; the span
-is recorded with explicit start and end times so traces show the real attempt.
+A transaction attempt is spanned while it runs (:meth:`TelemetryObserver.attempt`), so
+what runs inside it, the federation client's discovery and HTTP request spans, become
+its children; the database write of its result is a child that ends at the commit,
+after the attempt itself. A catch-up step's span covers reading its plan.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 
+from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
@@ -17,9 +23,13 @@ from federation_sender.clock import Clock
 from federation_sender.queue.destination import DestinationState
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.metrics import Metrics
+from federation_sender.telemetry.tracing import Tracing, TransactionSpan
 from federation_sender.transport.result import Outcome
 
 log = logging.getLogger("federation_sender.queue.events")
+
+_attempt: ContextVar[TransactionSpan | None] = ContextVar("federation_sender_attempt",
+                                                         default=None)
 
 
 class TelemetryObserver:
@@ -27,7 +37,7 @@ class TelemetryObserver:
 
     def __init__(self, metrics: Metrics, provider: TracerProvider | None, clock: Clock) -> None:
         self._metrics = metrics
-        self._tracer = provider.get_tracer("federation_sender.queue") if provider else None
+        self.tracing = Tracing(provider)
         self._clock = clock
         self.events_processed_total = 0
         self.last_position = 0
@@ -37,6 +47,35 @@ class TelemetryObserver:
         """The events stream announced ``token``: the clock starts for its lag."""
         if not self._pokes or token > self._pokes[-1][0]:
             self._pokes.append((token, self._clock.monotonic_s()))
+
+    @contextmanager
+    def attempt(self, destination: str, txn_id: str, pdu_count: int, edu_count: int,
+                catchup: bool) -> Iterator[None]:
+        with self.tracing.transaction_attempt(destination, txn_id, pdu_count=pdu_count,
+                                              edu_count=edu_count, catchup=catchup) as span:
+            token = _attempt.set(span)
+            try:
+                yield
+            finally:
+                _attempt.reset(token)
+
+    def persisting(self, destination: str, committed: asyncio.Future[None]) -> None:
+        span = self.tracing.tracer.start_span(
+            n.SPAN_PERSIST, attributes={n.ATTR_DESTINATION: destination})
+
+        def done(f: asyncio.Future[None]) -> None:
+            error = None if f.cancelled() else f.exception()
+            if f.cancelled() or error is not None:
+                span.set_status(Status(StatusCode.ERROR, type(error).__name__ if error
+                                       else "cancelled"))
+            span.end()
+
+        committed.add_done_callback(done)
+
+    @contextmanager
+    def catchup_step(self, destination: str) -> Iterator[None]:
+        with self.tracing.catchup_step(destination):
+            yield
 
     def transaction_sent(
         self,
@@ -54,27 +93,9 @@ class TelemetryObserver:
         self._metrics.transaction_finished(
             destination, outcome.value, pdu_count, edu_types, duration_s
         )
-        if self._tracer is None:
-            return
-        end_ns = int(self._clock.time_s() * 1e9)
-        start_ns = end_ns - int(max(0.0, duration_s) * 1e9)
-        span = self._tracer.start_span(
-            n.SPAN_TRANSACTION,
-            start_time=start_ns,
-            attributes={
-                n.ATTR_DESTINATION: destination,
-                n.ATTR_TXN_ID: txn_id,
-                n.ATTR_PDU_COUNT: pdu_count,
-                n.ATTR_EDU_COUNT: edu_count,
-                n.ATTR_CATCHUP: catchup,
-                n.ATTR_OUTCOME: outcome.value,
-            },
-        )
-        if http_status is not None:
-            span.set_attribute(n.ATTR_HTTP_STATUS, http_status)
-        if outcome is not Outcome.SUCCESS:
-            span.set_status(Status(StatusCode.ERROR, outcome.value))
-        span.end(end_time=end_ns)
+        span = _attempt.get()
+        if span is not None:
+            span.finish(outcome.value, http_status=http_status)
 
     def item_dropped(self, destination: str, item_type: str, reason: str) -> None:
         self._metrics.item_dropped(item_type, reason)
@@ -93,18 +114,9 @@ class TelemetryObserver:
 
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         self._metrics.catchup_step("success")
-        if self._tracer is not None:
-            now_ns = int(self._clock.time_s() * 1e9)
-            span = self._tracer.start_span(
-                n.SPAN_CATCHUP_STEP,
-                start_time=now_ns,
-                attributes={
-                    n.ATTR_DESTINATION: destination,
-                    n.ATTR_ROOMS: rooms,
-                    n.ATTR_EVENTS: pdus,
-                },
-            )
-            span.end(end_time=now_ns)
+        step = trace.get_current_span()  # called inside catchup_step
+        step.set_attribute(n.ATTR_ROOMS, rooms)
+        step.set_attribute(n.ATTR_EVENTS, pdus)
 
     def events_processed(self, count: int, position: int, fanned_out: int) -> None:
         self.events_processed_total += count

@@ -4,8 +4,11 @@ The provider is *not* installed globally: :class:`Tracing` wraps the provider it
 given (or a no-op one), so tests and several workers in one process stay isolated.
 The composition root may still call ``opentelemetry.trace.set_tracer_provider``.
 
-Spans (names in :mod:`.names`): one per transaction attempt, per catch-up step and per
-replication batch. The transaction and catch-up helpers also enter
+Spans (names in :mod:`.names`): one per transaction attempt (its children: discovery,
+the HTTP request, the database write of its result), per catch-up step (the database
+read of the plan) and per replication batch. Children find their parent through
+OpenTelemetry's context (a contextvar), so the client needs only the tracer. The
+transaction and catch-up helpers also enter
 :func:`~federation_sender.telemetry.logging.log_context`, so every log line written
 inside them carries the destination (and txn id).
 """
@@ -93,7 +96,9 @@ class Tracing:
     def __init__(self, provider: TracerProvider | None) -> None:
         self.provider = provider
         source: trace.TracerProvider = provider or trace.NoOpTracerProvider()
-        self._tracer = source.get_tracer("federation_sender")
+        self.tracer: trace.Tracer = source.get_tracer("federation_sender")
+        """For components that open their own child spans (the federation client)."""
+        self._tracer = self.tracer
 
     @contextmanager
     def transaction_attempt(self, destination: str, txn_id: str, *, pdu_count: int,

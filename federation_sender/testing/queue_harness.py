@@ -17,6 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
 from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.observer import NoopObserver
 from federation_sender.storage import schema as s
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.clock import FakeClock
@@ -29,7 +30,7 @@ ME = "local.test"
 ALICE = f"@alice:{ME}"
 
 
-class RecordingObserver:
+class RecordingObserver(NoopObserver):
     def __init__(self) -> None:
         self.sent: list[tuple[str, Outcome, int | None, int, int]] = []
         self.dropped: list[tuple[str, str, str]] = []

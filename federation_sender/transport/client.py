@@ -49,10 +49,12 @@ from types import TracebackType
 import aiohttp
 from aiohttp.abc import AbstractResolver
 from aiohttp.payload import BytesPayload
+from opentelemetry import trace
 from yarl import URL
 
 from federation_sender.clock import Clock
 from federation_sender.errors import FederationSenderError
+from federation_sender.telemetry import names
 from federation_sender.transport.addresses import (
     AddressFilter,
     FilteringResolver,
@@ -157,6 +159,9 @@ class FederationClient:
         self._literals: dict[str, bool] = {}
         self.requests = RequestBuilder(origin=server_name, key=signing_key, clock=clock)
         self.stats = TransportStats()
+        self.tracer: trace.Tracer = trace.NoOpTracer()
+        """Discovery and each HTTP request are spanned with it, as children of the
+        caller's current span (the transaction attempt)."""
 
     @property
     def server_name(self) -> str:
@@ -291,7 +296,9 @@ class FederationClient:
                 "%s rejected PDU %s in txn %s: %s", txn.destination, event_id, txn.txn_id, error
             )
         if result.outcome is not Outcome.SUCCESS:
-            logger.info(
+            # Per attempt, so DEBUG: the queue logs a WARNING once when a destination
+            # starts failing.
+            logger.debug(
                 "txn %s to %s: %s (%s)",
                 txn.txn_id,
                 txn.destination,
@@ -305,7 +312,9 @@ class FederationClient:
         if session is None:
             raise RuntimeError("FederationClient used before start()")
         try:
-            resolved = await self.resolve(destination)
+            with self.tracer.start_as_current_span(
+                    names.SPAN_DISCOVERY, attributes={names.ATTR_DESTINATION: destination}):
+                resolved = await self.resolve(destination)
         except (FederationSenderError, OSError, ValueError) as e:
             return classify_exception(e)
         last_failure: SendResult | None = None
@@ -313,21 +322,17 @@ class FederationClient:
             try:
                 if self._is_ip_literal(host):  # aiohttp's resolver never sees literals
                     self._filter.check(host)
-                async with session.put(
-                    self._url(host, port, prepared.path),
-                    # A ready payload skips aiohttp's lookup of a payload type per request.
-                    data=BytesPayload(prepared.body, content_type="application/json"),
-                    headers={
-                        "Host": resolved.host_header,
-                        "Authorization": prepared.authorization,
-                        "User-Agent": self._user_agent,
-                    },
-                    allow_redirects=False,
-                    server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
-                ) as response:
-                    content = await read_limited(response, self._max_response_bytes)
-                    # Case-insensitive already: classify looks up lower-case names.
-                    return classify_response(response.status, response.headers, content)
+                with self.tracer.start_as_current_span(
+                        names.SPAN_HTTP_REQUEST, kind=trace.SpanKind.CLIENT,
+                        attributes={names.ATTR_HTTP_METHOD: "PUT",
+                                    names.ATTR_SERVER_ADDRESS: host,
+                                    names.ATTR_SERVER_PORT: port}) as span:
+                    result = await self._put(session, host, port, resolved, prepared)
+                    if result.status is not None:
+                        span.set_attribute(names.ATTR_HTTP_STATUS, result.status)
+                        if result.status >= 400:
+                            span.set_status(trace.Status(trace.StatusCode.ERROR))
+                    return result
             except (aiohttp.ClientConnectorError, OSError) as e:
                 # Could not connect (or refused by policy): try the next SRV target.
                 last_failure = classify_exception(e)
@@ -337,6 +342,24 @@ class FederationClient:
                     return last_failure  # the connection broke after it was made
         assert last_failure is not None  # discovery always yields at least one target
         return last_failure
+
+    async def _put(self, session: aiohttp.ClientSession, host: str, port: int,
+                   resolved: ResolvedServer, prepared: PreparedRequest) -> SendResult:
+        async with session.put(
+            self._url(host, port, prepared.path),
+            # A ready payload skips aiohttp's lookup of a payload type per request.
+            data=BytesPayload(prepared.body, content_type="application/json"),
+            headers={
+                "Host": resolved.host_header,
+                "Authorization": prepared.authorization,
+                "User-Agent": self._user_agent,
+            },
+            allow_redirects=False,
+            server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
+        ) as response:
+            content = await read_limited(response, self._max_response_bytes)
+            # Case-insensitive already: classify looks up lower-case names.
+            return classify_response(response.status, response.headers, content)
 
 
     def _url(self, host: str, port: int, path: str) -> URL:

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from admin_helpers import AUTH, add_destinations, add_rooms
+from admin_helpers import AUTH, TOKEN, add_destinations, add_rooms
 from aiohttp.test_utils import TestClient
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -231,3 +231,24 @@ async def test_unknown_route_and_method(client: TestClient[Any, Any]) -> None:
     assert resp.status == 405 and (await resp.json())["errcode"] == "M_UNRECOGNIZED"
     resp = await client.get("/nothing")
     assert resp.status == 404 and (await resp.json())["errcode"] == "M_UNRECOGNIZED"
+
+
+async def test_every_admin_action_leaves_an_audit_line(
+        client: TestClient[Any, Any], five: None, queues: FakeQueueControl,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO", logger="federation_sender.admin.audit")
+    url = LIST + "/{}/reset_connection"
+    queues.set_state("alpha.org", "backing_off", pending_pdus=3)
+    assert (await client.post(url.format("alpha.org"), headers=AUTH)).status == 200
+    assert (await client.post(url.format("alpha.org"), headers=AUTH)).status == 400
+    assert (await client.post(url.format("alpha.org"),
+                              headers={"Authorization": "Bearer wrong"})).status == 401
+    await get(client, LIST)  # reads are not audited
+    lines = [r.getMessage() for r in caplog.records if r.name == "federation_sender.admin.audit"]
+    path = "/_synapse/admin/v1/federation/destinations/alpha.org/reset_connection"
+    assert [line.split(" from ")[0] for line in lines] == [
+        "admin action by admin token", "admin action by admin token",
+        "admin action by unauthenticated"]
+    assert [line.split(": ", 1)[1] for line in lines] == [
+        f"POST {path} -> 200 ok", f"POST {path} -> 400 refused", f"POST {path} -> 401 refused"]
+    assert not any(TOKEN in line or "wrong" in line for line in lines)

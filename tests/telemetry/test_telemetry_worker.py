@@ -1,0 +1,199 @@
+"""A whole worker in this process (SQLite, TCP replication from a stand-in main process,
+the real federation client to a loopback fake homeserver), looked at as an operator
+would: its trace tree, its log lines and its metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from federation_sender.app import Worker
+from federation_sender.clock import SystemClock
+from federation_sender.config import (
+    AdminSettings,
+    DatabaseSettings,
+    FederationSettings,
+    QueueSettings,
+    ReplicationSettings,
+    Settings,
+    TelemetrySettings,
+)
+from federation_sender.replication.rows import EventRow
+from federation_sender.replication.server import ReplicationWriter
+from federation_sender.replication.tcp import TcpReplicationServer
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.migrate import upgrade
+from federation_sender.telemetry import names as n
+from federation_sender.telemetry.logging import setup_logging
+from federation_sender.testing.fake_homeserver import FakeHomeserver
+from federation_sender.testing.queue_writer import HomeserverWriter, WrittenEvent
+
+LOCAL = "local.test"
+GOOD = "good.test"
+FLAKY = "flaky.test"
+ALICE = f"@alice:{LOCAL}"
+
+
+@dataclass
+class Run:
+    worker: Worker
+    hs: FakeHomeserver
+    writer: HomeserverWriter
+    repl: ReplicationWriter
+    spans: InMemorySpanExporter
+    log: io.StringIO
+
+    def announce(self, evs: list[WrittenEvent]) -> None:
+        for ev in evs:
+            token = self.repl.publish("events", EventRow(
+                ev.event_id, ev.room_id, "m.room.message", None, None, None, None, False,
+                False))
+            assert token == ev.stream_ordering
+
+    def log_lines(self) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in self.log.getvalue().splitlines()]
+
+
+async def until(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Real time: the worker, its HTTP and its database run on the real clock."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout_s
+    while not cond():
+        if loop.time() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+
+
+@pytest.fixture
+async def run(tmp_path: Path, restore_logging: None) -> AsyncIterator[Run]:
+    url = f"sqlite:///{tmp_path}/w.db"
+    engine = create_engine(url)
+    await upgrade(engine)
+    writer = await HomeserverWriter(engine, LOCAL).init()
+    repl = ReplicationWriter(LOCAL)
+    repl.add_stream("events", current=writer.stream_ordering)
+    server = TcpReplicationServer(repl, clock=SystemClock(), port=0)
+    await server.start()
+    hs = FakeHomeserver()
+    await hs.start()
+    telemetry = TelemetrySettings(metrics_port=None, tracing_exporter="console",
+                                  log_format="json", log_level="DEBUG")
+    settings = Settings(
+        server_name=LOCAL, instance_name="fed1", data_dir=str(tmp_path / "data"),
+        shutdown_deadline_s=1.0,
+        database=DatabaseSettings(url=url),
+        replication=ReplicationSettings(transport="tcp", host="127.0.0.1", port=server.port),
+        federation=FederationSettings(
+            signing_key_path=str(tmp_path / "data" / "signing.key"), use_tls=False,
+            ip_allow_list=["127.0.0.0/8"], request_timeout_s=5.0,
+            destination_overrides={d: f"127.0.0.1:{hs.port}" for d in (GOOD, FLAKY)}),
+        # Backoff past the catch-up threshold at once, so a failure leads to catch-up.
+        queue=QueueSettings(backoff_initial_s=0.3, backoff_jitter_min=1.0,
+                            backoff_jitter_max=1.0, catchup_threshold_s=0.1,
+                            wakeup_interval_s=0.2),
+        admin=AdminSettings(port=0, token="t0ken-for-tests"),
+        telemetry=telemetry,
+    )
+    log = io.StringIO()
+    setup_logging(telemetry, stream=log)
+    worker = await Worker.create(settings)
+    spans = InMemorySpanExporter()
+    provider = worker.observer.tracing.provider
+    assert provider is not None
+    provider.add_span_processor(SimpleSpanProcessor(spans))
+    await worker.start()
+    try:
+        yield Run(worker, hs, writer, repl, spans, log)
+    finally:
+        await worker.stop()
+        await hs.close()
+        await server.close()
+        await engine.dispose()
+
+
+def _by_id(spans: list[ReadableSpan]) -> dict[int, ReadableSpan]:
+    return {s.context.span_id: s for s in spans if s.context is not None}
+
+
+def _children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[str]:
+    assert parent.context is not None
+    return sorted(s.name for s in spans
+                  if s.parent is not None and s.parent.span_id == parent.context.span_id)
+
+
+def _duration_s(span: ReadableSpan) -> float:
+    assert span.start_time is not None and span.end_time is not None
+    return (span.end_time - span.start_time) / 1e9
+
+
+async def test_an_operator_sees_trees_contexts_and_state_changes(run: Run) -> None:
+    await until(lambda: run.worker.is_ready(), "the worker to connect")
+    run.hs.behave(FLAKY, status=503, times=3)
+    joins = [await run.writer.join("!r1:local.test", user)
+             for user in (ALICE, f"@bob:{GOOD}", f"@carol:{FLAKY}")]
+    evs = await run.writer.messages("!r1:local.test", ALICE, 3)
+    run.announce(joins + evs)
+    want = {e.event_id for e in evs}
+    try:
+      await until(lambda: want <= set(run.hs.received_event_ids(GOOD))
+                and want <= set(run.hs.received_event_ids(FLAKY)), "delivery to both")
+    except AssertionError:
+        print("LOGDUMP", run.log.getvalue(), run.hs.attempts)
+        raise
+    await until(lambda: any("answers again" in r["message"] for r in run.log_lines()),
+                "the recovery line")
+    spans = list(run.spans.get_finished_spans())
+
+    # Traces: each transaction attempt is a tree, not a flat list of roots.
+    txns = [s for s in spans if s.name == n.SPAN_TRANSACTION]
+    assert txns and all(s.parent is None for s in txns)
+    ok = [s for s in txns if s.attributes and s.attributes[n.ATTR_OUTCOME] == "success"]
+    assert ok
+    await until(lambda: all(_children(list(run.spans.get_finished_spans()), t)
+                            == [n.SPAN_HTTP_REQUEST, n.SPAN_PERSIST, n.SPAN_DISCOVERY]
+                            for t in ok), "the result commits")
+    spans = list(run.spans.get_finished_spans())
+    failed = [s for s in txns if s.attributes and s.attributes[n.ATTR_OUTCOME] == "transient"]
+    assert len(failed) >= 1
+    http = [s for s in spans if s.name == n.SPAN_HTTP_REQUEST
+            and s.parent is not None and s.parent.span_id == failed[0].context.span_id]
+    assert http and http[0].attributes is not None
+    assert http[0].attributes[n.ATTR_HTTP_STATUS] == 503
+    # Catch-up steps span their work; replication batches are spanned.
+    steps = [s for s in spans if s.name == n.SPAN_CATCHUP_STEP]
+    assert steps and all(_duration_s(s) > 0 for s in steps)
+    batches = [s for s in spans if s.name == n.SPAN_REPLICATION_BATCH]
+    assert batches and batches[0].attributes is not None
+    assert batches[0].attributes[n.ATTR_STREAM] == "events"
+
+    # Logs: every queue line names its destination; lines inside an attempt its txn.
+    lines = run.log_lines()
+    queue_lines = [r for r in lines if r["logger"].startswith("federation_sender.queue")]
+    assert queue_lines and all(r["destination"] for r in queue_lines), queue_lines
+    failing = [r for r in lines if "is failing" in r["message"]]
+    assert [(r["level"], r["destination"]) for r in failing] == [("WARNING", FLAKY)]
+    assert failing[0]["txn_id"]
+    again = [r for r in lines if "failed again" in r["message"]]
+    assert len(again) == 2 and {r["level"] for r in again} == {"DEBUG"}
+    assert not any(r["level"] == "WARNING" for r in lines if r["destination"] == GOOD)
+    assert any(r["message"].startswith("replication: connected to tcp://") for r in lines)
