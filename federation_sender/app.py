@@ -41,7 +41,6 @@ from federation_sender.admin.app import build_admin_app
 from federation_sender.admin.server import RunningServer, start_http_server
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
-from federation_sender.edus.stream_fetchers import stream_fetchers
 from federation_sender.errors import ConfigError
 from federation_sender.queue import QueueManager
 from federation_sender.replication.client import ReplicationClient
@@ -52,6 +51,7 @@ from federation_sender.storage.engine import create_engine, is_sqlite
 from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
+from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.supervisor import Supervisor
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.telemetry.metrics import Metrics, metrics_app, new_registry

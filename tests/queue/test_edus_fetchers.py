@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from federation_sender.edus.stream_fetchers import stream_fetchers
 from federation_sender.replication.positions import fetch_gap
 from federation_sender.replication.rows import DeviceListsRow, ToDeviceRow
+from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.testing.queue_harness import ALICE, Harness
 
 

@@ -13,9 +13,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.edus.receipts import ReceiptFanout
-from federation_sender.edus.stream_fetchers import stream_fetchers
 from federation_sender.replication.positions import fetch_gap
 from federation_sender.replication.rows import ReceiptsRow, parse_row
+from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.replication_tap import ReplicationTap
