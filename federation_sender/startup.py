@@ -13,13 +13,13 @@ import errno
 import logging
 from collections.abc import Awaitable
 
-from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.admin.server import RunningServer
 from federation_sender.clock import Clock
 from federation_sender.errors import StartupError
+from federation_sender.storage.engine import ping
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +46,7 @@ async def wait_for_database(
     where = _where(engine)
     for attempt in range(1, attempts + 1):
         try:
-            async with engine.connect() as conn:
-                await conn.execute(text("SELECT 1"))
+            await ping(engine)
             return
         except (OperationalError, DBAPIError, OSError) as e:
             reason = _reason(e)

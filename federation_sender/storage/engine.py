@@ -15,7 +15,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
@@ -147,3 +147,9 @@ async def run_in_transaction(
             async with engine.begin() as conn:
                 return await fn(conn)
     raise AssertionError("unreachable")  # pragma: no cover
+
+
+async def ping(engine: AsyncEngine) -> None:
+    """One round trip (``SELECT 1``); raises the driver's error when unreachable."""
+    async with engine.connect() as conn:
+        await conn.execute(text("SELECT 1"))
