@@ -238,12 +238,10 @@ class AdminQueueControl:
 
 
 def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
-    pending_dest = pdus = edus = backing = catching = in_flight = 0
+    pdus = edus = backing = catching = in_flight = 0
     for st in manager.statuses():
         pdus += st.pending_pdus
         edus += st.pending_edus
-        if st.pending_pdus or st.pending_edus or st.in_flight_txn_id:
-            pending_dest += 1
         if st.in_flight_txn_id:
             in_flight += 1
         if st.state is DestinationState.BACKING_OFF:
@@ -251,7 +249,7 @@ def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
         if st.catching_up:
             catching += 1
     return QueueSnapshot(
-        pending_destinations=pending_dest,
+        pending_destinations=manager.owed_destinations(),
         pending_pdus=pdus,
         pending_edus=edus,
         backing_off=backing,

@@ -244,6 +244,7 @@ class Worker:
         observer = TelemetryObserver(metrics, provider, clock)
         if own_client is not None:
             own_client.tracer = observer.tracing.tracer
+            own_client.request_counter = metrics
         storage = NativeBackend(engine)
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
         manager = build_queue_manager(settings, storage, sender, clock, observer, shards)

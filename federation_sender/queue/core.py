@@ -366,7 +366,10 @@ class DestinationCore:
 
     def _on_success(self, batch: Batch, result: SendResult, eff: Effects) -> None:
         self.current = None
-        self.last_error = None
+        if batch:
+            # Only an answer clears it: an empty catch-up step advancing locally says
+            # nothing about the destination.
+            self.last_error = None
         self._rate_limited = 0
         self.isolation.on_success(batch)
         eff.succeeded = bool(batch)

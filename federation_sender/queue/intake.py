@@ -187,19 +187,20 @@ class EventIntake:
         b = await self.storage.run(fn)
         self._remember(b.new_dests)
         self.position = b.new_position
-        n = self._hand_over(b.fanout, b.fan)
-        self.observer.events_processed(b.events, b.new_position, n)
+        n, pdus = self._hand_over(b.fanout, b.fan)
+        rooms = len({e.room_id for e, _ in b.fanout})
+        self.observer.events_processed(b.events, b.new_position, n, pdus=pdus, rooms=rooms)
         return n
 
     def _hand_over(
         self, fanout: Sequence[tuple[EventRow, tuple[str, ...]]], fan: _Fanout
-    ) -> int:
+    ) -> tuple[int, int]:
         """Give each of this shard's destinations its PDUs of the batch, in stream order.
 
         PDUs are grouped by recipient tuple ("segments"); a destination in one segment
         (the usual case) gets that segment's tuple itself, shared with every other
         destination in it, and one in several gets them merged. Returns the number of
-        PDUs handed over."""
+        (PDU, destination) pairs handed over and of PDUs with at least one."""
         segments: dict[int, tuple[tuple[str, ...], list[PduItem]]] = {}
         for e, all_dests in fanout:
             dests = fan.own(all_dests)
@@ -217,10 +218,11 @@ class EventIntake:
                 segments[id(dests)] = seg = (dests, [])
             seg[1].append(item)
         per_dest: dict[str, list[tuple[PduItem, ...]]] = {}
-        n = 0
+        n = pdus = 0
         for dests, items in segments.values():
             shared = tuple(items)
             n += len(dests) * len(shared)
+            pdus += len(shared)
             for d in dests:
                 got = per_dest.get(d)
                 if got is None:
@@ -232,7 +234,7 @@ class EventIntake:
                 self.enqueue(d, parts[0])
             else:
                 self.enqueue(d, tuple(heapq.merge(*parts, key=_stream_ordering)))
-        return n
+        return n, pdus
 
 
 async def _max_stream_ordering(tx: Tx) -> int:

@@ -127,6 +127,9 @@ class QueueManager:
         self._parked: dict[str, tuple[int, int]] = {}
         """destination -> (retry_at_ms, retry_interval_ms) of queues parked in a backoff"""
         self._needs_catchup: set[str] = set()
+        self._last_errors: dict[str, str] = {}
+        """The last error of destinations whose queue exited before a success, so the
+        next queue (and the status of a parked one) still shows it."""
         self._pdu_cache = PduCache()
         self._txn_base = _base36(time_ms(clock))
         self._txn_counter = itertools.count(1)
@@ -228,6 +231,7 @@ class QueueManager:
             catching_up=destination in self._needs_catchup,
             parse_pdu=self._pdu_cache,
         )
+        core.last_error = self._last_errors.get(destination)
         r = DestinationRunner(
             core,
             self.store,
@@ -274,6 +278,10 @@ class QueueManager:
             parked = r.retry_at_ms()
             if parked is not None:
                 self._parked[d] = parked
+            if r.core.last_error is None:
+                self._last_errors.pop(d, None)
+            else:
+                self._last_errors[d] = r.core.last_error
             if self._runners.get(d) is r:
                 del self._runners[d]
                 self._tasks.pop(d, None)
@@ -519,7 +527,7 @@ class QueueManager:
                 in_flight_txn_id=None,
                 in_flight_age_s=None,
                 in_flight_attempts=0,
-                last_error=None,
+                last_error=self._last_errors.get(destination),
                 next_retry_ts_ms=parked[0],
                 retry_interval_ms=parked[1],
                 catching_up=True,
@@ -535,6 +543,16 @@ class QueueManager:
             if s is not None:
                 out.append(s)
         return out
+
+    def owed_destinations(self) -> int:
+        """Destinations this instance owes something: items in memory or in flight, a
+        catch-up under way or due (parked in a backoff, or behind in the database)."""
+        owed = {*self._needs_catchup, *self._parked}
+        for d, r in self._runners.items():
+            c = r.core
+            if c.pending_pdus or c.pending_edus or c.current is not None or c.catching_up:
+                owed.add(d)
+        return len(owed)
 
     def oldest_in_flight_age_s(self) -> float | None:
         starts = [

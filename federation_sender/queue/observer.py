@@ -61,8 +61,11 @@ class QueueObserver(Protocol):
 
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None: ...
 
-    def events_processed(self, count: int, position: int, fanned_out: int) -> None:
-        """The intake finished a batch: events read, new position, PDUs enqueued."""
+    def events_processed(self, count: int, position: int, fanned_out: int, *,
+                         pdus: int = 0, rooms: int = 0) -> None:
+        """The intake finished a batch: events read, new position, (PDU, destination)
+        pairs enqueued, PDUs enqueued for at least one destination, rooms of the
+        batch's sendable events."""
 
     def queues_changed(self, active: int) -> None:
         """The number of live destination queues changed."""
@@ -111,7 +114,8 @@ class NoopObserver:
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         pass
 
-    def events_processed(self, count: int, position: int, fanned_out: int) -> None:
+    def events_processed(self, count: int, position: int, fanned_out: int, *,
+                         pdus: int = 0, rooms: int = 0) -> None:
         pass
 
     def queues_changed(self, active: int) -> None:

@@ -34,7 +34,8 @@ class QueueSnapshot:
     """Whole-queue figures, computed by the queue manager at scrape time."""
 
     pending_destinations: int = 0
-    """Destinations with something queued or in flight (Synapse: transmission loop running)."""
+    """Destinations owed events or EDUs: queued, in flight, or a catch-up under way or due
+    (Synapse: transmission loop running, which it is until the destination is caught up)."""
     pending_pdus: int = 0
     pending_edus: int = 0
     backing_off: int = 0
@@ -45,7 +46,7 @@ class QueueSnapshot:
 
 _SNAPSHOT_GAUGES: tuple[tuple[str, str, str], ...] = (
     (n.PENDING_DESTINATIONS, "pending_destinations",
-     "Destinations with PDUs or EDUs queued or a transaction in flight"),
+     "Destinations owed PDUs or EDUs (queued, in flight, or to catch up)"),
     (n.PENDING_PDUS, "pending_pdus", "PDUs queued in memory for all destinations"),
     (n.PENDING_EDUS, "pending_edus", "EDUs queued in memory for all destinations"),
     (n.DESTINATIONS_BACKING_OFF, "backing_off", "Destinations waiting out a backoff"),
@@ -98,8 +99,22 @@ class Metrics:
         r = registry
         self._sent_txns = Counter(n.SENT_TRANSACTIONS, "Transactions sent successfully",
                                   registry=r)
-        self._sent_pdus = Counter(n.SENT_PDUS, "PDUs sent, counted per destination",
-                                  registry=r)
+        self._sent_pdus = Counter(n.SENT_PDUS, "PDUs queued for sending, counted per "
+                                  "destination", registry=r)
+        self._sent_pdus_count = Counter(n.SENT_PDUS_COUNT, "PDUs queued for sending to one "
+                                        "or more destinations", registry=r)
+        self._delivered_pdus = Counter(n.DELIVERED_PDUS, "PDUs in accepted transactions, "
+                                       "counted per destination", registry=r)
+        self._events_processed = Counter(n.EVENTS_PROCESSED, "Events read by the fan-out",
+                                         registry=r)
+        self._loops = Counter(n.EVENT_PROCESSING_LOOP_COUNT, "Event processing loop "
+                              "iterations", ["name"], registry=r)
+        self._loop_rooms = Counter(n.EVENT_PROCESSING_LOOP_ROOM_COUNT, "Rooms seen per "
+                                   "event processing loop iteration", ["name"], registry=r)
+        self._http_requests = Counter(n.HTTP_REQUESTS, "Outgoing federation requests",
+                                      ["method"], registry=r)
+        self._http_responses = Counter(n.HTTP_RESPONSES, "Responses to outgoing federation "
+                                       "requests", ["method", "code"], registry=r)
         self._sent_edus = Counter(n.SENT_EDUS, "EDUs sent", registry=r)
         self._sent_edus_by_type = Counter(n.SENT_EDUS_BY_TYPE, "EDUs sent, by EDU type",
                                           ["type"], registry=r)
@@ -141,6 +156,9 @@ class Metrics:
         r.register(self._snapshot)
         for outcome in n.TRANSACTION_OUTCOMES:
             self._attempts.labels(outcome)  # export zeros so rate() works from the start
+        self._loops.labels(n.EVENT_PROCESSING_NAME)
+        self._loop_rooms.labels(n.EVENT_PROCESSING_NAME)
+        self._http_requests.labels("PUT")
 
     def set_snapshot_source(self, source: Callable[[], QueueSnapshot] | None) -> None:
         """Gauges of whole-queue state come from ``source()`` at each scrape."""
@@ -164,7 +182,7 @@ class Metrics:
             return
         self._sent_txns.inc()
         if pdu_count:
-            self._sent_pdus.inc(pdu_count)
+            self._delivered_pdus.inc(pdu_count)
         total_edus = 0
         for edu_type, count in edu_counts_by_type.items():
             if count:
@@ -172,6 +190,22 @@ class Metrics:
                 total_edus += count
         if total_edus:
             self._sent_edus.inc(total_edus)
+
+    def events_fanned_out(self, events: int, rooms: int, pdus: int,
+                          pdu_destinations: int) -> None:
+        """One fan-out batch: ``events`` read, in ``rooms`` rooms; ``pdus`` of them
+        queued for ``pdu_destinations`` (PDU, destination) pairs."""
+        self._events_processed.inc(events)
+        self._loops.labels(n.EVENT_PROCESSING_NAME).inc()
+        self._loop_rooms.labels(n.EVENT_PROCESSING_NAME).inc(rooms)
+        self._sent_pdus_count.inc(pdus)
+        self._sent_pdus.inc(pdu_destinations)
+
+    def http_request(self, method: str) -> None:
+        self._http_requests.labels(method).inc()
+
+    def http_response(self, method: str, code: int) -> None:
+        self._http_responses.labels(method, str(code)).inc()
 
     def item_dropped(self, kind: str, reason: str, count: int = 1) -> None:
         """``kind``: ``pdu`` or an EDU type; ``reason``: e.g. ``too_large``,

@@ -118,7 +118,9 @@ class TelemetryObserver:
         step.set_attribute(n.ATTR_ROOMS, rooms)
         step.set_attribute(n.ATTR_EVENTS, pdus)
 
-    def events_processed(self, count: int, position: int, fanned_out: int) -> None:
+    def events_processed(self, count: int, position: int, fanned_out: int, *,
+                         pdus: int = 0, rooms: int = 0) -> None:
+        self._metrics.events_fanned_out(count, rooms, pdus, fanned_out)
         self.events_processed_total += count
         self.last_position = position
         announced: float | None = None

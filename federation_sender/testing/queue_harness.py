@@ -67,9 +67,6 @@ class RecordingObserver(NoopObserver):
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         pass
 
-    def events_processed(self, count: int, position: int, fanned_out: int) -> None:
-        pass
-
     def queues_changed(self, active: int) -> None:
         pass
 

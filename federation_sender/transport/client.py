@@ -45,6 +45,7 @@ import logging
 import ssl
 from collections.abc import Mapping, Sequence
 from types import TracebackType
+from typing import Protocol
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -90,6 +91,14 @@ class TransportStats:
     outcomes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     pdu_errors: int = 0
     request_bytes: int = 0
+
+
+class RequestCounter(Protocol):
+    """Counts requests and responses (Synapse's ``matrixfederationclient`` metrics)."""
+
+    def http_request(self, method: str) -> None: ...
+
+    def http_response(self, method: str, code: int) -> None: ...
 
 
 class FederationClient:
@@ -159,6 +168,7 @@ class FederationClient:
         self._literals: dict[str, bool] = {}
         self.requests = RequestBuilder(origin=server_name, key=signing_key, clock=clock)
         self.stats = TransportStats()
+        self.request_counter: RequestCounter | None = None
         self.tracer: trace.Tracer = trace.NoOpTracer()
         """Discovery and each HTTP request are spanned with it, as children of the
         caller's current span (the transaction attempt)."""
@@ -345,6 +355,9 @@ class FederationClient:
 
     async def _put(self, session: aiohttp.ClientSession, host: str, port: int,
                    resolved: ResolvedServer, prepared: PreparedRequest) -> SendResult:
+        counter = self.request_counter
+        if counter is not None:
+            counter.http_request("PUT")
         async with session.put(
             self._url(host, port, prepared.path),
             # A ready payload skips aiohttp's lookup of a payload type per request.
@@ -357,6 +370,8 @@ class FederationClient:
             allow_redirects=False,
             server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
         ) as response:
+            if counter is not None:
+                counter.http_response("PUT", response.status)
             content = await read_limited(response, self._max_response_bytes)
             # Case-insensitive already: classify looks up lower-case names.
             return classify_response(response.status, response.headers, content)

@@ -226,3 +226,27 @@ async def test_a_success_resets_a_backoff_another_instance_wrote(h: Harness) -> 
     assert len(h.fake.accepted(D)) == 2
     row = await h.dest_row(D)
     assert row.retry_interval == 0 and row.failure_ts is None
+
+
+async def test_the_last_error_is_kept_through_catch_up_until_a_success(h: Harness) -> None:
+    """A destination past the catch-up threshold: its queue drops its items, walks an
+    empty catch-up step and parks; the error stays visible until an answer clears it."""
+    from dataclasses import replace
+
+    h.settings = replace(h.settings, catchup_threshold_s=300.0, idle_queue_ttl_s=1.0)
+    await start_with_room(h)
+    h.fake.behave(D, status=503)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    await h.advance(2)  # past the idle TTL: the queue exits and is parked
+    st = h.m.status(D)
+    assert st is not None and st.catching_up and st.state is DestinationState.BACKING_OFF
+    assert D not in {s.destination for s in h.m.statuses() if s.in_flight_txn_id}
+    assert st.last_error == "HTTP 503 M_UNKNOWN"
+    h.fake.behave(D)
+    await h.advance(st.retry_interval_ms / 1000)
+    await eventually(lambda: bool(h.fake.accepted(D)), what="delivery after the backoff")
+    await h.settle()
+    st = h.m.status(D)
+    assert st is None or st.last_error is None

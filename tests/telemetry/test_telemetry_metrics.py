@@ -25,7 +25,7 @@ def test_transaction_outcomes_feed_synapse_and_own_counters() -> None:
     m.transaction_finished("b.org", "success", 0, {"m.typing": 1, "m.presence": 0}, 0.05)
     m.transaction_finished("c.org", "transient", 7, {"m.typing": 4}, 30.0)
     assert value(reg, n.SENT_TRANSACTIONS + "_total") == 2
-    assert value(reg, n.SENT_PDUS + "_total") == 3
+    assert value(reg, n.DELIVERED_PDUS + "_total") == 3
     assert value(reg, n.SENT_EDUS + "_total") == 4
     assert value(reg, n.SENT_EDUS_BY_TYPE + "_total", type="m.typing") == 3
     assert value(reg, n.SENT_EDUS_BY_TYPE + "_total", type="m.presence") is None

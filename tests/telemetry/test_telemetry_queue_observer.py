@@ -34,4 +34,4 @@ def test_transaction_outcomes_are_counted() -> None:
                          0.2, False)
     obs.transaction_sent("d.test", "t2", Outcome.TRANSIENT, None, 3, 1, {}, 100, 1.0, False)
     assert registry.get_sample_value(n.SENT_TRANSACTIONS + "_total") == 1
-    assert registry.get_sample_value(n.SENT_PDUS + "_total") == 3
+    assert registry.get_sample_value(n.DELIVERED_PDUS + "_total") == 3

@@ -148,12 +148,19 @@ def _duration_s(span: ReadableSpan) -> float:
 
 async def test_an_operator_sees_trees_contexts_and_state_changes(run: Run) -> None:
     await until(lambda: run.worker.is_ready(), "the worker to connect")
-    run.hs.behave(FLAKY, status=503, times=3)
+    run.hs.behave(FLAKY, status=503)
     joins = [await run.writer.join("!r1:local.test", user)
              for user in (ALICE, f"@bob:{GOOD}", f"@carol:{FLAKY}")]
     evs = await run.writer.messages("!r1:local.test", ALICE, 3)
     run.announce(joins + evs)
     want = {e.event_id for e in evs}
+    await until(lambda: want <= set(run.hs.received_event_ids(GOOD))
+                and len(run.hs.attempts[FLAKY]) >= 3, "three refused attempts")
+    # While it fails: owed events, and its last error, kept through catch-up and parking.
+    await until(lambda: _status_error(run) is not None, "the parked queue's error")
+    assert "503" in str(_status_error(run))
+    assert run.worker.metrics.registry.get_sample_value(n.PENDING_DESTINATIONS) == 1
+    run.hs.behave(FLAKY)
     try:
       await until(lambda: want <= set(run.hs.received_event_ids(GOOD))
                 and want <= set(run.hs.received_event_ids(FLAKY)), "delivery to both")
@@ -194,6 +201,51 @@ async def test_an_operator_sees_trees_contexts_and_state_changes(run: Run) -> No
     assert [(r["level"], r["destination"]) for r in failing] == [("WARNING", FLAKY)]
     assert failing[0]["txn_id"]
     again = [r for r in lines if "failed again" in r["message"]]
-    assert len(again) == 2 and {r["level"] for r in again} == {"DEBUG"}
+    assert len(again) >= 2 and {r["level"] for r in again} == {"DEBUG"}
+    refused = sum(1 for t in run.hs.attempts[FLAKY] if t.status == 503)
+    assert len(again) == refused - 1
     assert not any(r["level"] == "WARNING" for r in lines if r["destination"] == GOOD)
     assert any(r["message"].startswith("replication: connected to tcp://") for r in lines)
+
+
+def _status_error(run: Run) -> str | None:
+    st = run.worker.manager.status(FLAKY)
+    return None if st is None else st.last_error
+
+
+def _sample(run: Run, metric: str, **labels: str) -> float:
+    value = run.worker.metrics.registry.get_sample_value(metric, labels)
+    return 0.0 if value is None else value
+
+
+async def test_synapse_dashboard_metrics(run: Run) -> None:
+    await until(lambda: run.worker.is_ready(), "the worker to connect")
+    run.hs.behave(FLAKY, status=503, times=2)
+    joins = [await run.writer.join(room, user) for room in ("!a:local.test", "!b:local.test")
+             for user in (ALICE, f"@bob:{GOOD}", f"@carol:{FLAKY}")]
+    evs = await run.writer.messages_in_rooms([("!a:local.test", ALICE), ("!b:local.test",
+                                                                          ALICE)] * 2)
+    run.announce(joins + evs)
+    want = {e.event_id for e in evs}
+    await until(lambda: all(want <= set(run.hs.received_event_ids(d)) for d in (GOOD, FLAKY)),
+                "delivery")
+    await until(lambda: _sample(run, n.PENDING_DESTINATIONS) == 0, "nothing owed")
+    # Synapse's meanings: events read; (PDU, destination) pairs and PDUs queued; batches
+    # and the rooms in them.
+    assert _sample(run, n.EVENTS_PROCESSED + "_total") == len(joins) + len(evs)
+    # Only our own users' events are sent: the messages, each to both remotes (Alice
+    # joined first, alone; the others' joins are theirs to send).
+    assert _sample(run, n.SENT_PDUS_COUNT + "_total") == len(evs)
+    assert _sample(run, n.SENT_PDUS + "_total") == 2 * len(evs)
+    loops = _sample(run, n.EVENT_PROCESSING_LOOP_COUNT + "_total", name="federation_sender")
+    assert loops >= 1
+    rooms = _sample(run, n.EVENT_PROCESSING_LOOP_ROOM_COUNT + "_total",
+                    name="federation_sender")
+    assert loops <= rooms <= 2 * loops
+    # One request per attempt (one target each), every response counted by code.
+    attempts = sum(len(run.hs.attempts[d]) for d in (GOOD, FLAKY))
+    assert _sample(run, n.HTTP_REQUESTS + "_total", method="PUT") == attempts
+    assert _sample(run, n.HTTP_RESPONSES + "_total", method="PUT", code="503") == 2
+    assert _sample(run, n.HTTP_RESPONSES + "_total", method="PUT", code="200") == attempts - 2
+    delivered = sum(len(t.event_ids) for d in (GOOD, FLAKY) for t in run.hs.accepted(d))
+    assert _sample(run, n.DELIVERED_PDUS + "_total") == delivered
