@@ -28,9 +28,11 @@ def main() -> None:
     store = hs.get_datastores().main
 
     async def run() -> Any:
-        if what == "device_lists":
-            dest, frm, limit = args
-            return await store.get_device_updates_by_remote(dest, int(frm), int(limit))
+        if what == "device_lists":  # LIMIT may be a comma-separated list: one answer each
+            dest, frm, limits = args
+            answers = [await store.get_device_updates_by_remote(dest, int(frm), int(limit))
+                       for limit in limits.split(",")]
+            return answers if "," in limits else answers[0]
         if what == "device_lists_drain":
             dest, limit = args
             windows, position = [], 0
