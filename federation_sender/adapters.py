@@ -82,6 +82,9 @@ class WorkerReplicationHandler:
         self.receipts = ReceiptFanout(server_name, hosts, manager, clock)
         self.presence = presence
         """Presence streams are consumed when the backend has presence (Synapse)."""
+        self.tokens: dict[str, int] = {}
+        """The latest token of each stream whose rows were handled: everything of that
+        stream at or below it is committed (Synapse bounds its outbox reads by these)."""
 
     def background(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """Loops to run beside the replication client (typing re-sends, receipt
@@ -98,6 +101,7 @@ class WorkerReplicationHandler:
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
     ) -> None:
         self.rows_seen += len(rows)
+        self.tokens[stream_name] = token
         if self._metrics is not None:
             self._metrics.replication_batch(stream_name, len(rows))
             # Rows of the other streams are handled before this call returns; the events

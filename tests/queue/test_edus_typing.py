@@ -57,6 +57,7 @@ async def test_local_typers_reach_every_current_host(h: Harness) -> None:
     await handler.on_rows("typing", "master", 2, [TypingRow("!a:l", (BOB,))])
     await h.settle()
     assert typing_edus(h, "r1.test") == [(ALICE, True), (ALICE, False)]
+    assert handler.tokens == {"typing": 2}
 
 
 async def test_a_newer_state_replaces_a_queued_one_per_room_and_user(h: Harness) -> None:
