@@ -46,6 +46,9 @@ class EventRow:
     """Out-of-band (never sent as a new PDU)."""
     rejected: bool
     json: str
+    send_on_behalf_of: str | None = None
+    """A join made through us by another server (Synapse's internal metadata): sent
+    although its sender is remote, to everyone but that server."""
 
 
 @dataclass(frozen=True, slots=True)

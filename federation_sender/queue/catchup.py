@@ -39,8 +39,13 @@ __all__ = [
 
 
 def is_sendable(e: EventRow, server_name: str) -> bool:
-    """Originates here and is not out-of-band (nor rejected)."""
-    return not e.outlier and not e.rejected and server_of(e.sender) == server_name
+    """Originates here (or is a join another server made through us) and is not
+    out-of-band (nor rejected)."""
+    return (
+        not e.outlier
+        and not e.rejected
+        and (server_of(e.sender) == server_name or e.send_on_behalf_of is not None)
+    )
 
 
 def is_membership_of(e: EventRow, destination: str) -> bool:

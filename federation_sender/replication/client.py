@@ -46,7 +46,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -105,6 +105,7 @@ class ReplicationClient:
         rng: random.Random | None = None,
         streams: Collection[str] | None = None,
         backoff: Backoff = DEFAULT_BACKOFF,
+        announce: Callable[[], Sequence[c.Command]] | None = None,
     ) -> None:
         self._transport = transport
         self.instance_name = instance_name
@@ -119,6 +120,9 @@ class ReplicationClient:
             if streams is None or name in streams
         }
         self._backoff = backoff
+        self._announce = announce
+        """Positions of the streams we write (Synapse: ``POSITION caches <us> ..``), sent
+        after connecting and in answer to every REPLICATE, as a Synapse process does."""
         self._positions: StreamPositions | None = None
         self._session: Session | None = None
         self._last_federation_ack: int | None = None
@@ -207,9 +211,15 @@ class ReplicationClient:
         session.send(c.ReplicateCommand(offer))
         if self._last_federation_ack is not None:
             session.send(c.FederationAckCommand(self.instance_name, self._last_federation_ack))
+        self._send_announcements()
         self.connected.set()
         logger.info("replication: connected to %s as %s", self._transport.description,
                     self.instance_name)
+
+    def _send_announcements(self) -> None:
+        if self._announce is not None:
+            for command in self._announce():
+                self.send(command)
 
     # --- dispatch ------------------------------------------------------------------
 
@@ -264,6 +274,8 @@ class ReplicationClient:
                     command.history_id,
                     command.start_token,
                 )
+        elif isinstance(command, c.ReplicateCommand):
+            self._send_announcements()
         elif isinstance(command, c.RemoteServerUpCommand):
             await self._handler.on_remote_server_up(command.server)
         elif isinstance(command, c.ErrorCommand):

@@ -4,8 +4,9 @@ Our tables (transaction log, sharding, replication positions) live in the Postgr
 schema ``federation_sender``, created and migrated by alembic with its version table
 in that schema too. Every connection of ours puts that schema first on its
 ``search_path`` (before whatever the deployment's path is), so the package's queries on
-``federation_transaction_log`` or ``stream_positions`` find ours, and every other name
-resolves to Synapse's tables exactly as Synapse's own connections see them.
+``federation_transaction_log`` find ours, and every other name resolves to Synapse's
+tables exactly as Synapse's own connections see them (none of our names is also a
+Synapse table's).
 ``migrate`` therefore never creates or alters a Synapse table; a test compares every
 Synapse table and column before and after.
 

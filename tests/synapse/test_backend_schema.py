@@ -73,14 +73,15 @@ async def test_migrate_creates_only_our_schema(synapse_engine: AsyncEngine) -> N
             "federation_transaction_log",
             "federation_sender_instances",
             "destination_leases",
-            "stream_positions",
+            "replication_positions",
         }
         # Unqualified names: ours first, Synapse's for everything else.
         where = text(
             "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
             "WHERE c.oid = CAST(:t AS regclass)"
         )
-        assert (await conn.execute(where, {"t": "stream_positions"})).scalar() == OWN_SCHEMA
+        assert (await conn.execute(where, {"t": "replication_positions"})).scalar() == OWN_SCHEMA
+        assert (await conn.execute(where, {"t": "stream_positions"})).scalar() == "public"
         assert (await conn.execute(where, {"t": "destinations"})).scalar() == "public"
         assert (await conn.execute(where, {"t": "federation_stream_position"})).scalar() == (
             "public"

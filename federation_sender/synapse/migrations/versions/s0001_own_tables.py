@@ -4,9 +4,10 @@ Revision ID: s0001
 Revises:
 Create Date: 2026-11-23
 
-The transaction log, sharding registry and leases, and the replication client's
-positions (``stream_positions`` here shadows Synapse's table of that name on our
-connections' search path, so Synapse's own rows are never touched).
+The transaction log, the sharding registry and leases, and the replication client's
+positions (``replication_positions``: not Synapse's ``stream_positions``, whose rows
+belong to Synapse's id generators). No name here is also a Synapse table's, so nothing
+of Synapse's is shadowed on our connections' search path.
 """
 
 from __future__ import annotations
@@ -67,17 +68,17 @@ def upgrade() -> None:
         schema=SCHEMA,
     )
     op.create_table(
-        "stream_positions",
+        "replication_positions",
         sa.Column("stream_name", sa.Text(), nullable=False),
         sa.Column("instance_name", sa.Text(), nullable=False),
         sa.Column("stream_id", sa.BigInteger(), nullable=False),
-        sa.PrimaryKeyConstraint("stream_name", "instance_name", name="pk_stream_positions"),
+        sa.PrimaryKeyConstraint("stream_name", "instance_name", name="pk_replication_positions"),
         schema=SCHEMA,
     )
 
 
 def downgrade() -> None:
-    op.drop_table("stream_positions", schema=SCHEMA)
+    op.drop_table("replication_positions", schema=SCHEMA)
     op.drop_table("destination_leases", schema=SCHEMA)
     op.drop_table("federation_sender_instances", schema=SCHEMA)
     op.drop_index(

@@ -1,0 +1,308 @@
+"""The Synapse backend: the storage Protocols over a Synapse 1.163 database.
+
+:class:`SynapseBackend` owns what outlives a transaction: the engine (its connections
+see our schema first, :mod:`.database`), the state-group hosts cache, Synapse's Redis
+external cache, and the hand-off of signals for other processes. Each
+:meth:`SynapseBackend.run` gives the function a :class:`SynapseTx`; cache invalidations
+and "server came back" signals it records are emitted only after the commit (a
+rolled-back or retried transaction emits nothing), through ``on_signals``, which the
+worker connects to its replication client.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import TypeVar
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from federation_sender.clock import Clock, time_ms
+from federation_sender.model import (
+    DestinationOrder,
+    DestinationRow,
+    DeviceListRow,
+    Direction,
+    EventRow,
+    MembershipRow,
+    ToDeviceRow,
+    TxnLogRow,
+)
+from federation_sender.storage import txlog
+from federation_sender.storage.admin_queries import AdminQueries
+from federation_sender.storage.engine import run_in_transaction
+from federation_sender.storage.protocols import Tx
+from federation_sender.synapse import events as ev
+from federation_sender.synapse import reads
+from federation_sender.synapse import writes as wr
+from federation_sender.synapse.config import SynapseConfig
+from federation_sender.synapse.hosts import (
+    ExternalCache,
+    StateGroupHostsCache,
+    SynapseHostsReader,
+)
+from federation_sender.synapse.schema import cache_invalidation_stream_by_instance
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class SynapseBackend:
+    """Implements :class:`federation_sender.storage.protocols.Backend`."""
+
+    name = "synapse"
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        syn: SynapseConfig,
+        instance_name: str,
+        clock: Clock,
+        external: ExternalCache | None = None,
+    ) -> None:
+        self.engine = engine
+        self.syn = syn
+        self.instance_name = instance_name
+        self.clock = clock
+        self.external = external
+        self.groups = StateGroupHostsCache()
+        self.on_signals: Callable[[wr.PendingSignals], None] | None = None
+        self.caches_position = 0
+        """The highest cache invalidation stream id we wrote (POSITION caches)."""
+        self.positions_reset = False
+
+    async def load_caches_position(self) -> int:
+        t = cache_invalidation_stream_by_instance
+
+        async def fn(conn: AsyncConnection) -> int:
+            v = (
+                await conn.execute(
+                    select(func.max(t.c.stream_id)).where(t.c.instance_name == self.instance_name)
+                )
+            ).scalar()
+            return int(v or 0)
+
+        self.caches_position = max(self.caches_position, await run_in_transaction(self.engine, fn))
+        return self.caches_position
+
+    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        signals: list[wr.PendingSignals] = []
+
+        async def in_tx(conn: AsyncConnection) -> T:
+            signals.clear()
+            s = wr.PendingSignals()
+            signals.append(s)
+            return await fn(SynapseTx(conn, self, s))
+
+        result = await run_in_transaction(self.engine, in_tx)
+        if signals and (signals[0].invalidations or signals[0].servers_up):
+            s = signals[0]
+            for stream_id, *_ in s.invalidations:
+                self.caches_position = max(self.caches_position, stream_id)
+            if self.on_signals is not None:
+                self.on_signals(s)
+        return result
+
+
+class SynapseTx:
+    """Implements :class:`federation_sender.storage.protocols.Tx`."""
+
+    __slots__ = (
+        "admin", "catchup", "destinations", "events", "hosts", "outbox", "positions", "txlog",
+    )
+
+    def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: wr.PendingSignals) -> None:
+        self.events = _Events(conn)
+        self.hosts = SynapseHostsReader(conn, b.groups, b.external, b.syn.domain_allowed)
+        self.destinations = _Destinations(conn, b, s)
+        self.catchup = _CatchUp(conn)
+        self.outbox = _Outbox(conn)
+        self.positions = _Positions(conn, b)
+        self.txlog = _TxnLog(conn)
+        self.admin = AdminQueries(conn)
+
+
+class _Events:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def max_stream_ordering(self) -> int:
+        return await ev.max_stream_ordering(self._c)
+
+    async def events_after(self, after: int, upto: int, limit: int) -> list[EventRow]:
+        return await ev.events_after(self._c, after, upto, limit)
+
+    async def events_at(self, stream_orderings: Collection[int]) -> dict[int, EventRow]:
+        return await ev.events_at(self._c, stream_orderings)
+
+    async def room_events_between(
+        self, room_ids: Collection[str], after: int, upto: int, per_room_limit: int
+    ) -> dict[str, list[EventRow]]:
+        return await ev.room_events_between(self._c, room_ids, after, upto, per_room_limit)
+
+    async def forward_extremities(self, room_ids: Collection[str]) -> dict[str, list[EventRow]]:
+        return await ev.forward_extremities(self._c, room_ids)
+
+    async def partial_state(self, room_ids: Collection[str]) -> set[str]:
+        return await ev.partial_state(self._c, room_ids)
+
+
+class _Destinations:
+    __slots__ = ("_b", "_c", "_s")
+
+    def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: wr.PendingSignals) -> None:
+        self._c = conn
+        self._b = b
+        self._s = s
+
+    async def get_destination(self, destination: str) -> DestinationRow | None:
+        return (await wr.get_destinations(self._c, [destination])).get(destination)
+
+    async def get_destinations(self, names: Collection[str]) -> dict[str, DestinationRow]:
+        return await wr.get_destinations(self._c, names)
+
+    async def ensure_destinations(self, names: Collection[str]) -> None:
+        await wr.ensure_destinations(self._c, names)
+
+    async def set_retry_timings(
+        self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
+    ) -> None:
+        await wr.set_retry_timings(
+            self._c, self._s, self._b.instance_name, time_ms(self._b.clock),
+            destination, failure_ts, retry_last_ts, retry_interval,
+        )
+
+    async def clear_retry(self, destination: str) -> bool:
+        row = await self.get_destination(destination)
+        if row is None or not row.retry_interval:
+            return False
+        return await wr.set_retry_timings(
+            self._c, self._s, self._b.instance_name, time_ms(self._b.clock),
+            destination, None, 0, 0,
+        )
+
+    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
+        await wr.set_last_successful_many(self._c, positions)
+
+    async def upsert_destination_rooms(
+        self, rows: Sequence[tuple[str, str, int]], *, skip_destinations: bool = False
+    ) -> None:
+        if not skip_destinations:
+            await wr.ensure_destinations(self._c, {d for d, _, _ in rows})
+        await wr.upsert_destination_rooms(self._c, rows)
+
+    async def delete_destination_rooms(
+        self, destination: str, rows: Sequence[tuple[str, int]]
+    ) -> None:
+        await wr.delete_destination_rooms(self._c, destination, rows)
+
+    async def destinations_behind(self) -> list[str]:
+        return await wr.destinations_behind(self._c)
+
+    async def destinations_with_outstanding_work(
+        self, after: str | None, limit: int, now_ms: int
+    ) -> list[str]:
+        return await wr.destinations_with_outstanding_work(self._c, after, limit, now_ms)
+
+
+class _CatchUp:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def catchup_rows(
+        self, destination: str, after: int, limit: int, after_room: str | None = None
+    ) -> list[tuple[str, int]]:
+        return await reads.catchup_rows(self._c, destination, after, limit, after_room)
+
+    async def server_membership_history(
+        self, server_name: str, room_ids: Collection[str]
+    ) -> dict[str, list[MembershipRow]]:
+        return await reads.server_membership_history(self._c, server_name, room_ids)
+
+
+class _Outbox:
+    """To-device messages as Synapse keeps them. Device-list updates are not sent yet
+    (docs/synapse.md, limitations): their rows stay for Synapse's own worker."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def unsent_outbox(
+        self, destination: str, to_device_after: int, device_lists_after: int, limit: int
+    ) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
+        return await reads.unsent_to_device(self._c, destination, to_device_after, limit), []
+
+    async def ack_to_device(
+        self, destination: str, stream_ids: Collection[int], now_ms: int
+    ) -> None:
+        await reads.delete_to_device(self._c, destination, stream_ids)
+
+    async def ack_device_lists(
+        self, destination: str, keys: Collection[tuple[int, str, str]]
+    ) -> None:
+        return None
+
+    async def device_list_destinations(self, user_ids: Collection[str]) -> list[str]:
+        return []
+
+
+class _Positions:
+    """``events``/``federation`` in Synapse's ``federation_stream_position``; the
+    replication client's tokens in our own schema."""
+
+    __slots__ = ("_b", "_c")
+
+    def __init__(self, conn: AsyncConnection, b: SynapseBackend) -> None:
+        self._c = conn
+        self._b = b
+
+    async def _reset_once(self) -> None:
+        if not self._b.positions_reset:
+            await wr.reset_federation_positions(
+                self._c, self._b.instance_name, self._b.syn.federation_sender_instances
+            )
+            self._b.positions_reset = True
+
+    async def load(self, stream: str, instance: str) -> int | None:
+        await self._reset_once()
+        return await wr.load_position(self._c, stream, instance)
+
+    async def save(self, stream: str, instance: str, stream_id: int) -> None:
+        await self._reset_once()
+        await wr.save_position(self._c, stream, instance, stream_id)
+
+    async def load_replication(self, reader: str) -> dict[tuple[str, str], int]:
+        return await reads.load_replication(self._c, reader)
+
+    async def save_replication(self, reader: str, stream: str, writer: str, token: int) -> None:
+        await reads.save_replication(self._c, reader, stream, writer, token)
+
+
+class _TxnLog:
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def log_transactions(self, rows: Sequence[TxnLogRow]) -> None:
+        await txlog.log_transactions(self._c, rows)
+
+    async def recent_transactions(self, destination: str, limit: int = 100) -> list[TxnLogRow]:
+        return await txlog.recent_transactions(self._c, destination, limit)
+
+
+__all__ = [
+    "DestinationOrder",
+    "Direction",
+    "Mapping",
+    "SynapseBackend",
+    "SynapseTx",
+]

@@ -1,0 +1,135 @@
+"""Reads of Synapse's tables for catch-up, the outboxes and replication positions.
+
+Catch-up (Synapse's ``get_catch_up_room_event_ids``): ``destination_rooms`` rows past
+the destination's position whose event still exists (joined with ``events``), oldest
+first. A destination's membership history is read from ``room_memberships`` (Synapse
+has no server column: the server is the part of the user id after the first colon),
+ordered by stream position; rows without one (outliers of a room joined over
+federation) are placed at the position they were persisted at, which is how the
+native backend's rule "joined at the event's position" reads on Synapse's tables
+(docs/synapse.md explains where that differs from Synapse's state at the extremity).
+
+To-device messages (``device_federation_outbox``) are read past a stream id and, once
+the destination accepted them, deleted, as Synapse does; we delete exactly the rows
+sent rather than everything up to an id, so a row committed late by another writer
+is never deleted unseen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from federation_sender.model import MembershipRow, ToDeviceRow
+
+_CATCHUP_ROWS = text(
+    """
+    SELECT r.room_id, r.stream_ordering FROM destination_rooms r
+    JOIN events e ON e.stream_ordering = r.stream_ordering
+    WHERE r.destination = :d
+      AND (r.stream_ordering > :after
+           OR (CAST(:after_room AS TEXT) IS NOT NULL AND r.stream_ordering = :after
+               AND r.room_id > :after_room))
+    ORDER BY r.stream_ordering, r.room_id
+    LIMIT :limit
+    """
+)
+
+_SERVER_HISTORY = text(
+    """
+    SELECT m.room_id, COALESCE(m.event_stream_ordering, e.stream_ordering), m.user_id,
+           m.membership
+    FROM room_memberships m LEFT JOIN events e ON e.event_id = m.event_id
+    WHERE m.room_id = ANY(CAST(:rooms AS TEXT[]))
+      AND substring(m.user_id FROM '@[^:]*:(.*)$') = :server
+      AND COALESCE(m.event_stream_ordering, e.stream_ordering) IS NOT NULL
+    ORDER BY 2
+    """
+)
+
+
+async def catchup_rows(
+    conn: AsyncConnection, destination: str, after: int, limit: int, after_room: str | None
+) -> list[tuple[str, int]]:
+    res = await conn.execute(
+        _CATCHUP_ROWS,
+        {"d": destination, "after": after, "after_room": after_room, "limit": limit},
+    )
+    return [(str(room), int(so)) for room, so in res]
+
+
+async def server_membership_history(
+    conn: AsyncConnection, server_name: str, room_ids: Collection[str]
+) -> dict[str, list[MembershipRow]]:
+    out: dict[str, list[MembershipRow]] = {r: [] for r in room_ids}
+    if not room_ids:
+        return out
+    res = await conn.execute(_SERVER_HISTORY, {"rooms": list(room_ids), "server": server_name})
+    for room, so, user, membership in res:
+        out[str(room)].append(MembershipRow(int(so), str(user), server_name, str(membership)))
+    return out
+
+
+_TO_DEVICE = text(
+    """
+    SELECT stream_id, messages_json FROM device_federation_outbox
+    WHERE destination = :d AND stream_id > :after
+    ORDER BY stream_id
+    LIMIT :limit
+    """
+)
+
+_DELETE_TO_DEVICE = text(
+    "DELETE FROM device_federation_outbox WHERE destination = :d "
+    "AND stream_id = ANY(CAST(:ids AS BIGINT[]))"
+)
+
+
+async def unsent_to_device(
+    conn: AsyncConnection, destination: str, after: int, limit: int
+) -> list[ToDeviceRow]:
+    res = await conn.execute(_TO_DEVICE, {"d": destination, "after": after, "limit": limit})
+    return [ToDeviceRow(int(sid), str(msg)) for sid, msg in res]
+
+
+async def delete_to_device(
+    conn: AsyncConnection, destination: str, stream_ids: Collection[int]
+) -> None:
+    if stream_ids:
+        await conn.execute(_DELETE_TO_DEVICE, {"d": destination, "ids": list(stream_ids)})
+
+
+# --- our own schema: the replication client's positions ----------------------------------
+
+_LOAD_REPLICATION = text(
+    "SELECT stream_name, instance_name, stream_id FROM replication_positions "
+    "WHERE stream_name LIKE :prefix"
+)
+_SAVE_REPLICATION = text(
+    """
+    INSERT INTO replication_positions (stream_name, instance_name, stream_id)
+    VALUES (:s, :i, :v)
+    ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id
+    WHERE replication_positions.stream_id < EXCLUDED.stream_id
+    """
+)
+
+
+def _prefix(reader: str) -> str:
+    return f"{reader}:"
+
+
+async def load_replication(conn: AsyncConnection, reader: str) -> dict[tuple[str, str], int]:
+    p = _prefix(reader)
+    like = p.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+    res = await conn.execute(_LOAD_REPLICATION, {"prefix": like})
+    return {(str(s)[len(p) :], str(i)): int(v) for s, i, v in res}
+
+
+async def save_replication(
+    conn: AsyncConnection, reader: str, stream: str, writer: str, token: int
+) -> None:
+    await conn.execute(_SAVE_REPLICATION, {"s": _prefix(reader) + stream, "i": writer, "v": token})
+

@@ -1,0 +1,307 @@
+"""What we write to Synapse's tables, as Synapse's own federation sender writes it.
+
+* ``destinations``: retry timings with Synapse's upsert (``transactions.py:
+  _set_destination_retry_timings_txn``: a reset, a first row, a longer interval or a
+  later attempt replaces the stored one), each write recorded as a cache invalidation
+  of ``get_destination_retry_timings`` for main; ``last_successful_stream_ordering``
+  only moves forwards.
+* ``destination_rooms``: upserted, highest stream ordering per (destination, room).
+* ``cache_invalidation_stream_by_instance``: one row per invalidation under our instance
+  name, its id from ``cache_invalidation_stream_seq`` (as Synapse's
+  ``_send_invalidation_to_replication``); the same row is published over replication
+  after the commit (:class:`PendingSignals`).
+* ``federation_stream_position``: our ``events`` and ``federation`` rows, never moved
+  backwards. At first use the table is made to match ``federation_sender_instances``
+  exactly as Synapse's worker does at start (``_reset_federation_positions_txn``: the
+  minimum position of each type is given to each configured instance, other instances'
+  rows are deleted), so a handover from Synapse's worker (or from main, or a changed
+  instance list) resends rather than drops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import func, select, text
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from federation_sender.model import DestinationRow
+from federation_sender.synapse.schema import (
+    destination_rooms,
+    destinations,
+    federation_stream_position,
+)
+
+RETRY_TIMINGS_CACHE = "get_destination_retry_timings"
+
+
+@dataclass
+class PendingSignals:
+    """Signals for other processes, sent only once the transaction that implies them
+    has committed: cache invalidation rows (stream id, function, keys, ts) and
+    destinations that came back (REMOTE_SERVER_UP)."""
+
+    invalidations: list[tuple[int, str, list[str], int]] = field(default_factory=list)
+    servers_up: list[str] = field(default_factory=list)
+
+
+_RETRY_UPSERT = text(
+    """
+    WITH old AS (
+        SELECT retry_last_ts FROM destinations WHERE destination = :d FOR UPDATE
+    ), up AS (
+        INSERT INTO destinations (destination, failure_ts, retry_last_ts, retry_interval)
+        VALUES (:d, :failure_ts, :retry_last_ts, :retry_interval)
+        ON CONFLICT (destination) DO UPDATE SET
+            failure_ts = EXCLUDED.failure_ts,
+            retry_last_ts = EXCLUDED.retry_last_ts,
+            retry_interval = EXCLUDED.retry_interval
+        WHERE EXCLUDED.retry_interval = 0
+           OR EXCLUDED.retry_last_ts = 0
+           OR destinations.retry_interval IS NULL
+           OR destinations.retry_interval < EXCLUDED.retry_interval
+           OR destinations.retry_last_ts < EXCLUDED.retry_last_ts
+        RETURNING 1
+    )
+    SELECT (SELECT retry_last_ts FROM old), EXISTS (SELECT 1 FROM up)
+    """
+)
+
+_INVALIDATE = text(
+    """
+    INSERT INTO cache_invalidation_stream_by_instance
+        (stream_id, instance_name, cache_func, keys, invalidation_ts)
+    VALUES (nextval('cache_invalidation_stream_seq'), :instance, :func, :keys, :ts)
+    RETURNING stream_id
+    """
+)
+
+
+def _dest_row(r: Sequence[object]) -> DestinationRow:
+    def opt(v: object) -> int | None:
+        return None if v is None else int(v)  # type: ignore[call-overload]
+
+    return DestinationRow(str(r[0]), opt(r[1]), opt(r[2]), opt(r[3]), opt(r[4]))
+
+
+_DEST_COLS = (
+    destinations.c.destination,
+    destinations.c.retry_last_ts,
+    destinations.c.retry_interval,
+    destinations.c.failure_ts,
+    destinations.c.last_successful_stream_ordering,
+)
+
+
+async def get_destinations(
+    conn: AsyncConnection, names: Collection[str]
+) -> dict[str, DestinationRow]:
+    if not names:
+        return {}
+    res = await conn.execute(select(*_DEST_COLS).where(destinations.c.destination.in_(list(names))))
+    return {row.destination: row for row in map(_dest_row, res)}
+
+
+async def ensure_destinations(conn: AsyncConnection, names: Collection[str]) -> None:
+    if names:
+        await conn.execute(
+            pg_insert(destinations)
+            .values([{"destination": n} for n in sorted(names)])
+            .on_conflict_do_nothing(index_elements=["destination"])
+        )
+
+
+async def invalidate(
+    conn: AsyncConnection,
+    signals: PendingSignals,
+    instance: str,
+    cache_func: str,
+    keys: list[str],
+    now_ms: int,
+) -> int:
+    stream_id = (
+        await conn.execute(
+            _INVALIDATE, {"instance": instance, "func": cache_func, "keys": keys, "ts": now_ms}
+        )
+    ).scalar_one()
+    signals.invalidations.append((int(stream_id), cache_func, keys, now_ms))
+    return int(stream_id)
+
+
+async def set_retry_timings(
+    conn: AsyncConnection,
+    signals: PendingSignals,
+    instance: str,
+    now_ms: int,
+    destination: str,
+    failure_ts: int | None,
+    retry_last_ts: int,
+    retry_interval: int,
+) -> bool:
+    """Synapse's upsert and invalidation; returns whether a backoff was cleared (a
+    reset of a destination that was backing off: it came back)."""
+    old_last, _changed = (
+        await conn.execute(
+            _RETRY_UPSERT,
+            {
+                "d": destination,
+                "failure_ts": failure_ts,
+                "retry_last_ts": retry_last_ts,
+                "retry_interval": retry_interval,
+            },
+        )
+    ).one()
+    await invalidate(conn, signals, instance, RETRY_TIMINGS_CACHE, [destination], now_ms)
+    came_back = retry_interval == 0 and bool(old_last)
+    if came_back:
+        signals.servers_up.append(destination)
+    return came_back
+
+
+async def set_last_successful_many(
+    conn: AsyncConnection, positions: Sequence[tuple[str, int]]
+) -> None:
+    if not positions:
+        return
+    best: dict[str, int] = {}
+    for d, so in positions:
+        best[d] = max(so, best.get(d, so))
+    stmt = pg_insert(destinations).values(
+        [
+            {"destination": d, "last_successful_stream_ordering": so}
+            for d, so in sorted(best.items())
+        ]
+    )
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["destination"],
+            set_={
+                "last_successful_stream_ordering": func.greatest(
+                    destinations.c.last_successful_stream_ordering,
+                    stmt.excluded.last_successful_stream_ordering,
+                )
+            },
+        )
+    )
+
+
+async def upsert_destination_rooms(
+    conn: AsyncConnection, rows: Sequence[tuple[str, str, int]]
+) -> None:
+    if not rows:
+        return
+    best: dict[tuple[str, str], int] = {}
+    for d, room, so in rows:
+        key = (d, room)
+        best[key] = max(so, best.get(key, so))
+    stmt = pg_insert(destination_rooms).values(
+        [
+            {"destination": d, "room_id": room, "stream_ordering": so}
+            for (d, room), so in sorted(best.items())
+        ]
+    )
+    await conn.execute(
+        stmt.on_conflict_do_update(
+            index_elements=["destination", "room_id"],
+            set_={"stream_ordering": stmt.excluded.stream_ordering},
+            where=destination_rooms.c.stream_ordering < stmt.excluded.stream_ordering,
+        )
+    )
+
+
+async def delete_destination_rooms(
+    conn: AsyncConnection, destination: str, rows: Sequence[tuple[str, int]]
+) -> None:
+    t = destination_rooms
+    for room, so in rows:
+        await conn.execute(
+            t.delete().where(
+                t.c.destination == destination, t.c.room_id == room, t.c.stream_ordering == so
+            )
+        )
+
+
+_BEHIND = text(
+    """
+    SELECT DISTINCT r.destination FROM destination_rooms r
+    JOIN destinations d USING (destination)
+    WHERE r.stream_ordering > COALESCE(d.last_successful_stream_ordering, -1)
+    """
+)
+
+_OUTSTANDING = text(
+    """
+    SELECT d.destination FROM destinations d
+    WHERE (:after IS NULL OR d.destination > :after)
+      AND (COALESCE(d.retry_last_ts, 0) = 0
+           OR d.retry_last_ts + COALESCE(d.retry_interval, 0) <= :now)
+      AND (EXISTS (SELECT 1 FROM destination_rooms r WHERE r.destination = d.destination
+                   AND r.stream_ordering > COALESCE(d.last_successful_stream_ordering, -1))
+           OR EXISTS (SELECT 1 FROM device_federation_outbox o
+                      WHERE o.destination = d.destination))
+    ORDER BY d.destination
+    LIMIT :limit
+    """
+)
+
+
+async def destinations_behind(conn: AsyncConnection) -> list[str]:
+    return sorted(str(r[0]) for r in await conn.execute(_BEHIND))
+
+
+async def destinations_with_outstanding_work(
+    conn: AsyncConnection, after: str | None, limit: int, now_ms: int
+) -> list[str]:
+    res = await conn.execute(_OUTSTANDING, {"after": after, "limit": limit, "now": now_ms})
+    return [str(r[0]) for r in res]
+
+
+# --- federation_stream_position -----------------------------------------------------------
+
+
+async def reset_federation_positions(
+    conn: AsyncConnection, instance: str, configured: Sequence[str]
+) -> None:
+    """Synapse's ``_reset_federation_positions_txn``, for our instance."""
+    t = federation_stream_position
+    instances = configured or [instance]
+    if instance not in instances:
+        return
+    present = set((await conn.execute(select(t.c.instance_name))).scalars())
+    if present == set(instances) or not present:
+        return
+    mins = dict(
+        (str(k), int(v))
+        for k, v in await conn.execute(select(t.c.type, func.min(t.c.stream_id)).group_by(t.c.type))
+    )
+    await conn.execute(t.delete().where(t.c.instance_name.not_in(list(instances))))
+    for typ, stream_id in mins.items():
+        await save_position(conn, typ, instance, stream_id, monotonic=False)
+
+
+async def load_position(conn: AsyncConnection, typ: str, instance: str) -> int | None:
+    t = federation_stream_position
+    v = (
+        await conn.execute(
+            select(t.c.stream_id).where(t.c.type == typ, t.c.instance_name == instance)
+        )
+    ).scalar()
+    return None if v is None else int(v)
+
+
+async def save_position(
+    conn: AsyncConnection, typ: str, instance: str, stream_id: int, *, monotonic: bool = True
+) -> None:
+    t = federation_stream_position
+    stmt = t.update().where(t.c.type == typ, t.c.instance_name == instance)
+    if monotonic:
+        stmt = stmt.where(t.c.stream_id < stream_id)
+    res = await conn.execute(stmt.values(stream_id=stream_id))
+    if res.rowcount:
+        return
+    if await load_position(conn, typ, instance) is None:
+        await conn.execute(
+            t.insert().values(type=typ, instance_name=instance, stream_id=stream_id)
+        )
