@@ -24,6 +24,7 @@ from federation_sender.edus.receipts import ReceiptFanout
 from federation_sender.edus.typing_edus import TypingFanout
 from federation_sender.queue import DestinationState, DestinationStatus, FederationEdu, QueueManager
 from federation_sender.replication.rows import (
+    CachesRow,
     DeviceListsRow,
     EduRow,
     KeyedEduRow,
@@ -41,6 +42,8 @@ from federation_sender.telemetry.metrics import Metrics, QueueSnapshot
 from federation_sender.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
+
+RETRY_TIMINGS_CACHE = "get_destination_retry_timings"
 
 def presence_edu_content(state: PresenceState, now_ms: int) -> dict[str, Any]:
     entry: dict[str, Any] = {
@@ -133,6 +136,18 @@ class WorkerReplicationHandler:
             await self.presence.on_presence_federation(
                 r for r in rows if isinstance(r, PresenceFederationRow)
             )
+        elif stream_name == "caches":
+            await self._caches(rows)
+
+    async def _caches(self, rows: Sequence[Row]) -> None:
+        """Another process invalidated a destination's retry timings (Synapse's main
+        does when the destination contacts it): a wake-up, which Synapse's own
+        federation sender ignores (it waits for its 0.2/s sweep)."""
+        for r in rows:
+            if isinstance(r, CachesRow) and r.cache_func == RETRY_TIMINGS_CACHE and r.keys:
+                for dest in r.keys:
+                    if isinstance(dest, str):
+                        await self._m.retry_timings_changed(dest)
 
     async def _federation(self, token: int, rows: Sequence[Row]) -> None:
         edus: list[FederationEdu] = []

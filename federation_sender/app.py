@@ -53,6 +53,13 @@ from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
 from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.supervisor import Supervisor
+from federation_sender.synapse.config import SynapseConfig
+from federation_sender.synapse.database import create_synapse_engine
+from federation_sender.synapse.wiring import (
+    ReplicationSignals,
+    load_synapse_signing_key,
+    open_synapse_storage,
+)
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.telemetry.metrics import Metrics, metrics_app, new_registry
 from federation_sender.telemetry.queue_observer import TelemetryObserver
@@ -76,6 +83,7 @@ CONSUMED_STREAMS = (
     "typing",
     "presence",
     "presence_federation",
+    "caches",
 )
 
 
@@ -186,6 +194,8 @@ class Worker:
     supervisor: Supervisor | None = None
     ready: bool = False
     stop_deadline_s: float = 10.0
+    signals: ReplicationSignals | None = None
+    """Beside Synapse: what we say on replication about the ``caches`` stream we write."""
 
     @property
     def admin_url(self) -> str | None:
@@ -200,16 +210,24 @@ class Worker:
         auto_migrate: bool = True,
         sender: TransactionSender | None = None,
         engine: AsyncEngine | None = None,
+        synapse: SynapseConfig | None = None,
     ) -> Worker:
-        """Build the parts. ``sender``, when given, stays the caller's (never closed)."""
+        """Build the parts. ``sender``, when given, stays the caller's (never closed).
+        ``synapse``: run as the federation sender of that Synapse deployment, on its
+        database (:mod:`federation_sender.synapse`); otherwise on our own schema."""
         clock = clock or SystemClock()
         resources = contextlib.AsyncExitStack()
         try:
-            engine = engine or create_engine(
-                settings.database.url, pool_size=settings.database.pool_size
+            pool = settings.database.pool_size
+            engine = engine or (
+                create_synapse_engine(settings.database.url, pool_size=pool)
+                if synapse is not None
+                else create_engine(settings.database.url, pool_size=pool)
             )
             resources.push_async_callback(engine.dispose)
-            return await cls._build(settings, clock, engine, sender, resources, auto_migrate)
+            return await cls._build(
+                settings, clock, engine, sender, resources, auto_migrate, synapse
+            )
         except BaseException:
             await resources.aclose()
             raise
@@ -223,20 +241,35 @@ class Worker:
         sender: TransactionSender | None,
         resources: contextlib.AsyncExitStack,
         auto_migrate: bool,
+        synapse: SynapseConfig | None = None,
     ) -> Worker:
         db = settings.database
         await wait_for_database(
             engine, attempts=db.connect_attempts, interval_s=db.connect_retry_s, clock=clock
         )
-        if auto_migrate and is_sqlite(engine):
-            await upgrade(engine)
-        await check_schema(engine)
+        storage: Backend
+        signals: ReplicationSignals | None = None
+        if synapse is not None:
+            synapse_backend = await open_synapse_storage(
+                engine, settings, synapse, clock, resources, auto_migrate=auto_migrate
+            )
+            storage = synapse_backend
+            signals = ReplicationSignals(synapse_backend, settings.instance_name)
+        else:
+            if auto_migrate and is_sqlite(engine):
+                await upgrade(engine)
+            await check_schema(engine)
+            storage = NativeBackend(engine)
         if settings.sharding.mode == "dynamic" and is_sqlite(engine):
             raise ConfigError("sharding.mode", "'single' or 'static' with SQLite", "dynamic")
         key: SigningKey | None = None
         own_client: FederationClient | None = None
         if sender is None:
-            key = load_or_create_signing_key(settings.federation.signing_key_path)
+            key = (
+                load_synapse_signing_key(settings.federation.signing_key_path)
+                if synapse is not None
+                else load_or_create_signing_key(settings.federation.signing_key_path)
+            )
             sender = own_client = build_federation_client(settings, key, clock)
         registry = new_registry()
         metrics = Metrics(registry)
@@ -245,7 +278,6 @@ class Worker:
         if own_client is not None:
             own_client.tracer = observer.tracing.tracer
             own_client.request_counter = metrics
-        storage = NativeBackend(engine)
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
         manager = build_queue_manager(settings, storage, sender, clock, observer, shards)
 
@@ -275,6 +307,7 @@ class Worker:
             resources=resources,
             own_client=own_client,
             stop_deadline_s=settings.shutdown_deadline_s,
+            signals=signals,
         )
 
     async def start(self) -> None:
@@ -338,7 +371,10 @@ class Worker:
             handler=handler,
             clock=self.clock,
             streams=CONSUMED_STREAMS,
+            announce=self.signals.announce if self.signals is not None else None,
         )
+        if self.signals is not None:
+            self.signals.attach(client.send)
 
         async def ack(token: int) -> None:
             client.send_federation_ack(token)
@@ -439,7 +475,9 @@ def build_queue_manager(
     )
 
 
-async def run_worker(settings: Settings, *, auto_migrate: bool = True) -> int:
+async def run_worker(
+    settings: Settings, *, auto_migrate: bool = True, synapse: SynapseConfig | None = None
+) -> int:
     """Run until SIGTERM/SIGINT (exit 0) or a supervised task fails (exit 1)."""
     # Many long-lived small objects (queues, shared PDUs): with the default thresholds the
     # cyclic collector runs constantly, +34 % CPU per transaction at 1,000 destinations
@@ -454,7 +492,7 @@ async def run_worker(settings: Settings, *, auto_migrate: bool = True) -> int:
     setup_logging(settings.telemetry, secrets=[admin_token])
     if generated:
         log.info("generated an admin token in %s", admin_token_path(settings))
-    worker = await Worker.create(settings, auto_migrate=auto_migrate)
+    worker = await Worker.create(settings, auto_migrate=auto_migrate, synapse=synapse)
     return await _serve(worker)
 
 

@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-migrate",
         action="store_true",
-        help="do not migrate an embedded SQLite database automatically",
+        help="do not migrate automatically (an embedded SQLite database, or our own "
+        "schema beside Synapse)",
     )
 
     p = sub.add_parser("migrate", help="upgrade the database schema (idempotent)")
@@ -167,7 +168,14 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd == "worker":
         from federation_sender.app import run_worker
 
-        return asyncio.run(run_worker(settings, auto_migrate=not args.no_migrate))
+        synapse = None
+        if args.synapse_config:
+            from federation_sender.synapse.config import load_synapse_config
+
+            synapse = load_synapse_config(args.synapse_config)
+        return asyncio.run(
+            run_worker(settings, auto_migrate=not args.no_migrate, synapse=synapse)
+        )
     if cmd == "demo":
         from federation_sender.demo import run_demo
 

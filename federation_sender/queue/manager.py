@@ -434,6 +434,24 @@ class QueueManager:
             r.core.clear_backoff()
             r.poke()
 
+    async def retry_timings_changed(self, destination: str) -> None:
+        """Another process changed the destination's retry timings (Synapse's main
+        invalidates ``get_destination_retry_timings`` when a remote contacts it and it
+        clears the backoff): if the stored timings no longer hold it back, send at once.
+        Nothing is written, so two processes cannot echo this back and forth."""
+        if not self.shard_filter(destination):
+            return
+        row = await self.store.load_destination(destination)
+        now = time_ms(self.clock)
+        if row[0].active_at(now):
+            return
+        if self._parked.pop(destination, None) is not None:
+            self._needs_catchup.add(destination)
+        r = self._runner(destination, create=destination in self._needs_catchup)
+        if r is not None:
+            r.core.clear_backoff()
+            r.poke()
+
     async def reset_connection(self, destination: str) -> bool:
         """Admin: clear the backoff; False if the destination was not backing off."""
         r = self._runner(destination, create=False)

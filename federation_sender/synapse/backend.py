@@ -12,7 +12,7 @@ worker connects to its replication client.
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import TypeVar
 
 from sqlalchemy import func, select
@@ -20,19 +20,16 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.model import (
-    DestinationOrder,
     DestinationRow,
     DeviceListRow,
-    Direction,
     EventRow,
     MembershipRow,
     ToDeviceRow,
-    TxnLogRow,
 )
-from federation_sender.storage import txlog
-from federation_sender.storage.admin_queries import AdminQueries
 from federation_sender.storage.engine import run_in_transaction
-from federation_sender.storage.protocols import Tx
+from federation_sender.storage.native import _Admin as NativeAdminReads
+from federation_sender.storage.native import _TxnLog as NativeTxnLog
+from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.synapse import events as ev
 from federation_sender.synapse import reads
 from federation_sender.synapse import writes as wr
@@ -120,8 +117,10 @@ class SynapseTx:
         self.catchup = _CatchUp(conn)
         self.outbox = _Outbox(conn)
         self.positions = _Positions(conn, b)
-        self.txlog = _TxnLog(conn)
-        self.admin = AdminQueries(conn)
+        # Our transaction log (in our schema) and the admin reads of ``destinations`` and
+        # ``destination_rooms`` (same columns as Synapse's) are the native code's.
+        self.txlog = NativeTxnLog(conn)
+        self.admin = NativeAdminReads(conn)
 
 
 class _Events:
@@ -149,6 +148,9 @@ class _Events:
 
     async def partial_state(self, room_ids: Collection[str]) -> set[str]:
         return await ev.partial_state(self._c, room_ids)
+
+    async def sender_and_received_ts(self, room_id: str, event_id: str) -> tuple[str, int] | None:
+        return await ev.sender_and_received_ts(self._c, room_id, event_id)
 
 
 class _Destinations:
@@ -184,6 +186,17 @@ class _Destinations:
             self._c, self._s, self._b.instance_name, time_ms(self._b.clock),
             destination, None, 0, 0,
         )
+
+    async def clear_retry_many(self, destinations: Collection[str]) -> None:
+        """Only rows backing off are written (each write is an invalidation for main)."""
+        backing_off = [
+            d for d, row in (await self.get_destinations(destinations)).items()
+            if row.retry_interval
+        ]
+        for d in sorted(backing_off):
+            await wr.set_retry_timings(
+                self._c, self._s, self._b.instance_name, time_ms(self._b.clock), d, None, 0, 0
+            )
 
     async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
         await wr.set_last_successful_many(self._c, positions)
@@ -286,23 +299,7 @@ class _Positions:
         await reads.save_replication(self._c, reader, stream, writer, token)
 
 
-class _TxnLog:
-    __slots__ = ("_c",)
 
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def log_transactions(self, rows: Sequence[TxnLogRow]) -> None:
-        await txlog.log_transactions(self._c, rows)
-
-    async def recent_transactions(self, destination: str, limit: int = 100) -> list[TxnLogRow]:
-        return await txlog.recent_transactions(self._c, destination, limit)
-
-
-__all__ = [
-    "DestinationOrder",
-    "Direction",
-    "Mapping",
-    "SynapseBackend",
-    "SynapseTx",
-]
+def _implements(b: SynapseBackend, tx: SynapseTx) -> tuple[Backend, Tx]:
+    """Never called: mypy checks here that the classes meet the Protocols."""
+    return b, tx

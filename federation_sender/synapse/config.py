@@ -5,7 +5,8 @@ reads the files in order, later top-level keys replacing earlier ones (as Synaps
 merges ``-c`` files), and takes from them only what a federation sender shares with
 the deployment: ``server_name``, ``database``, ``redis``, ``signing_key_path``,
 ``worker_name``, ``federation_sender_instances``, ``federation_domain_whitelist``, the IP
-range settings, TLS verification and the destination retry settings. Everything else of
+range settings, TLS verification (``federation_verify_certificates``,
+``federation_custom_ca_list``) and the destination retry settings. Everything else of
 ours (queue sizes, admin API, telemetry) stays in our own file.
 
 Refused with one :class:`ConfigError` line: a SQLite database (Synapse workers need
@@ -58,6 +59,8 @@ class SynapseConfig:
     ip_range_blacklist: tuple[str, ...]
     ip_range_whitelist: tuple[str, ...]
     verify_tls: bool
+    extra_ca_file: str | None
+    """``federation_custom_ca_list`` (one file; several are refused: concatenate them)."""
     min_retry_interval_ms: int
     retry_multiplier: float
     max_retry_interval_ms: int
@@ -190,6 +193,11 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
     if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
         raise ConfigError("federation.destination_retry_multiplier", "a number", multiplier)
     blacklist = tree.get("federation_ip_range_blacklist", tree.get("ip_range_blacklist"))
+    cas = _str_list("federation_custom_ca_list", tree.get("federation_custom_ca_list"))
+    if len(cas) > 1:
+        raise ConfigError(
+            "federation_custom_ca_list", "at most one file (concatenate the certificates)", cas
+        )
     return SynapseConfig(
         server_name=server_name,
         database_url=_database_url(tree.get("database")),
@@ -207,6 +215,7 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         ip_range_blacklist=_str_list("ip_range_blacklist", blacklist),
         ip_range_whitelist=_str_list("ip_range_whitelist", tree.get("ip_range_whitelist")),
         verify_tls=bool(tree.get("federation_verify_certificates", True)),
+        extra_ca_file=cas[0] if cas else None,
         min_retry_interval_ms=parse_duration_ms(
             "federation.destination_min_retry_interval",
             fed.get("destination_min_retry_interval", _DEFAULT_MIN_RETRY_MS),
@@ -251,6 +260,7 @@ def merge_settings(settings: Settings, syn: SynapseConfig) -> Settings:
         settings.federation,
         signing_key_path=syn.signing_key_path,
         verify_tls=syn.verify_tls,
+        extra_ca_file=syn.extra_ca_file or settings.federation.extra_ca_file,
         ip_allow_list=list(syn.ip_range_whitelist),
         ip_deny_list=list(syn.ip_range_blacklist),
     )

@@ -236,3 +236,19 @@ async def partial_state(conn: AsyncConnection, room_ids: Collection[str]) -> set
         )
     )
     return {str(r[0]) for r in res}
+
+
+async def sender_and_received_ts(
+    conn: AsyncConnection, room_id: str, event_id: str
+) -> tuple[str, int] | None:
+    row = (
+        await conn.execute(
+            select(
+                events.c.sender,
+                func.coalesce(events.c.received_ts, events.c.origin_server_ts),
+            ).where(events.c.event_id == event_id, events.c.room_id == room_id)
+        )
+    ).first()
+    if row is None or row[1] is None:
+        return None
+    return str(row[0]), int(row[1])

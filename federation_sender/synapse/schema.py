@@ -63,6 +63,7 @@ events = Table(
     Column("outlier", Boolean),
     Column("rejection_reason", Text),
     Column("received_ts", BigInteger),
+    Column("origin_server_ts", BigInteger),
 )
 
 event_json = Table(
