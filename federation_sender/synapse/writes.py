@@ -234,7 +234,7 @@ _BEHIND = text(
 _OUTSTANDING = text(
     """
     SELECT d.destination FROM destinations d
-    WHERE (:after IS NULL OR d.destination > :after)
+    WHERE (CAST(:after AS TEXT) IS NULL OR d.destination > CAST(:after AS TEXT))
       AND (COALESCE(d.retry_last_ts, 0) = 0
            OR d.retry_last_ts + COALESCE(d.retry_interval, 0) <= :now)
       AND (EXISTS (SELECT 1 FROM destination_rooms r WHERE r.destination = d.destination

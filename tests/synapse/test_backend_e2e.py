@@ -167,7 +167,7 @@ def test_backend_destination_contacting_main_is_woken_within_a_second(
     room_id = d.client.create_room(alice)
     peer = network.add_peer()
     network.join(peer, room_id, d.server_name)
-    peer.send_status = 500
+    peer.send_status = 503  # down (a 500 may be one item refused: isolated first)
 
     def invalidated(tap: ReplicationTap, instance: str) -> bool:
         found = (cache_invalidations(ln, "get_destination_retry_timings") for ln in tap.lines)
