@@ -66,6 +66,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synapse_arg(p)
     p.add_argument("--revision", default="head", help="target revision (default: head)")
 
+    p = sub.add_parser("init", help="create the signing key and admin token if missing "
+                       "(once, before starting workers that share them)")
+    _add_config_arg(p)
+
     p = sub.add_parser("check-config", help="validate the configuration and print it")
     _add_config_arg(p)
     _add_synapse_arg(p)
@@ -156,6 +160,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"wrote signing key to {args.path}")
         return 0
     settings = _load(args)
+    if cmd == "init":
+        return _init(settings)
     if cmd == "check-config":
         import json
 
@@ -185,6 +191,29 @@ def _dispatch(args: argparse.Namespace) -> int:
 
         return int(run_batch(args, settings))
     raise AssertionError(cmd)  # pragma: no cover
+
+
+def _init(settings: Settings) -> int:
+    """Create what workers sharing a data directory must not race to create."""
+    from pathlib import Path
+
+    from federation_sender.app import admin_token_path, create_admin_token, read_admin_token
+    from federation_sender.transport.signing import generate_key_file, load_signing_key
+
+    key_path = Path(settings.federation.signing_key_path)
+    if key_path.exists():
+        key = load_signing_key(key_path)
+        print(f"signing key {key.key_id} already in {key_path}")
+    else:
+        key_path.parent.mkdir(parents=True, exist_ok=True)
+        key = generate_key_file(key_path)
+        print(f"wrote signing key {key.key_id} to {key_path}")
+    if read_admin_token(settings) is not None:
+        print("admin token already configured")
+    else:
+        create_admin_token(settings)
+        print(f"wrote an admin token to {admin_token_path(settings)}")
+    return 0
 
 
 def _displayable(settings: Settings) -> dict[str, Any]:

@@ -207,3 +207,18 @@ def test_batch_help_is_plain_text() -> None:
         assert "``" not in proc.stdout and ":class:" not in proc.stdout
         assert "`" not in proc.stdout
     assert "health-report" in _cli("batch", "--help").stdout
+
+
+def test_init_creates_the_shared_secrets_once(tmp_path: Path) -> None:
+    env = {"FEDERATION_SENDER__DATA_DIR": str(tmp_path / "data"),
+           "FEDERATION_SENDER__FEDERATION__SIGNING_KEY_PATH": str(tmp_path / "data" / "k.key")}
+    first = _cli("init", cwd=tmp_path, env=env)
+    assert first.returncode == 0, first.stderr
+    assert "wrote signing key ed25519:" in first.stdout and "wrote an admin token" in first.stdout
+    key, token = (tmp_path / "data" / "k.key"), (tmp_path / "data" / "admin.token")
+    before = key.read_bytes(), token.read_bytes()
+    assert token.stat().st_mode & 0o077 == 0
+    second = _cli("init", cwd=tmp_path, env=env)
+    assert second.returncode == 0, second.stderr
+    assert "already" in second.stdout and "wrote" not in second.stdout
+    assert (key.read_bytes(), token.read_bytes()) == before

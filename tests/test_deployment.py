@@ -94,3 +94,79 @@ def test_compose_synapse_profile_runs_our_worker_as_synapses_sender() -> None:
     assert fed1[-1] == "/config/fed1.yaml"  # Synapse's worker reads the same worker file
     pg_args = services["synapse-postgres"]["environment"]["POSTGRES_INITDB_ARGS"]
     assert "--lc-collate=C" in pg_args and "--lc-ctype=C" in pg_args
+
+
+def test_secrets_are_created_once_before_the_workers_start() -> None:
+    services = _compose()["services"]
+    init = services["init"]
+    assert init["command"] == ["federation-sender", "init"]
+    assert "keys:/app/data" in init["volumes"]
+    for name in ("worker1", "worker2"):
+        assert services[name]["depends_on"]["init"]["condition"] == \
+            "service_completed_successfully"
+        assert "keys:/app/data" in services[name]["volumes"]
+
+
+def test_workers_have_healthchecks_on_their_admin_listener() -> None:
+    services = _compose()["services"]
+    for name in ("worker1", "worker2", "synapse-federation-sender"):
+        check = services[name]["healthcheck"]
+        assert check["test"][0] == "CMD"
+        assert "http://127.0.0.1:9093/ready" in " ".join(check["test"])
+
+
+def test_prometheus_scrapes_the_workers_metrics_listener() -> None:
+    from federation_sender.config import TelemetrySettings
+
+    services = _compose()["services"]
+    assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in \
+        services["prometheus"]["volumes"]
+    prom = yaml.safe_load((ROOT / "deploy" / "prometheus.yml").read_text())
+    (job,) = prom["scrape_configs"]
+    assert job["metrics_path"] == "/_synapse/metrics"
+    port = TelemetrySettings().metrics_port
+    targets = job["static_configs"][0]["targets"]
+    assert targets == [f"worker1:{port}", f"worker2:{port}"]
+    for name in ("worker1", "worker2"):
+        env = services[name]["environment"]
+        assert env["FEDERATION_SENDER__TELEMETRY__METRICS_BIND"] == "0.0.0.0"
+
+
+def _exported_names() -> set[str]:
+    """Every series name a worker's registry can export (labelled families included)."""
+    from federation_sender.telemetry.metrics import Metrics, QueueSnapshot, new_registry
+
+    registry = new_registry(process_metrics=False)
+    Metrics(registry).set_snapshot_source(QueueSnapshot)
+    names: set[str] = set()
+    for family in registry.collect():
+        suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+                    "gauge": ("",)}[family.type]
+        names.update(family.name + s for s in suffixes)
+    return names
+
+
+def test_the_grafana_dashboard_reads_only_series_the_worker_exports() -> None:
+    import json
+    import re
+
+    dash = json.loads((ROOT / "deploy" / "grafana-dashboard.json").read_text())
+    exprs = [t["expr"] for p in dash["panels"] for t in p["targets"]]
+    used = {m for e in exprs for m in re.findall(r"\b((?:synapse|federation_sender)_\w+)", e)}
+    assert used - _exported_names() == set()
+    # What Synapse's own federation-sender panels read is there too.
+    for synapse_name in ("synapse_federation_client_sent_transactions_total",
+                         "synapse_federation_client_sent_pdu_destinations_count_total",
+                         "synapse_federation_client_sent_pdu_destinations_total",
+                         "synapse_federation_client_events_processed_total",
+                         "synapse_event_processing_loop_count_total",
+                         "synapse_event_processing_loop_room_count_total",
+                         "synapse_http_matrixfederationclient_requests_total",
+                         "synapse_http_matrixfederationclient_responses_total",
+                         "synapse_federation_transaction_queue_pending_destinations",
+                         "synapse_federation_client_sent_edus_by_type_total",
+                         "synapse_event_processing_lag"):
+        assert synapse_name in used and synapse_name in _exported_names()
+    services = _compose()["services"]
+    assert "./deploy/grafana-dashboard.json:/var/lib/grafana/dashboards/federation-sender.json" \
+        ":ro" in services["grafana"]["volumes"]
