@@ -38,7 +38,7 @@ import threading
 import urllib.parse
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -220,6 +220,12 @@ class PeerNetwork:
         with self._cond:
             if not self._cond.wait_for(predicate, timeout_s):
                 raise TimeoutError(f"not within {timeout_s:.0f} s: {what or predicate}")
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the lock the peers' records are written under (to read them at rest)."""
+        with self._cond:
+            yield
 
     def _record(self, update: Callable[[], None]) -> None:
         with self._cond:
