@@ -67,6 +67,13 @@ from federation_sender.replication.transport import ConnectionLost, Session, Tra
 
 logger = logging.getLogger(__name__)
 
+KNOWN_STREAMS = frozenset(ROW_PARSERS) | {
+    # Synapse 1.163's other streams (replication/tcp/streams/): skipped silently.
+    "backfill", "push_rules", "pushers", "account_data", "thread_subscriptions",
+    "profile_updates", "sticky_events", "quarantined_media", "un_partial_stated_room",
+    "un_partial_stated_event",
+}
+
 
 class ReplicationHandler(Protocol):
     async def on_rows(
@@ -127,6 +134,7 @@ class ReplicationClient:
         self._session: Session | None = None
         self._last_federation_ack: int | None = None
         self._dirty: dict[Key, int] = {}
+        self._unknown_streams: set[str] = set()
         self.connected = asyncio.Event()
         self.sessions_opened = 0
 
@@ -235,6 +243,8 @@ class ReplicationClient:
                 stream = command.stream_name
                 parser = parsers.get(stream)
                 if parser is None or command.instance_name == me:
+                    if parser is None and stream not in KNOWN_STREAMS:
+                        self._note_unknown_stream(stream)
                     continue
                 try:
                     row = parser(command.row)
@@ -251,6 +261,16 @@ class ReplicationClient:
             else:
                 await self._dispatch_other(command)
         await self._persist()
+
+    def _note_unknown_stream(self, stream: str) -> None:
+        """One line per stream name we have never heard of (a newer Synapse, a typo)."""
+        if stream in self._unknown_streams:
+            return
+        self._unknown_streams.add(stream)
+        logger.warning(
+            "replication: RDATA for unknown stream %r ignored (logged once per stream)",
+            stream[:100],
+        )
 
     async def _dispatch_other(self, command: c.Command) -> None:
         positions = self.positions

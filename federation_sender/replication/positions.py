@@ -11,7 +11,11 @@ Rules, per ``(stream, instance)`` key:
   or a new connection) discards a pending batch: its rows are either covered by
   the POSITION or will be fetched.
 * ``RDATA`` whose token is at or below the current position is dropped (a
-  duplicate: the same rows came from a fetch or the backlog already).
+  duplicate: the same rows came from a fetch or the backlog already) -- except on
+  the streams in :data:`OUT_OF_ORDER_STREAMS`, whose writer may complete tokens out
+  of order (Synapse's ``caches``: every process writes it through one shared
+  sequence). There a token below the position is delivered if it was never seen
+  (the last :data:`SEEN_WINDOW` tokens are remembered), without moving the position.
 * ``POSITION prev new``: with no position yet, adopt ``new``; if ``prev <= cur
   <= new`` just move to ``new``; if ``cur < prev`` rows were missed, so
   :class:`Fetch` ``(cur, new]`` from the database; if ``cur > new`` the writer's
@@ -35,6 +39,7 @@ view.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -46,6 +51,12 @@ Key = tuple[str, str]
 """``(stream_name, instance_name)``."""
 
 FETCH_BATCH_ROWS = 100
+
+OUT_OF_ORDER_STREAMS = frozenset({"caches"})
+"""Streams whose tokens may arrive out of order from one writer (see the module doc)."""
+
+SEEN_WINDOW = 4096
+"""How many recent tokens of an out-of-order stream are remembered as seen."""
 
 
 class PositionStore(Protocol):
@@ -112,6 +123,7 @@ class StreamPositions:
         self._positions: dict[Key, int] = dict(self._persisted)
         self._batches: dict[Key, list[Row]] = {}
         self._histories: dict[Key, str] = {}
+        self._seen: dict[Key, _Seen] = {}
 
     # --- queries -------------------------------------------------------------------
 
@@ -150,10 +162,18 @@ class StreamPositions:
         batches = self._batches
         batch = batches.pop(key, None) if batches else None
         current = self._positions.get(key)
+        rows = (row,) if batch is None else (*batch, row)
+        if key[0] in OUT_OF_ORDER_STREAMS:
+            seen = self._seen.setdefault(key, _Seen())
+            if not seen.add(token):
+                return None
+            if current is None or token > current:
+                self._positions[key] = token
+            return rows
         if current is not None and token <= current:
             return None
         self._positions[key] = token
-        return (row,) if batch is None else (*batch, row)
+        return rows
 
     def on_position(self, stream: str, instance: str, prev: int, new: int) -> PositionAction | None:
         """What a POSITION means; ``None`` if the position does not change.
@@ -172,6 +192,7 @@ class StreamPositions:
         if current < prev:
             return Fetch(current, new)
         self._positions[key] = new
+        self._seen.pop(key, None)
         return Reset(new)
 
     def on_history(self, stream: str, instance: str, history_id: str, start_token: int) -> bool:
@@ -182,6 +203,7 @@ class StreamPositions:
         if known is None or known == history_id:
             return False
         self._batches.pop(key, None)
+        self._seen.pop(key, None)
         current = self._positions.get(key)
         if current is not None and current > start_token:
             self._positions[key] = start_token
@@ -195,7 +217,12 @@ class StreamPositions:
             self._positions[key] = token
 
     def mark_persisted(self, stream: str, instance: str, token: int) -> None:
-        self._persisted[(stream, instance)] = token
+        """Record a save. Like the database (``save_position``), a save never moves the
+        persisted token back, so after a writer reset this stays what the database holds;
+        the next connection's POSITION brings the in-memory position down again."""
+        key = (stream, instance)
+        known = self._persisted.get(key)
+        self._persisted[key] = token if known is None else max(known, token)
 
     def on_new_connection(self) -> None:
         """Drop partial batches: the new connection's POSITIONs cover them."""
@@ -204,7 +231,28 @@ class StreamPositions:
     def rollback_to_persisted(self) -> None:
         """Forget unpersisted progress (the handler failed); refetch it later."""
         self._batches.clear()
+        self._seen.clear()  # what the handler failed on must be delivered again
         self._positions = dict(self._persisted)
+
+
+class _Seen:
+    """The last :data:`SEEN_WINDOW` tokens of one key, for out-of-order streams."""
+
+    __slots__ = ("_order", "_tokens")
+
+    def __init__(self) -> None:
+        self._tokens: set[int] = set()
+        self._order: deque[int] = deque()
+
+    def add(self, token: int) -> bool:
+        """Remember ``token``; ``False`` if it was already seen."""
+        if token in self._tokens:
+            return False
+        self._tokens.add(token)
+        self._order.append(token)
+        if len(self._order) > SEEN_WINDOW:
+            self._tokens.discard(self._order.popleft())
+        return True
 
 
 async def fetch_gap(

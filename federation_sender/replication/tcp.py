@@ -100,15 +100,24 @@ class TcpSession:
             try:
                 data = await self._reader.read(READ_CHUNK)
             except OSError as e:
-                raise ConnectionLost(f"read failed: {e}") from e
+                raise ConnectionLost(self._ours() or f"read failed: {e}") from e
             if not data:
+                # Our own close (a ping timeout from the timer task) also ends the read
+                # with end-of-file; say whose close it was.
+                ours = self._ours()
                 self._conn.close()
-                raise ConnectionLost("peer closed the connection")
+                raise ConnectionLost(ours or "peer closed the connection")
             self._conn.receive_data(data)
             out, self._error = self._conn.drain_commands()
             self._flush()
             if out:
                 return out
+
+    def _ours(self) -> str | None:
+        """``closed by us: <reason>`` once this side has closed the connection."""
+        if self._conn.closed:
+            return f"closed by us: {self._conn.close_reason}"
+        return None
 
     def abort(self, reason: str) -> None:
         self._conn.close(reason)

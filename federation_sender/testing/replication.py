@@ -33,8 +33,10 @@ class InMemoryPositionStore:
         return dict(self.positions)
 
     async def save(self, stream: str, instance: str, token: int) -> None:
+        """As the database does: a lower token than the stored one is ignored."""
         self.saves += 1
-        self.positions[(stream, instance)] = token
+        key = (stream, instance)
+        self.positions[key] = max(token, self.positions.get(key, token))
 
 
 class _Fetcher:

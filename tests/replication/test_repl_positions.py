@@ -10,7 +10,7 @@ from federation_sender.replication.positions import (
     Update,
     fetch_gap,
 )
-from federation_sender.replication.rows import ToDeviceRow
+from federation_sender.replication.rows import CachesRow, ToDeviceRow
 from federation_sender.testing.replication import WriterDatabase
 
 A, B, C = ToDeviceRow("a"), ToDeviceRow("b"), ToDeviceRow("c")
@@ -107,3 +107,25 @@ async def test_fetch_gap_with_nothing_to_fetch() -> None:
     db = WriterDatabase()
     updates = [u async for u in fetch_gap(db.fetcher("s"), "s", "m", 5, 5)]
     assert updates == []
+
+
+def test_out_of_order_tokens_of_a_multi_writer_stream_are_delivered_once() -> None:
+    p = StreamPositions()
+    row = CachesRow("get_user", ("@u:hs",), 1)
+    assert p.on_rdata("caches", "w1", 5, row) == Update("caches", "w1", 5, (row,))
+    # Token 3 completed after 5 on the writer: never seen, so not a duplicate.
+    assert p.on_rdata("caches", "w1", 3, row) == Update("caches", "w1", 3, (row,))
+    assert p.get("caches", "w1") == 5  # the position does not move back
+    assert p.on_rdata("caches", "w1", 3, row) is None
+    assert p.on_rdata("caches", "w1", 5, row) is None
+    # Single-writer streams keep the plain rule: at or below the position is stale.
+    p.on_rdata("to_device", "m", 5, A)
+    assert p.on_rdata("to_device", "m", 3, A) is None
+
+
+def test_the_persisted_position_never_moves_back_like_the_database() -> None:
+    p = StreamPositions({("s", "m"): 10})
+    assert p.on_position("s", "m", 2, 2) == Reset(2)
+    p.on_rdata("s", "m", 3, A)
+    p.mark_persisted("s", "m", 3)  # the database ignored it: 10 stays
+    assert p.persisted() == {("s", "m"): 10}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -217,6 +218,7 @@ BAD_INPUTS = [
     (b"REPLICATE\n", b"not allowed"),
     (b"PING " + b"x" * 17000 + b"\n", b"too long"),
     (b"RDATA to_device master 6 [\xff]\n", b"UTF-8"),
+    (b"POSITION to_device master 9 3\n", b"prev token 9 is above new token 3"),
 ]
 
 
@@ -250,7 +252,8 @@ async def test_server_name_mismatch_is_refused() -> None:
         server.close()
 
 
-async def test_keepalive_and_timeout_on_a_fake_clock() -> None:
+async def test_keepalive_and_timeout_on_a_fake_clock(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="federation_sender.replication")
     server, received = await _raw_server([[b"SERVER hs\nPING 1\n"]])
     port = server.sockets[0].getsockname()[1]
     clock = FakeClock()
@@ -267,6 +270,12 @@ async def test_keepalive_and_timeout_on_a_fake_clock() -> None:
             await clock.advance_and_settle(5)  # 25 s since the server's PING
             _, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
             assert line == b"ERROR ping timeout\n"
+
+            def ended() -> list[str]:
+                return [m for m in caplog.messages if "session to" in m and "ended" in m]
+
+            await r.handler.wait_for(ended)
+            assert ended()[0].endswith("ended: closed by us: ping timeout"), ended()
     finally:
         server.close()
 
