@@ -41,7 +41,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,12 +49,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from federation_sender.testing.certs import LoopbackCA
-from federation_sender.testing.ports import free_port
+from federation_sender.testing.our_sender import OurSender, OurSenderError
 from federation_sender.testing.postgres import PostgresCluster, ephemeral_cluster
 from federation_sender.testing.redis_server import ephemeral_redis
 from federation_sender.testing.synapse_client import User
@@ -94,49 +91,27 @@ class Sender:
     """Starts and stops one sender implementation as instance ``fed1``."""
 
     def __init__(self, kind: str, d: SynapseDeployment, workdir: Path) -> None:
-        self.kind, self.d, self.workdir = kind, d, workdir
-        self.popen: subprocess.Popen[bytes] | None = None
+        self.kind, self.d = kind, d
+        self.ours = OurSender(d, workdir / "ours") if kind == "ours" else None
 
     def start(self) -> int:
-        if self.kind == "synapse":
-            self.d.start_federation_sender()
-            assert self.d.sender is not None and self.d.sender.pid is not None
-            return self.d.sender.pid
-        ours = self.workdir / "ours.yaml"
-        ours.write_text(yaml.safe_dump({
-            "data_dir": str(self.workdir / "data"),
-            "federation": {"extra_ca_file": str(self.d.ca_cert)},
-            "admin": {"port": free_port()},
-            "telemetry": {"metrics_port": None},
-        }))  # fmt: skip
-        synapse_files = ["--synapse-config", str(self.d.homeserver_yaml),
-                         "--synapse-config", str(self.d.worker_yaml)]  # fmt: skip
-        cli = [sys.executable, "-m", "federation_sender"]
-        migrate = subprocess.run(
-            [*cli, "migrate", "-c", str(ours), *synapse_files],
-            capture_output=True, text=True, cwd=self.workdir,
-        )  # fmt: skip
-        if migrate.returncode != 0:
-            raise RuntimeError(f"migrate failed: {migrate.stderr.strip()[-300:]}")
-        log = open(self.workdir / "ours.log", "ab")  # noqa: SIM115 - owned by the child
-        self.popen = subprocess.Popen(
-            [*cli, "worker", "-c", str(ours), *synapse_files],
-            stdout=log, stderr=subprocess.STDOUT, cwd=self.workdir,
-        )  # fmt: skip
-        log.close()
-        return self.popen.pid
+        if self.ours is not None:
+            self.ours.start()
+            assert self.ours.pid is not None
+            return self.ours.pid
+        self.d.start_federation_sender()
+        assert self.d.sender is not None and self.d.sender.pid is not None
+        return self.d.sender.pid
 
     def check_alive(self) -> None:
-        if self.popen is not None and self.popen.poll() is not None:
-            tail = (self.workdir / "ours.log").read_text(errors="replace").strip().splitlines()
-            raise RuntimeError(f"our worker exited ({self.popen.returncode}): {tail[-1:]}")
+        if self.ours is not None and not self.ours.running:
+            raise RuntimeError(f"our worker exited: {self.ours.log_tail(1)}")
 
     def stop(self) -> None:
-        if self.kind == "synapse":
+        if self.ours is not None:
+            self.ours.stop()
+        else:
             self.d.stop_federation_sender()
-        elif self.popen is not None and self.popen.poll() is None:
-            self.popen.terminate()
-            self.popen.wait(30)
 
 
 def wait_delivered(
@@ -241,7 +216,7 @@ def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: 
                 measure(peers, persisted, r)
             delivered = a.events * a.dests - r.missing
             r.cpu_s_per_pdu = round(cpu / delivered, 6) if delivered else None
-    except (RuntimeError, TimeoutError, OSError) as e:
+    except (RuntimeError, TimeoutError, OSError, OurSenderError) as e:
         r.error = str(e).splitlines()[0][:300]
     finally:
         sender.stop()
