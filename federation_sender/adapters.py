@@ -20,7 +20,7 @@ from federation_sender.admin.protocols import LiveState
 from federation_sender.clock import Clock, time_ms
 from federation_sender.edus import EventMeta, RoomHosts
 from federation_sender.edus.presence import PresenceFanout
-from federation_sender.edus.receipts import ReceiptFanout
+from federation_sender.edus.receipts import DEFAULT_MAX_DELAY_S, ReceiptFanout
 from federation_sender.edus.typing_edus import TypingFanout
 from federation_sender.queue import DestinationState, DestinationStatus, FederationEdu, QueueManager
 from federation_sender.replication.rows import (
@@ -71,6 +71,7 @@ class WorkerReplicationHandler:
         room_hosts: RoomHosts | None = None,
         presence: PresenceFanout | None = None,
         tracing: Tracing | None = None,
+        receipt_max_delay_s: float = DEFAULT_MAX_DELAY_S,
     ) -> None:
         self._m = manager
         self._tracing = tracing or Tracing(None)
@@ -82,7 +83,7 @@ class WorkerReplicationHandler:
         self.rows_seen = 0
         hosts = room_hosts or StorageRoomHosts(storage)
         self.typing = TypingFanout(server_name, hosts, manager, clock)
-        self.receipts = ReceiptFanout(server_name, hosts, manager, clock)
+        self.receipts = ReceiptFanout(server_name, hosts, manager, clock, receipt_max_delay_s)
         self.presence = presence
         """Presence streams are consumed when the backend has presence (Synapse)."""
         self.tokens: dict[str, int] = {}

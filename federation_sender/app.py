@@ -55,6 +55,7 @@ from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.supervisor import Supervisor
 from federation_sender.synapse.config import SynapseConfig
 from federation_sender.synapse.database import create_synapse_engine
+from federation_sender.synapse.edus.wiring import bind_stream_tokens, synapse_edus
 from federation_sender.synapse.wiring import (
     ReplicationSignals,
     load_synapse_signing_key,
@@ -362,7 +363,9 @@ class Worker:
             self.metrics,
             on_events_token=self.observer.note_poke,
             tracing=self.observer.tracing,
+            **synapse_edus(self.storage, self.manager, self.clock),
         )
+        bind_stream_tokens(self.storage, handler.tokens)
         client = ReplicationClient(
             transport,
             instance_name=s.instance_name,

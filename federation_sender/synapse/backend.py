@@ -34,6 +34,7 @@ from federation_sender.synapse import events as ev
 from federation_sender.synapse import reads
 from federation_sender.synapse import writes as wr
 from federation_sender.synapse.config import SynapseConfig
+from federation_sender.synapse.edus import device_lists as dl
 from federation_sender.synapse.hosts import (
     ExternalCache,
     StateGroupHostsCache,
@@ -69,6 +70,9 @@ class SynapseBackend:
         self.caches_position = 0
         """The highest cache invalidation stream id we wrote (POSITION caches)."""
         self.positions_reset = False
+        self.stream_token: Callable[[str], int | None] = lambda _stream: None
+        """The latest replication token of a stream (set by the composition root to the
+        replication handler's), bounding outbox reads as Synapse's stream tokens do."""
 
     async def load_caches_position(self) -> int:
         t = cache_invalidation_stream_by_instance
@@ -115,7 +119,7 @@ class SynapseTx:
         self.hosts = SynapseHostsReader(conn, b.groups, b.external, b.syn.domain_allowed)
         self.destinations = _Destinations(conn, b, s)
         self.catchup = _CatchUp(conn)
-        self.outbox = _Outbox(conn)
+        self.outbox = _Outbox(conn, b)
         self.positions = _Positions(conn, b)
         # Our transaction log (in our schema) and the admin reads of ``destinations`` and
         # ``destination_rooms`` (same columns as Synapse's) are the native code's.
@@ -240,18 +244,33 @@ class _CatchUp:
 
 
 class _Outbox:
-    """To-device messages as Synapse keeps them. Device-list updates are not sent yet
-    (docs/synapse.md, limitations): their rows stay for Synapse's own worker."""
+    """To-device messages and device-list updates as Synapse keeps them (both deleted
+    once delivered). Device-list windows stop at the ``device_lists`` stream token main
+    last announced (every poke at or below it is committed); before the first one,
+    none is read (the wake-up sweep comes back for them)."""
 
-    __slots__ = ("_c",)
+    __slots__ = ("_b", "_c")
 
-    def __init__(self, conn: AsyncConnection) -> None:
+    def __init__(self, conn: AsyncConnection, b: SynapseBackend) -> None:
         self._c = conn
+        self._b = b
 
     async def unsent_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int
     ) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
-        return await reads.unsent_to_device(self._c, destination, to_device_after, limit), []
+        to_device = await reads.unsent_to_device(self._c, destination, to_device_after, limit)
+        token = self._b.stream_token("device_lists")
+        if token is None:
+            return to_device, []
+        device_lists = await dl.device_list_rows(
+            self._c,
+            destination,
+            device_lists_after,
+            token,
+            limit,
+            allow_device_names=self._b.syn.allow_device_name_lookup_over_federation,
+        )
+        return to_device, device_lists
 
     async def ack_to_device(
         self, destination: str, stream_ids: Collection[int], now_ms: int
@@ -261,10 +280,10 @@ class _Outbox:
     async def ack_device_lists(
         self, destination: str, keys: Collection[tuple[int, str, str]]
     ) -> None:
-        return None
+        await dl.ack_device_list_rows(self._c, destination, keys)
 
     async def device_list_destinations(self, user_ids: Collection[str]) -> list[str]:
-        return []
+        return await dl.destinations_for_users(self._c, user_ids)
 
 
 class _Positions:

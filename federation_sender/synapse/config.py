@@ -64,6 +64,13 @@ class SynapseConfig:
     min_retry_interval_ms: int
     retry_multiplier: float
     max_retry_interval_ms: int
+    allow_device_name_lookup_over_federation: bool = False
+    """Device display names go in ``m.device_list_update`` only when this is set."""
+    presence_enabled: bool = True
+    """``presence.enabled``; off: the presence streams are not consumed."""
+    rooms_to_exclude_from_presence: frozenset[str] = frozenset()
+    presence_last_active_granularity_ms: int = 60_000
+    federation_rr_transactions_per_room_per_second: float = 50.0
 
     def domain_allowed(self, destination: str) -> bool:
         wl = self.federation_domain_whitelist
@@ -198,6 +205,17 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         raise ConfigError(
             "federation_custom_ca_list", "at most one file (concatenate the certificates)", cas
         )
+    presence = tree.get("presence") or {}
+    if not isinstance(presence, Mapping):
+        raise ConfigError("presence", "a mapping", presence)
+    presence_on = presence.get("enabled")
+    if presence_on is None:
+        presence_on = tree.get("use_presence", True)
+    rr = tree.get("federation_rr_transactions_per_room_per_second", 50)
+    if isinstance(rr, bool) or not isinstance(rr, (int, float)) or rr <= 0:
+        raise ConfigError(
+            "federation_rr_transactions_per_room_per_second", "a positive number", rr
+        )
     return SynapseConfig(
         server_name=server_name,
         database_url=_database_url(tree.get("database")),
@@ -228,6 +246,17 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
             ),
             2**62,
         ),
+        allow_device_name_lookup_over_federation=bool(
+            tree.get("allow_device_name_lookup_over_federation", False)
+        ),
+        presence_enabled=bool(presence_on),
+        rooms_to_exclude_from_presence=frozenset(
+            _str_list("exclude_rooms_from_presence", tree.get("exclude_rooms_from_presence"))
+        ),
+        presence_last_active_granularity_ms=parse_duration_ms(
+            "presence.last_active_granularity", presence.get("last_active_granularity", 60_000)
+        ),
+        federation_rr_transactions_per_room_per_second=float(rr),
     )
 
 

@@ -240,7 +240,9 @@ _OUTSTANDING = text(
       AND (EXISTS (SELECT 1 FROM destination_rooms r WHERE r.destination = d.destination
                    AND r.stream_ordering > COALESCE(d.last_successful_stream_ordering, -1))
            OR EXISTS (SELECT 1 FROM device_federation_outbox o
-                      WHERE o.destination = d.destination))
+                      WHERE o.destination = d.destination)
+           OR EXISTS (SELECT 1 FROM device_lists_outbound_pokes p
+                      WHERE p.destination = d.destination))
     ORDER BY d.destination
     LIMIT :limit
     """

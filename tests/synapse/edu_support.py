@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -147,3 +148,12 @@ async def until(cond: Callable[[], Awaitable[bool]], what: str, timeout_s: float
         if loop.time() > end:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.05)
+
+
+def poll(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
+    """Block until ``cond()`` holds, for state another process writes to its database."""
+    end = time.monotonic() + timeout_s
+    while not cond():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)
