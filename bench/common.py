@@ -114,23 +114,38 @@ async def databases(kind: str) -> AsyncIterator[Any]:
 
         yield fresh_sqlite
         return
+    with bench_cluster() as cluster:
+        yield fresh_db_factory(cluster)
+
+
+@contextlib.contextmanager
+def bench_cluster() -> Iterator[Any]:
+    """A throwaway PostgreSQL cluster tuned like a dev box (no fsync wait)."""
     with ephemeral_cluster() as cluster:
+        # Benchmarks measure the engine, not fsync: relax durability like a tuned dev box.
         cluster.psql("ALTER SYSTEM SET synchronous_commit = off")
         cluster.psql("SELECT pg_reload_conf()")
-        count = 0
+        yield cluster
 
-        @contextlib.asynccontextmanager
-        async def fresh() -> AsyncIterator[Any]:
-            nonlocal count
-            count += 1
-            eng = create_engine(cluster.create_database(f"bench{count}"), pool_size=20)
-            await upgrade(eng)
-            try:
-                yield eng
-            finally:
-                await eng.dispose()
 
-        yield fresh
+def fresh_db_factory(cluster: Any) -> Any:
+    """``fresh()``: an async context manager giving a new migrated database of
+    ``cluster`` (usable from any event loop, one after another)."""
+    count = 0
+
+    @contextlib.asynccontextmanager
+    async def fresh() -> AsyncIterator[Any]:
+        nonlocal count
+        count += 1
+        eng = create_engine(cluster.create_database(f"bench{os.getpid()}_{count}"),
+                            pool_size=20)
+        await upgrade(eng)
+        try:
+            yield eng
+        finally:
+            await eng.dispose()
+
+    return fresh
 
 
 @contextlib.asynccontextmanager

@@ -1,48 +1,70 @@
-"""Memory with 100,000 known idle destinations: at most 150 MB resident.
+"""Memory with 100,000 known idle destinations: at most 150 MB resident, with the
+production sender.
 
 Phase 1: 100,000 destinations in the database (each with a ``destination_rooms`` row,
 caught up), the worker started, a wake-up sweep run: nothing may be held per destination.
-Phase 2: every destination gets one EDU (a real transaction through an in-process
-sender that answers 200 at once), a wave of ``--wave`` destinations at a time, then goes
-idle; after the idle TTL (2 s here) the queues are dropped. RSS is sampled throughout.
-The RSS before the worker starts is the interpreter with its libraries.
+Phase 2: every destination gets one EDU, a real transaction over loopback HTTP to the
+receiver process, a wave of ``--wave`` destinations at a time, then goes idle; after
+the idle TTL (2 s here) the queues are dropped, and the worker's memory trimmer
+(``runtime.MemoryTrimmer``, as ``app.py`` runs it) hands freed heap back. RSS is sampled
+throughout. The RSS before the worker starts is the interpreter with its libraries.
 
-    .venv/bin/python bench/idle_memory.py [--db postgres|sqlite] [--dests 100000]
+Senders (``--senders``, see ``common.py``): ``production`` (the real FederationClient
+with signing and the telemetry observer), ``stand-in`` (the unsigned test sender), and
+``instant`` (no HTTP at all: answers 200 at once, the figure of earlier versions).
+Memory is per process, so each sender runs in a child process of its own, one after
+the other, and the figures are printed side by side.
+
+    .venv/bin/python bench/idle_memory.py [--db postgres|sqlite] [--dests 100000] \
+        [--senders production stand-in instant]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
-import random
+import subprocess
+import sys
 import time
 from dataclasses import replace
+from typing import Any
 
-from common import ME, clock, database, dest_name, report, rss_mb
+from common import (
+    ME,
+    SENDERS,
+    BenchSender,
+    Deliveries,
+    clock,
+    database,
+    dest_name,
+    load_average,
+    make_sender,
+    receivers,
+    report,
+    rss_mb,
+)
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue import QueueManager
+from federation_sender.runtime import MemoryTrimmer
 from federation_sender.storage import destinations as dst
-from federation_sender.storage.native import NativeBackend
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 
 
 class InstantSender:
-    def __init__(self) -> None:
-        self.sent = 0
+    def __init__(self, counter: Deliveries) -> None:
+        self.counter = counter
 
     async def send_transaction(self, txn: Transaction) -> SendResult:
-        self.sent += 1
+        self.counter.delivered(txn)
         return SendResult(Outcome.SUCCESS, status=200)
 
+    async def close(self) -> None:
+        pass
 
-async def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--db", default="postgres", choices=["postgres", "sqlite"])
-    ap.add_argument("--dests", type=int, default=100_000)
-    ap.add_argument("--wave", type=int, default=5_000)
-    a = ap.parse_args()
+
+async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str]]:
     async with database(a.db) as engine:
         names = [dest_name(i) for i in range(a.dests)]
         async with engine.begin() as conn:
@@ -52,11 +74,17 @@ async def main() -> None:
         del names
         gc.collect()
         base = rss_mb()
-        sender = InstantSender()
-        settings = replace(QueueSettings(), idle_queue_ttl_s=2.0)
-        m = QueueManager(NativeBackend(engine), sender, settings, ME, "bench", clock(),
-                         random.Random(1), lambda _d: True)
+        if a.sender == "instant":
+            counter = Deliveries()
+            bs = BenchSender("instant", InstantSender(counter), counter)
+        else:
+            bs = make_sender(a.sender, urls)
+        await bs.start()
+        m = bs.manager(engine, replace(QueueSettings(), idle_queue_ttl_s=2.0))
         await m.start()
+        # As the worker runs it (app.py): gives freed heap back once queues go idle.
+        trimmer = MemoryTrimmer(lambda: m.active_queues, clock())
+        trim_task = asyncio.create_task(trimmer.run())
         woken = await m.wake_due_destinations()
         gc.collect()
         phase1 = rss_mb()
@@ -67,7 +95,7 @@ async def main() -> None:
             # Destinations become active a wave at a time, as traffic moves around.
             for i in range(start, min(a.dests, start + a.wave)):
                 m.enqueue_edu(dest_name(i), "m.bench", {"i": i})
-            while sender.sent < min(a.dests, start + a.wave):
+            while bs.counter.ok_txns < min(a.dests, start + a.wave):
                 await asyncio.sleep(0.1)
                 peak = max(peak, rss_mb())
                 live = max(live, m.active_queues)
@@ -78,16 +106,50 @@ async def main() -> None:
         await asyncio.sleep(1.0)  # let the last writes land
         gc.collect()
         after = rss_mb()
+        trimmer.trimmed.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(trimmer.trimmed.wait(), 40)  # it looks every 15 s
+        after_trim = rss_mb()
+        trim_task.cancel()
         await m.stop(5)
-        report(f"{a.dests} known destinations ({a.db})", [
+        await bs.close()
+        return [
             ("RSS before the worker starts", f"{base:.0f} MB"),
             ("phase 1: started + wake-up sweep (woken)", f"{phase1:.0f} MB ({woken})"),
             (f"phase 2: one transaction each, waves of {a.wave}", f"{t_sent:.1f} s"),
             ("phase 2: most live queues at once", f"{live}"),
             ("phase 2: peak RSS", f"{peak:.0f} MB"),
-            ("all idle again, queues dropped (target <= 150)", f"{after:.0f} MB"),
-        ])
+            ("all idle again, queues dropped, before a trim", f"{after:.0f} MB"),
+            (f"all idle again, after the worker's trim ({trimmer.trims} trims) "
+             "(target <= 150)", f"{after_trim:.0f} MB"),
+        ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--db", default="postgres", choices=["postgres", "sqlite"])
+    ap.add_argument("--dests", type=int, default=100_000)
+    ap.add_argument("--wave", type=int, default=5_000)
+    ap.add_argument("--senders", nargs="+", default=list(reversed(SENDERS)),
+                    choices=[*SENDERS, "instant"])
+    ap.add_argument("--sender", help=argparse.SUPPRESS)  # one child's sender
+    a = ap.parse_args()
+    if a.sender is None:
+        for kind in a.senders:
+            argv = [sys.executable, __file__, "--db", a.db, "--dests", str(a.dests),
+                    "--wave", str(a.wave), "--sender", kind]
+            subprocess.run(argv, check=True)
+        return
+
+    async def child() -> Any:
+        with receivers(1) as urls:
+            load = load_average()
+            rows = await measure(a, urls)
+        report(f"{a.dests} known destinations, {a.sender} sender ({a.db})",
+               [("load average at start (1/5/15 min)", load), *rows])
+
+    asyncio.run(child())
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

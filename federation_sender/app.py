@@ -45,6 +45,7 @@ from federation_sender.errors import ConfigError
 from federation_sender.queue import QueueManager
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.transport import Transport
+from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.startup import listen, wait_for_database
 from federation_sender.storage.engine import create_engine, is_sqlite
@@ -340,6 +341,8 @@ class Worker:
         self.supervisor = Supervisor(self.clock)
         push(self.supervisor.shutdown, 5.0)
         self.replication = self._start_replication(self.supervisor)
+        trimmer = MemoryTrimmer(lambda: self.manager.active_queues, self.clock)
+        self.supervisor.start("memory-trim", trimmer.run, restart=True)
         for key, bind, port, app, tls in self._listeners():
             server = await listen(
                 key, bind, port, start_http_server(app, bind, port, ssl_context=tls)

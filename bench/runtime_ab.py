@@ -1,0 +1,181 @@
+"""A/B of runtime choices, each pair measured interleaved in one run (A B B A ...), so
+the load of other jobs on the machine falls on both alike.
+
+``encoders``: canonical JSON and request preparation, per call, on Synapse-shaped PDUs
+(prev/auth events, hashes, signatures, unicode bodies):
+
+* one PDU: ``canonicaljson.encode_canonical_json`` against the checked orjson path
+  (``transport.encoding.canonical_json``: one type walk, then orjson);
+* one transaction of 50 PDUs to one of 200 destinations sharing them, as the client
+  prepared it before (the body encoded by ``encode_canonical_json``, then the request
+  object encoded again inside ``signedjson.sign_json`` and signed) against now
+  (``RequestBuilder.prepare``: PDU encodings shared, body assembled, signed over the
+  same bytes); and the ed25519 signature alone over such a body, the floor.
+
+``loop``: the fan-out engine phase (``fanout.py``, production sender) with the default
+asyncio event loop against uvloop, both for the sender's process (receivers unchanged),
+with a fresh database per run.
+
+    .venv/bin/python bench/runtime_ab.py [encoders] [loop] [--rounds 4] [--dests 200] \
+        [--events 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+from common import bench_cluster, fresh_db_factory, load_average, receivers, report
+
+from federation_sender.clock import SystemClock
+from federation_sender.transport.encoding import canonical_json, stdlib_canonical_json
+from federation_sender.transport.prepare import SEND_PATH, RequestBuilder
+from federation_sender.transport.result import Transaction
+from federation_sender.transport.signing import SigningKey, sign_request
+
+KEY = SigningKey.generate("a_ab")
+
+
+def synapse_like_pdu(i: int) -> dict[str, Any]:
+    room = "!OGEhHVWSdvArJzumhm:matrix.org"
+    return {
+        "auth_events": [f"$auth{k}{i % 7}xZ3vQW1c2n9dK8sL0pQ4rT6uY8iO0pA2sD4fG6hJ8k"
+                        for k in range(4)],
+        "content": {"body": f"Nachricht {i}: héllo wörld ✓ — 你好 {'x' * (i % 40)}",
+                    "msgtype": "m.text", "m.mentions": {}},
+        "depth": 123_456 + i,
+        "hashes": {"sha256": "o4Zo3Lq8yqT9bQ2rR3j5XQb7mBkRfPZ0n9Hh2zE1ZxQ"},
+        "origin": "matrix.org",
+        "origin_server_ts": 1_700_000_000_000 + i,
+        "prev_events": [f"$prev{i}Ab3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5bC7dE9"],
+        "room_id": room,
+        "sender": "@someone:matrix.org",
+        "signatures": {"matrix.org": {"ed25519:a_RXGa": "Nf1RdkbZ5B9s0pvJ4kLmZ1Q3vYw8J"
+                                      "xL2n4Pq6Rs8Tu0Vw2Xy4Za6Bc8De0Fg2Hi4Jk6Lm8No0Pq2Rs4Tu"
+                                      "6Vw8Xy0Za2Bc4De6Fg8Hi0Jk2Lm4No6Pq8Rs0Tu"}},
+        "type": "m.room.message",
+        "unsigned": {"age_ts": 1_700_000_000_000 + i},
+    }
+
+
+def _per_call_us(fn: Callable[[], Any], calls: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return 1e6 * (time.perf_counter() - t0) / calls
+
+
+def _old_prepare(txn: Transaction, ts: int) -> tuple[bytes, str]:
+    """The client before this change: body encoded, then encoded again to sign."""
+    content = {"origin": "local.bench", "origin_server_ts": ts, "pdus": list(txn.pdus),
+               "edus": list(txn.edus)}
+    path = SEND_PATH + txn.txn_id
+    auth = sign_request(key=KEY, origin="local.bench", destination=txn.destination,
+                        method="PUT", uri=path, content=content)
+    return stdlib_canonical_json(content), auth
+
+
+def encoders(rounds: int) -> None:
+    pdus = [synapse_like_pdu(i) for i in range(50)]
+    pdu = pdus[7]
+    assert canonical_json(pdu) == stdlib_canonical_json(pdu)
+    txns = [Transaction(f"r{d}.bench", f"t{d}", pdus, []) for d in range(200)]
+    results: dict[str, list[float]] = {k: [] for k in (
+        "PDU: canonicaljson", "PDU: checked orjson",
+        "txn: before (encode + re-encode to sign)", "txn: now (RequestBuilder.prepare)",
+        "txn: ed25519 signature alone")}
+    body = stdlib_canonical_json({"pdus": pdus})
+
+    def new_round() -> float:
+        builder = RequestBuilder(origin="local.bench", key=KEY, clock=SystemClock())
+        t0 = time.perf_counter()
+        for t in txns:
+            builder.prepare(t)
+        return 1e6 * (time.perf_counter() - t0) / len(txns)
+
+    def old_round() -> float:
+        t0 = time.perf_counter()
+        for t in txns:
+            _old_prepare(t, 1)
+        return 1e6 * (time.perf_counter() - t0) / len(txns)
+
+    for r in range(rounds):
+        pair = [("PDU: canonicaljson", lambda: stdlib_canonical_json(pdu)),
+                ("PDU: checked orjson", lambda: canonical_json(pdu))]
+        for name, fn in (pair if r % 2 == 0 else pair[::-1]):
+            results[name].append(_per_call_us(fn, 20_000))
+        txn_pair = [("txn: before (encode + re-encode to sign)", old_round),
+                    ("txn: now (RequestBuilder.prepare)", new_round)]
+        for name, fn2 in (txn_pair if r % 2 == 0 else txn_pair[::-1]):
+            results[name].append(fn2())
+        results["txn: ed25519 signature alone"].append(
+            _per_call_us(lambda: KEY.raw.sign(body), 500))
+    rows = [("load average (1/5/15 min)", load_average()),
+            ("PDU size (canonical JSON)", f"{len(canonical_json(pdu))} bytes"),
+            ("transaction body (50 PDUs)", f"{len(body)} bytes")]
+    for name, xs in results.items():
+        rows.append((f"{name}: median µs (runs)",
+                     f"{statistics.median(xs):.1f} ({', '.join(f'{x:.1f}' for x in xs)})"))
+    pdu_gain = (statistics.median(results["PDU: canonicaljson"])
+                / statistics.median(results["PDU: checked orjson"]))
+    txn_gain = (statistics.median(results["txn: before (encode + re-encode to sign)"])
+                / statistics.median(results["txn: now (RequestBuilder.prepare)"]))
+    rows += [("PDU: canonicaljson / checked orjson", f"{pdu_gain:.2f}x"),
+             ("txn: before / now", f"{txn_gain:.2f}x")]
+    report(f"encoders ({rounds} interleaved rounds)", rows)
+
+
+def loop(rounds: int, dests: int, events: int) -> None:
+    import fanout
+    import uvloop
+
+    factories: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
+        "asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+    results: dict[str, list[tuple[float, float]]] = {k: [] for k in factories}
+    load = load_average()
+    with receivers(1) as urls, bench_cluster() as cluster:
+        fresh = fresh_db_factory(cluster)
+        for r in range(rounds):
+            order = list(factories) if r % 2 == 0 else list(factories)[::-1]
+            for name in order:
+                with asyncio.Runner(loop_factory=factories[name]) as runner:
+                    res = runner.run(fanout.engine_run(fresh, "production", dests, urls,
+                                                       events, 5, "clock"))
+                k = len(res["txns"])
+                results[name].append((k / res["s"], 1000 * res["cpu"] / k))
+    rows = [("load average at start / end (1/5/15 min)", f"{load} / {load_average()}")]
+    for name, xs in results.items():
+        rows.append((f"{name}: txn/s (runs) / CPU ms per txn",
+                     f"{statistics.median(x[0] for x in xs):.0f} "
+                     f"({', '.join(f'{x[0]:.0f}' for x in xs)}) / "
+                     f"{statistics.median(x[1] for x in xs):.3f}"))
+    gain = (statistics.median(x[0] for x in results["uvloop"])
+            / statistics.median(x[0] for x in results["asyncio"]))
+    cpu_gain = (statistics.median(x[1] for x in results["asyncio"])
+                / statistics.median(x[1] for x in results["uvloop"]))
+    rows += [("uvloop / asyncio txn/s", f"{gain:.2f}"),
+             ("asyncio / uvloop CPU per txn", f"{cpu_gain:.2f}")]
+    report(f"event loop: fan-out to {dests} destinations, {events} events, production "
+           f"sender ({rounds} interleaved rounds)", rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what", nargs="*", default=["encoders", "loop"],
+                    choices=["encoders", "loop"])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--dests", type=int, default=200)
+    ap.add_argument("--events", type=int, default=200)
+    a = ap.parse_args()
+    if "encoders" in a.what:
+        encoders(a.rounds)
+    if "loop" in a.what:
+        loop(a.rounds, a.dests, a.events)
+
+
+if __name__ == "__main__":
+    main()
