@@ -7,6 +7,10 @@ Synapse's schedule, every number configurable: the first failure backs off
 Once the interval exceeds ``catchup_threshold_s`` (1 hour) the queue gives up its
 in-memory items and relies on catch-up instead.
 
+A 429 is not a failure: :class:`RateLimit` pauses the queue for the peer's
+``Retry-After`` (else 2 s, doubling while 429s continue, at most 60 s), in memory only,
+and the persisted schedule is not touched.
+
 The policy never reads the clock or a global random source: ``now_ms`` and an
 ``random.Random`` are passed in, so tests pin every value.
 """
@@ -99,3 +103,45 @@ class BackoffPolicy:
     def should_catch_up(self, state: BackoffState) -> bool:
         """Past the threshold the in-memory queue is dropped for catch-up."""
         return state.retry_interval_ms > self.catchup_threshold_s * 1000.0
+
+
+RATE_LIMIT_BASE_MS = 2_000
+RATE_LIMIT_CAP_MS = 60_000
+
+
+class RateLimit:
+    """The pause after a 429 (Synapse answers one to a second concurrent transaction
+    from one origin, and when it is overloaded)."""
+
+    __slots__ = ("_in_a_row", "longest_s", "until_ms")
+
+    def __init__(self, longest_s: float) -> None:
+        self.longest_s = longest_s
+        """A ``Retry-After`` longer than this is a failure (the persisted schedule)."""
+        self.until_ms = 0
+        self._in_a_row = 0
+
+    def active_at(self, now_ms: int) -> bool:
+        if self.until_ms and self.until_ms <= now_ms:
+            self.until_ms = 0
+        return self.until_ms > now_ms
+
+    def on_429(self, retry_after_s: float | None, now_ms: int) -> bool:
+        """Pause; False if the peer asks for longer than ``longest_s``."""
+        if retry_after_s is not None:
+            wait_ms = int(retry_after_s * 1000)
+            if wait_ms > self.longest_s * 1000:
+                return False
+        else:
+            wait_ms = min(RATE_LIMIT_CAP_MS, RATE_LIMIT_BASE_MS << min(self._in_a_row, 16))
+        self._in_a_row += 1
+        self.until_ms = now_ms + max(wait_ms, 1)
+        return True
+
+    def on_success(self) -> None:
+        self._in_a_row = 0
+
+    def clear(self) -> bool:
+        was = self.until_ms > 0
+        self.until_ms = 0
+        return was

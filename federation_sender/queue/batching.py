@@ -228,3 +228,18 @@ def _drain(q: deque[EduItem], room: int, budget: _Budget, out: list[EduItem]) ->
         out.append(e)
         room -= 1
     return room
+
+
+def fill_edus(batch: Batch, pending: PendingItems, limits: Limits) -> Batch:
+    """``batch`` (a catch-up batch of PDUs) with pending EDUs added within what is
+    left of the byte budget."""
+    rest = Limits(
+        max_pdus=limits.max_pdus,
+        max_edus=limits.max_edus,
+        max_bytes=max(0, limits.max_bytes - batch.size_bytes),
+        device_list_reserve=limits.device_list_reserve,
+    )
+    edus = take_edus(pending, rest)
+    if not edus:
+        return batch
+    return Batch(batch.pdus, tuple(edus), True, batch.catchup_position, batch.catchup_prune)

@@ -13,19 +13,15 @@ Invariants:
 * ``last_successful_stream_ordering`` only advances to a position below every PDU
   still held in memory (pending, queued halves, quarantine), so a crash never skips a
   PDU that was not delivered: catch-up resumes from there.
-* In catch-up mode no PDU is held in memory; the intake has already recorded it in
-  ``destination_rooms``, where catch-up finds it (``catchup_last_skipped`` makes sure a
-  PDU arriving while catch-up reads the table is not missed).
-* A catch-up episode reads ``destination_rooms`` past a keyset cursor and replays gaps
-  from the episode's base position; the position moves to the last row handled only
-  when the episode ends (a restart mid-episode repeats it: duplicates, never losses).
+* In catch-up mode no PDU is held in memory (the intake recorded it in
+  ``destination_rooms``), and the position moves only when an episode ends; catch-up
+  mode and the episode in progress are a
+  :class:`~federation_sender.queue.episode.CatchupEpisode`.
 * Refusals are judged by :class:`~federation_sender.queue.isolation.ItemIsolation`
   (split, quarantine with spaced retries, probe, drop only with successes in between,
-  or blame the destination); catch-up mode and the episode in progress are a
-  :class:`~federation_sender.queue.episode.CatchupEpisode`.
-* A 429 pauses the queue for the peer's ``Retry-After`` (else a few seconds, doubling
-  while 429s continue): an overloaded peer is not a failed one, and the persisted
-  ten-minute failure schedule is not touched. A ``Retry-After`` longer than the first
+  or blame the destination).
+* A 429 pauses the queue briefly (:class:`~federation_sender.queue.backoff.RateLimit`):
+  an overloaded peer is not a failed one. A ``Retry-After`` longer than the first
   failure interval is a normal failure with at least that interval.
 * Every real success reports ``succeeded``: the store resets the ``destinations`` row's
   backoff even if another instance wrote it.
@@ -38,18 +34,12 @@ from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from federation_sender.model import EventRow
-from federation_sender.queue.backoff import RESET, BackoffPolicy, BackoffState
-from federation_sender.queue.batching import Batch, Limits, take_batch, take_edus
+from federation_sender.queue.backoff import RESET, BackoffPolicy, BackoffState, RateLimit
+from federation_sender.queue.batching import Batch, Limits, fill_edus, take_batch
 from federation_sender.queue.catchup import RoomPlan, pdu_item
 from federation_sender.queue.destination import DestinationState, DestinationStateMachine
 from federation_sender.queue.episode import CatchupEpisode
-from federation_sender.queue.isolation import (
-    MAX_REFUSALS_WITHOUT_SUCCESS,
-    REFUSAL_STATUSES,
-    SERVER_ERROR_FACTOR,
-    ItemIsolation,
-    Verdict,
-)
+from federation_sender.queue.isolation import ItemIsolation, Verdict
 from federation_sender.queue.items import (
     EduItem,
     EduKind,
@@ -70,25 +60,6 @@ from federation_sender.queue.steps import (
     outbox_keys,
 )
 from federation_sender.transport.result import Outcome, SendResult
-
-__all__ = [
-    "MAX_REFUSALS_WITHOUT_SUCCESS",
-    "REFUSAL_STATUSES",
-    "SERVER_ERROR_FACTOR",
-    "DestinationCore",
-    "Effects",
-    "FrozenTxn",
-    "Idle",
-    "NeedCatchup",
-    "NeedOutbox",
-    "Send",
-    "Step",
-    "Wait",
-]
-
-RATE_LIMIT_BASE_MS = 2_000
-RATE_LIMIT_CAP_MS = 60_000
-"""A 429 without ``Retry-After`` pauses 2 s, doubling while 429s continue, at most 60 s."""
 
 
 class DestinationCore:
@@ -116,9 +87,7 @@ class DestinationCore:
         self.sm = DestinationStateMachine(on_state_change)
         self.pending = PendingItems()
         self.backoff: BackoffState = RESET
-        self.paused_until_ms = 0
-        """A 429 pauses sending until then (in memory only)."""
-        self._rate_limited = 0
+        self.rate_limit = RateLimit(policy.initial_s)
         self.episode = CatchupEpisode(
             catching_up, initial_rooms_per_txn, max_rooms_per_txn, fast_answer_s
         )
@@ -205,16 +174,15 @@ class DestinationCore:
     def retry_at_ms(self) -> int | None:
         """When sending may resume (a backoff or a 429 pause), None if it may now."""
         at = self.backoff.retry_at_ms
-        if self.paused_until_ms and (at is None or self.paused_until_ms > at):
-            return self.paused_until_ms
+        paused = self.rate_limit.until_ms
+        if paused and (at is None or paused > at):
+            return paused
         return at
 
     def next_step(self, now_ms: int) -> Step:
         if self.stopped:
             return Idle()
-        if self.paused_until_ms and self.paused_until_ms <= now_ms:
-            self.paused_until_ms = 0
-        if self.backoff.active_at(now_ms) or self.paused_until_ms > now_ms:
+        if self.rate_limit.active_at(now_ms) or self.backoff.active_at(now_ms):
             retry_at = self.retry_at_ms()
             assert retry_at is not None
             self.sm.to(DestinationState.BACKING_OFF)
@@ -249,7 +217,7 @@ class DestinationCore:
         if self.work:
             batch = self.work.popleft()
             if batch.catchup and len(batch.edus) == 0:
-                batch = self._fill_edus(batch)
+                batch = fill_edus(batch, self.pending, self.limits)
             return batch
         held = self.isolation.take_ready(now_ms, others_waiting=bool(self.pending))
         if held is not None:
@@ -266,21 +234,6 @@ class DestinationCore:
     def _to_sending(self) -> None:
         self.sm.to(
             DestinationState.CATCHING_UP if self.episode.active else DestinationState.SENDING
-        )
-
-    def _fill_edus(self, batch: Batch) -> Batch:
-        used = batch.size_bytes
-        limits = Limits(
-            max_pdus=self.limits.max_pdus,
-            max_edus=self.limits.max_edus,
-            max_bytes=max(0, self.limits.max_bytes - used),
-            device_list_reserve=self.limits.device_list_reserve,
-        )
-        edus = take_edus(self.pending, limits)
-        if not edus:
-            return batch
-        return Batch(
-            batch.pdus, tuple(edus), True, batch.catchup_position, batch.catchup_prune
         )
 
     # --- catch-up -------------------------------------------------------------------------
@@ -348,7 +301,9 @@ class DestinationCore:
             else:
                 self._drop(batch, "too_large", eff)
             return eff
-        if result.status == 429 and self._pause(txn, result, now_ms):
+        if result.status == 429 and self.rate_limit.on_429(result.retry_after_s, now_ms):
+            # Overloaded, not failed: resend the same transaction after a brief pause.
+            self.current = FrozenTxn(txn.txn_id, batch, txn.attempts + 1)
             return eff
         if self.isolation.is_refusal(result.status, batch):
             verdict = self.isolation.on_refusal(batch, result.status, now_ms)
@@ -370,7 +325,7 @@ class DestinationCore:
             # Only an answer clears it: an empty catch-up step advancing locally says
             # nothing about the destination.
             self.last_error = None
-        self._rate_limited = 0
+        self.rate_limit.on_success()
         self.isolation.on_success(batch)
         eff.succeeded = bool(batch)
         if self.backoff != RESET:
@@ -384,20 +339,6 @@ class DestinationCore:
             # Catch-up moves the position only when the episode ends: until then
             # rooms not yet handled may hold missed events below any row handled.
             self._advance(batch, eff)
-
-    def _pause(self, txn: FrozenTxn, result: SendResult, now_ms: int) -> bool:
-        """A 429: wait briefly and resend the same transaction. False when the peer
-        asks for longer than the first failure interval (then it is a failure)."""
-        if result.retry_after_s is not None:
-            wait_ms = int(result.retry_after_s * 1000)
-            if wait_ms > self.policy.initial_s * 1000:
-                return False
-        else:
-            wait_ms = min(RATE_LIMIT_CAP_MS, RATE_LIMIT_BASE_MS << min(self._rate_limited, 16))
-        self._rate_limited += 1
-        self.current = FrozenTxn(txn.txn_id, txn.batch, txn.attempts + 1)
-        self.paused_until_ms = now_ms + max(wait_ms, 1)
-        return True
 
     def _fail(self, txn: FrozenTxn, result: SendResult, now_ms: int, eff: Effects) -> None:
         """The destination is down (or refuses everything): back off, keep the frozen
@@ -438,10 +379,10 @@ class DestinationCore:
     # --- operator actions ------------------------------------------------------------------
 
     def clear_backoff(self) -> bool:
-        was = self.backoff.backing_off or self.paused_until_ms > 0
+        paused = self.rate_limit.clear()
+        was = self.backoff.backing_off
         self.backoff = RESET
-        self.paused_until_ms = 0
-        return was
+        return was or paused
 
     def stop(self) -> None:
         self.stopped = True

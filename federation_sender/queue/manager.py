@@ -30,7 +30,7 @@ from federation_sender.model import FEDERATION_STREAM
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import PduCache
-from federation_sender.queue.core import DestinationCore, Effects
+from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.intake import EventIntake
 from federation_sender.queue.items import JsonDict, PduItem
@@ -38,6 +38,7 @@ from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
 from federation_sender.queue.slots import Slots
 from federation_sender.queue.status import DestinationStatus
+from federation_sender.queue.steps import Effects
 from federation_sender.queue.store import QueueStore
 from federation_sender.queue.timing import wait_or_timeout
 from federation_sender.storage.protocols import Backend

@@ -23,8 +23,14 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
-from federation_sender.queue.core import (
-    DestinationCore,
+from federation_sender.queue.core import DestinationCore
+from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.isolation import describe
+from federation_sender.queue.items import PduItem
+from federation_sender.queue.observer import QueueObserver
+from federation_sender.queue.slots import Slots
+from federation_sender.queue.status import DestinationStatus
+from federation_sender.queue.steps import (
     Effects,
     FrozenTxn,
     Idle,
@@ -33,12 +39,6 @@ from federation_sender.queue.core import (
     Send,
     Wait,
 )
-from federation_sender.queue.destination import DestinationState
-from federation_sender.queue.isolation import describe
-from federation_sender.queue.items import PduItem
-from federation_sender.queue.observer import QueueObserver
-from federation_sender.queue.slots import Slots
-from federation_sender.queue.status import DestinationStatus
 from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import deadline, wait_or_timeout
 from federation_sender.telemetry.logging import log_context

@@ -24,7 +24,7 @@ from federation_sender.model import (
 )
 from federation_sender.queue.backoff import BackoffState
 from federation_sender.queue.catchup import RoomInput, RoomPlan, plan_room
-from federation_sender.queue.core import Effects
+from federation_sender.queue.steps import Effects
 from federation_sender.storage.protocols import Backend, Tx
 
 JsonDict = dict[str, object]

@@ -32,15 +32,9 @@ from hypothesis.stateful import (
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import RoomPlan
-from federation_sender.queue.core import (
-    DestinationCore,
-    Idle,
-    NeedCatchup,
-    NeedOutbox,
-    Send,
-    Wait,
-)
+from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.items import PduItem
+from federation_sender.queue.steps import Idle, NeedCatchup, NeedOutbox, Send, Wait
 from federation_sender.storage.events import EventRow
 from federation_sender.transport.result import Outcome, SendResult
 

@@ -10,17 +10,10 @@ from dataclasses import dataclass, field
 
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
-from federation_sender.queue.core import (
-    DestinationCore,
-    FrozenTxn,
-    Idle,
-    NeedCatchup,
-    NeedOutbox,
-    Send,
-    Wait,
-)
+from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.isolation import RETRY_BASE_MS, describe, retry_delay_ms
 from federation_sender.queue.items import EduItem, PduItem
+from federation_sender.queue.steps import FrozenTxn, Idle, NeedCatchup, NeedOutbox, Send, Wait
 from federation_sender.transport.result import Outcome, SendResult
 
 OK = SendResult(Outcome.SUCCESS, status=200, duration_s=0.05)

@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from federation_sender.queue.core import SERVER_ERROR_FACTOR
 from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.isolation import SERVER_ERROR_FACTOR
 from federation_sender.storage import destinations as dst
 from federation_sender.testing.queue_harness import ALICE, Harness, eventually, room_with
 from federation_sender.transport.result import Outcome
