@@ -88,7 +88,7 @@ class Window:
             if m is None:
                 continue
             start = m.intake.position if start is None else start
-            runners = list(m._runners.values())
+            runners = list(m.queues.runners.values())
             self.rows.append((
                 round(1000 * (t1 - self.t0)),
                 round(100 * (c1 - c0) / (t1 - t0)),

@@ -29,7 +29,8 @@ Failure modes: a crash at any point loses nothing that was persisted as an event
 positions only advance past what was recorded or delivered, and catch-up replays the
 rest (duplicates are possible and harmless: receivers deduplicate by event id). A
 destination that hangs costs one attempt deadline. A poison item is isolated by
-splitting and dropped after ``max_item_failures`` refusals.
+splitting and dropped after ``max_item_failures`` refusals, only if other transactions
+got through meanwhile (:mod:`~federation_sender.queue.isolation`).
 
 Public API (called by the composition root)
 -------------------------------------------
@@ -45,7 +46,7 @@ db_concurrency=16)``
   ``enqueue_receipt(destination, room_id, receipt_type, user_id, data)``,
   ``notify_outbox(destination)``
 * ``await process_federation_batch(token, edus)`` with
-  :class:`~federation_sender.queue.manager.FederationEdu`;
+  :class:`~federation_sender.queue.federation_stream.FederationEdu`;
   ``set_federation_ack(async callback(token))``; ``federation_position`` (resume point)
 * ``await remote_server_up(destination)``, ``await reset_connection(destination) -> bool``
 * ``status(destination) -> DestinationStatus | None``, ``statuses()``,
@@ -57,7 +58,8 @@ Metrics go through :class:`~federation_sender.queue.observer.QueueObserver`.
 """
 
 from federation_sender.queue.destination import DestinationState, IllegalTransition
-from federation_sender.queue.manager import FederationEdu, QueueManager
+from federation_sender.queue.federation_stream import FederationEdu
+from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.status import DestinationStatus
 

@@ -7,12 +7,18 @@ and must not raise. :class:`NoopObserver` is the default.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
 from federation_sender.queue.destination import DestinationState
-from federation_sender.transport.result import Outcome
+from federation_sender.queue.isolation import describe
+from federation_sender.queue.items import PduItem
+from federation_sender.queue.steps import Effects
+from federation_sender.transport.result import Outcome, SendResult
+
+log = logging.getLogger("federation_sender.queue.runner")  # the name these lines always had
 
 
 class QueueObserver(Protocol):
@@ -120,3 +126,35 @@ class NoopObserver:
 
     def queues_changed(self, active: int) -> None:
         pass
+
+
+def report(
+    observer: QueueObserver, d: str, eff: Effects, result: SendResult, was_failing: bool
+) -> None:
+    """Log and report what a result implied (backoff, drops, catch-up, PDU errors)."""
+    if eff.backoff is not None:
+        interval_s = eff.backoff.retry_interval_ms / 1000.0
+        observer.backoff_changed(d, interval_s)
+        if interval_s and not was_failing:
+            # Once per change of state: a destination down for a week would
+            # otherwise repeat this line on every retry.
+            log.warning("destination %s is failing (%s); backing off %gs, further "
+                        "failures are logged at DEBUG until it answers",
+                        d, result.error or result.outcome.value, interval_s)
+        elif interval_s:
+            log.debug("destination %s failed again (%s); backing off %gs",
+                      d, result.error or result.outcome.value, interval_s)
+        elif was_failing:
+            log.info("destination %s answers again; backoff cleared", d)
+    for item, reason in eff.dropped:
+        kind = "pdu" if isinstance(item, PduItem) else item.edu_type
+        log.warning("dropping %s for %s: %s (last error: %s)",
+                    describe(item), d, reason, result.error or result.status)
+        observer.item_dropped(d, kind, reason)
+    if eff.entered_catchup:
+        log.info("destination %s enters catch-up, %d items dropped from memory",
+                 d, eff.dropped_for_catchup)
+        observer.catchup_entered(d, eff.dropped_for_catchup)
+    if result.pdu_errors:
+        log.info("destination %s rejected %d PDUs in a 200: %s", d, len(result.pdu_errors),
+                 dict(list(result.pdu_errors.items())[:5]))

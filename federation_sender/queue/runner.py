@@ -23,15 +23,14 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
+from federation_sender.config import QueueSettings
+from federation_sender.model import TxnLogRow
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
-from federation_sender.queue.isolation import describe
-from federation_sender.queue.items import PduItem
-from federation_sender.queue.observer import QueueObserver
+from federation_sender.queue.observer import QueueObserver, report
 from federation_sender.queue.slots import Slots
-from federation_sender.queue.status import DestinationStatus
+from federation_sender.queue.status import DestinationStatus, live_status
 from federation_sender.queue.steps import (
-    Effects,
     FrozenTxn,
     Idle,
     NeedCatchup,
@@ -66,6 +65,20 @@ class RunnerConfig:
     catchup_rooms_per_batch: int
     catchup_max_gap_events: int
     outbox_read_limit: int
+
+    @classmethod
+    def from_settings(
+        cls, q: QueueSettings, server_name: str, instance_name: str, attempt_deadline_s: float
+    ) -> RunnerConfig:
+        return cls(
+            server_name=server_name,
+            instance_name=instance_name,
+            attempt_deadline_s=attempt_deadline_s,
+            idle_ttl_s=q.idle_queue_ttl_s,
+            catchup_rooms_per_batch=q.catchup_rooms_per_batch,
+            catchup_max_gap_events=q.catchup_max_gap_events,
+            outbox_read_limit=q.max_edus_per_txn,
+        )
 
 
 class DestinationRunner:
@@ -151,6 +164,11 @@ class DestinationRunner:
             self._waiting and not any(not f.done() for f in self._unpersisted)
         )
 
+    def owes_something(self) -> bool:
+        """Items in memory or in flight, or a catch-up under way."""
+        c = self.core
+        return bool(c.pending_pdus or c.pending_edus or c.current is not None or c.catching_up)
+
     def in_flight_since(self) -> float | None:
         """Monotonic start of the attempt in flight, None when there is none."""
         return self._in_flight_since
@@ -163,24 +181,7 @@ class DestinationRunner:
         return at, self.core.backoff.retry_interval_ms
 
     def status(self, now_s: float) -> DestinationStatus:
-        c = self.core
-        since = self._in_flight_since
-        return DestinationStatus(
-            destination=self.destination,
-            state=c.sm.state,
-            pending_pdus=c.pending_pdus,
-            pending_edus=c.pending_edus,
-            in_flight_txn_id=c.current.txn_id if c.current and since is not None else None,
-            in_flight_age_s=now_s - since if since is not None else None,
-            in_flight_attempts=c.current.attempts if c.current else 0,
-            last_error=c.last_error,
-            next_retry_ts_ms=c.retry_at_ms(),
-            retry_interval_ms=c.backoff.retry_interval_ms,
-            catching_up=c.catching_up,
-            last_successful_stream_ordering=(
-                c.last_successful if c.last_successful >= 0 else None
-            ),
-        )
+        return live_status(self.core, self._in_flight_since, now_s)
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -340,23 +341,7 @@ class DestinationRunner:
         now = time_ms(self.clock)
         was_failing = c.backoff.retry_interval_ms > 0
         eff = c.on_result(txn, result, now)
-        log_row = None
-        if batch:
-            log_row = log_row_for(
-                txn_id=txn.txn_id,
-                destination=self.destination,
-                instance_name=self.config.instance_name,
-                pdu_event_ids=[p.event_id for p in batch.pdus],
-                edu_count=len(batch.edus),
-                request_bytes=result.request_bytes or batch.size_bytes,
-                status=result.outcome.value,
-                http_status=result.status,
-                started_ts=started_ms,
-                duration_ms=int(result.duration_s * 1000),
-                catchup=batch.catchup,
-                max_stream_ordering=batch.max_stream_ordering,
-                error=result.error or None,
-            )
+        log_row = self._log_row(txn, result, started_ms) if batch else None
         # Persisting is pipelined: the next transactions may go out while up to
         # ``MAX_UNPERSISTED`` results are written (group-committed with other
         # destinations' results). Safe: a crash before the write only means resending
@@ -382,7 +367,25 @@ class DestinationRunner:
                 result.duration_s,
                 batch.catchup,
             )
-        self._report(eff, result, was_failing)
+        report(self.observer, self.destination, eff, result, was_failing)
+
+    def _log_row(self, txn: FrozenTxn, result: SendResult, started_ms: int) -> TxnLogRow:
+        batch = txn.batch
+        return log_row_for(
+            txn_id=txn.txn_id,
+            destination=self.destination,
+            instance_name=self.config.instance_name,
+            pdu_event_ids=[p.event_id for p in batch.pdus],
+            edu_count=len(batch.edus),
+            request_bytes=result.request_bytes or batch.size_bytes,
+            status=result.outcome.value,
+            http_status=result.status,
+            started_ts=started_ms,
+            duration_ms=int(result.duration_s * 1000),
+            catchup=batch.catchup,
+            max_stream_ordering=batch.max_stream_ordering,
+            error=result.error or None,
+        )
 
     async def _attempt(self, request: Transaction) -> SendResult:
         """One attempt under a global slot, within the attempt deadline."""
@@ -411,32 +414,3 @@ class DestinationRunner:
         q = self._unpersisted
         while q and (len(q) > keep or q[0].done()):
             await q.popleft()
-
-    def _report(self, eff: Effects, result: SendResult, was_failing: bool) -> None:
-        d = self.destination
-        if eff.backoff is not None:
-            interval_s = eff.backoff.retry_interval_ms / 1000.0
-            self.observer.backoff_changed(d, interval_s)
-            if interval_s and not was_failing:
-                # Once per change of state: a destination down for a week would
-                # otherwise repeat this line on every retry.
-                log.warning("destination %s is failing (%s); backing off %gs, further "
-                            "failures are logged at DEBUG until it answers",
-                            d, result.error or result.outcome.value, interval_s)
-            elif interval_s:
-                log.debug("destination %s failed again (%s); backing off %gs",
-                          d, result.error or result.outcome.value, interval_s)
-            elif was_failing:
-                log.info("destination %s answers again; backoff cleared", d)
-        for item, reason in eff.dropped:
-            kind = "pdu" if isinstance(item, PduItem) else item.edu_type
-            log.warning("dropping %s for %s: %s (last error: %s)",
-                        describe(item), d, reason, result.error or result.status)
-            self.observer.item_dropped(d, kind, reason)
-        if eff.entered_catchup:
-            log.info("destination %s enters catch-up, %d items dropped from memory",
-                     d, eff.dropped_for_catchup)
-            self.observer.catchup_entered(d, eff.dropped_for_catchup)
-        if result.pdu_errors:
-            log.info("destination %s rejected %d PDUs in a 200: %s", d, len(result.pdu_errors),
-                     dict(list(result.pdu_errors.items())[:5]))

@@ -1,0 +1,152 @@
+"""The registry of live destination queues: created lazily, supervised, forgotten.
+
+* A queue is created on the first item for a destination and forgotten when its runner
+  exits (idle and empty, or parked in a long backoff with nothing in memory), so memory
+  follows active destinations only. A parked destination's retry time is remembered (a
+  dict of ints) so events for it are not even queued: they are in
+  ``destination_rooms`` already and catch-up sends them when the backoff ends.
+* Runners are supervised: one that raises is logged and forgotten; the next item or
+  wake-up sweep recreates it from the database, in catch-up mode (items may have been
+  lost from memory).
+* With shard leases, a runner sends only while it holds its destination's lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from federation_sender.clock import Clock, time_ms
+from federation_sender.queue.observer import QueueObserver
+from federation_sender.queue.runner import DestinationRunner
+from federation_sender.queue.timing import wait_or_timeout
+
+log = logging.getLogger(__name__)
+
+
+class LeaseGuard(Protocol):
+    """Fenced per-destination leases (see :mod:`federation_sender.sharding`)."""
+
+    async def acquire_lease(self, destination: str) -> int | None: ...
+
+    def holds_lease(self, destination: str, fencing_token: int | None = None) -> bool: ...
+
+    def owns(self, destination: str) -> bool: ...
+
+    async def release(self, destination: str) -> None: ...
+
+
+class QueueRegistry:
+    def __init__(
+        self,
+        make_runner: Callable[[str, bool], DestinationRunner],
+        clock: Clock,
+        observer: QueueObserver,
+        leases: LeaseGuard | None = None,
+    ) -> None:
+        self._make_runner = make_runner
+        """(destination, catching_up) -> a new runner"""
+        self._clock = clock
+        self._observer = observer
+        self._leases = leases
+        self.runners: dict[str, DestinationRunner] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.parked: dict[str, tuple[int, int]] = {}
+        """destination -> (retry_at_ms, retry_interval_ms) of queues parked in a backoff"""
+        self.needs_catchup: set[str] = set()
+        self.last_errors: dict[str, str] = {}
+        """The last error of destinations whose queue exited before a success, so the
+        next queue (and the status of a parked one) still shows it."""
+        self.started = False
+
+    def get(self, destination: str, create: bool = True) -> DestinationRunner | None:
+        r = self.runners.get(destination)
+        if r is not None and not r.finished:
+            return r
+        if not create or not self.started:
+            return None
+        self.parked.pop(destination, None)
+        r = self._make_runner(destination, destination in self.needs_catchup)
+        r.core.last_error = self.last_errors.get(destination)
+        self.runners[destination] = r
+        self._tasks[destination] = asyncio.create_task(self._run(r))
+        self._observer.queues_changed(len(self.runners))
+        return r
+
+    def is_parked(self, destination: str) -> bool:
+        parked = self.parked.get(destination)
+        if parked is None:
+            return False
+        if time_ms(self._clock) >= parked[0]:
+            del self.parked[destination]
+            return False
+        return True
+
+    async def _run(self, r: DestinationRunner) -> None:
+        d = r.destination
+        clean = False
+        leased = False
+        try:
+            if self._leases is not None:
+                guard = self._leases
+                token = await guard.acquire_lease(d)
+                if token is None:
+                    # Another live instance still holds it (ownership is moving): the
+                    # wake-up sweep tries again once its lease is released or lapses.
+                    r.request_stop()
+                    return
+                leased = True
+                r.guard_sends(lambda: guard.holds_lease(d, token) and guard.owns(d))
+            await r.run()
+            clean = True
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("queue for %s failed; it will be recreated from the database", d)
+        finally:
+            self._forget(r, clean)
+            if leased and self._leases is not None:
+                try:
+                    await self._leases.release(d)
+                except Exception:  # the lease lapses by itself within lease_s
+                    log.warning("could not release the lease on %s", d, exc_info=True)
+
+    def _forget(self, r: DestinationRunner, clean: bool) -> None:
+        d = r.destination
+        if clean and not r.core.catching_up and r.core.is_empty():
+            self.needs_catchup.discard(d)
+        else:
+            # Items may have been lost from memory: the next queue catches up.
+            self.needs_catchup.add(d)
+        parked = r.retry_at_ms()
+        if parked is not None:
+            self.parked[d] = parked
+        if r.core.last_error is None:
+            self.last_errors.pop(d, None)
+        else:
+            self.last_errors[d] = r.core.last_error
+        if self.runners.get(d) is r:
+            del self.runners[d]
+            self._tasks.pop(d, None)
+            self._observer.queues_changed(len(self.runners))
+
+    async def stop_all(self, deadline_s: float) -> None:
+        """Let in-flight transactions finish within ``deadline_s``, then cancel."""
+        for r in self.runners.values():
+            r.request_stop()
+        tasks = list(self._tasks.values())
+        if tasks:
+            all_done = asyncio.Event()
+            gathered = asyncio.gather(*tasks, return_exceptions=True)
+            gathered.add_done_callback(lambda _f: all_done.set())
+            await wait_or_timeout(self._clock, all_done, deadline_s)
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        for r in list(self.runners.values()):
+            r.mark_stopped()
+        self.runners.clear()
+        self._tasks.clear()
+        self.started = False
