@@ -2,8 +2,8 @@
 remote (up/down, poison items, a size limit) and of the database (destination_rooms).
 
 Some runs start in catch-up mode (as at startup), others outside it, so both delivery
-paths are reached. The remote may be down (transient failures) or refuse everything
-(400, even an empty transaction).
+paths are reached. The remote may be down (transient failures) or, from some point
+until the end, refuse everything (400, even an empty transaction).
 
 Checked throughout: one transaction in flight; limits; a txn id always names the same
 content, and a retry after a transient failure reuses the txn id; the persisted
@@ -102,9 +102,14 @@ class CoreMachine(RuleBasedStateMachine):
     def toggle_down(self) -> None:
         self.down = not self.down
 
+    @precondition(lambda self: not self.refusing)
     @rule()
-    def toggle_refusing(self) -> None:
-        self.refusing = not self.refusing
+    def start_refusing(self) -> None:
+        """From now until the end, the remote refuses everything: nothing gets through,
+        so nothing may be blamed on an item (a destination alternating between refusing
+        and accepting everything is indistinguishable from poison items, and is not
+        modelled)."""
+        self.refusing = True
 
     @precondition(lambda self: len(self.bad) < 3)
     @rule(data=st.data())
@@ -210,6 +215,11 @@ class CoreMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.down = False
+        if self.refusing:
+            # Long enough for every held item to be refused alone many times over.
+            for _ in range(300):
+                if not self.step():
+                    break
         self.refusing = False
         for _ in range(20_000):
             if not self.step():
