@@ -309,12 +309,7 @@ class QueueManager:
             return
         # Group-committed with other writes: a burst of servers coming back is cheap.
         await self.store.persist(destination, Effects(backoff=RESET), None, time_ms(self.clock))
-        if self.queues.parked.pop(destination, None) is not None:
-            self.queues.needs_catchup.add(destination)
-        r = self.queues.get(destination)
-        if r is not None:
-            r.core.clear_backoff()
-            r.poke()
+        self.queues.resume(destination)
 
     async def retry_timings_changed(self, destination: str) -> None:
         """Another process changed the destination's retry timings (Synapse's main
@@ -324,28 +319,18 @@ class QueueManager:
         if not self.shard_filter(destination):
             return
         row = await self.store.load_destination(destination)
-        if row[0].active_at(time_ms(self.clock)):
-            return
-        q = self.queues
-        if q.parked.pop(destination, None) is not None:
-            q.needs_catchup.add(destination)
-        r = q.get(destination, create=destination in q.needs_catchup)
-        if r is not None:
-            r.core.clear_backoff()
-            r.poke()
+        if not row[0].active_at(time_ms(self.clock)):
+            self.queues.resume(destination, only_if_owed=True)
 
     async def reset_connection(self, destination: str) -> bool:
         """Admin: clear the backoff; False if the destination was not backing off."""
         r = self.queues.get(destination, create=False)
         in_memory = r.core.clear_backoff() if r is not None else False
         in_db = await self.store.clear_retry(destination)
-        self.queues.parked.pop(destination, None)
-        if not (in_memory or in_db):
+        parked = self.queues.parked.pop(destination, None) is not None
+        if not (in_memory or in_db or parked):
             return False
-        r = self.queues.get(destination)
-        if r is not None:
-            r.core.clear_backoff()
-            r.poke()
+        self.queues.resume(destination)
         return True
 
     # --- housekeeping ------------------------------------------------------------------------

@@ -75,6 +75,18 @@ class QueueRegistry:
         self._observer.queues_changed(len(self.runners))
         return r
 
+    def resume(self, destination: str, only_if_owed: bool = False) -> None:
+        """The backoff is over (cleared): a parked destination gets a queue in catch-up
+        mode, a live queue forgets its backoff and sends at once. ``only_if_owed``: no
+        new queue unless the destination needs a catch-up."""
+        if self.parked.pop(destination, None) is not None:
+            self.needs_catchup.add(destination)
+        create = not only_if_owed or destination in self.needs_catchup
+        r = self.get(destination, create=create)
+        if r is not None:
+            r.core.clear_backoff()
+            r.poke()
+
     def is_parked(self, destination: str) -> bool:
         parked = self.parked.get(destination)
         if parked is None:
