@@ -402,6 +402,7 @@ class Worker:
                 queues=AdminQueueControl(self.manager),
                 clock=self.clock,
                 ready=self.is_ready,
+                counters=self.metrics.dashboard_counters,
             )
             out.append(("admin.port", s.admin.bind, s.admin.port, app, None))
         if s.telemetry.metrics_port is not None:

@@ -33,7 +33,15 @@ from typing import Any
 from aiohttp import web
 
 from federation_sender.admin import handlers
-from federation_sender.admin.handlers import CLOCK, QUEUES, READY, STORAGE, ReadinessCheck
+from federation_sender.admin.handlers import (
+    CLOCK,
+    COUNTERS,
+    QUEUES,
+    READY,
+    STORAGE,
+    CounterSource,
+    ReadinessCheck,
+)
 from federation_sender.admin.middleware import error_middleware, make_auth_middleware
 from federation_sender.admin.protocols import QueueControl
 from federation_sender.clock import Clock
@@ -102,14 +110,17 @@ def build_admin_app(
     queues: QueueControl,
     clock: Clock,
     ready: ReadinessCheck | None = None,
+    counters: CounterSource | None = None,
 ) -> web.Application:
     """Build the admin application. ``token`` must be non-empty; ``ready`` returns
-    (or resolves to) whether the worker is ready (``/ready`` answers 503 when not)."""
+    (or resolves to) whether the worker is ready (``/ready`` answers 503 when not);
+    ``counters`` gives the running totals the dashboard charts (``summary.counters``)."""
     app = web.Application(middlewares=[error_middleware, make_auth_middleware(token)])
     app[STORAGE] = storage
     app[QUEUES] = queues
     app[CLOCK] = clock
     app[READY] = ready if ready is not None else _always_ready
+    app[COUNTERS] = counters if counters is not None else dict
     dest = API + "/destinations/{destination}"
     app.router.add_get(API + "/destinations", handlers.list_destinations)
     app.router.add_get(dest, handlers.get_destination)

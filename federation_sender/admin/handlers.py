@@ -27,6 +27,8 @@ STORAGE = web.AppKey("storage", Backend)
 QUEUES = web.AppKey("queues", QueueControl)
 CLOCK = web.AppKey("clock", Clock)
 READY: web.AppKey[ReadinessCheck] = web.AppKey("ready")
+CounterSource = Callable[[], Mapping[str, float]]
+COUNTERS: web.AppKey[CounterSource] = web.AppKey("counters")
 
 MAX_LIMIT = 1000
 MAX_OFFSET = 2**62
@@ -159,11 +161,14 @@ async def summary(request: web.Request) -> web.Response:
 
     total, backing_off = await _read(request, read)
     states: dict[str, int] = dict.fromkeys(QUEUE_STATES, 0)
-    pending_pdus = pending_edus = 0
+    pending_pdus = pending_edus = catching_up = 0
     oldest: float | None = None
     for live in request.app[QUEUES].live_states().values():
         name = str(live.get("state"))
         states[name] = states.get(name, 0) + 1
+        # Catch-up is a mode that outlives a backoff: counted like the metric
+        # federation_sender_destinations_catching_up, not by the momentary state.
+        catching_up += bool(live.get("catching_up"))
         pending_pdus += int(live.get("pending_pdus") or 0)
         pending_edus += int(live.get("pending_edus") or 0)
         age = live.get("in_flight_age_s")
@@ -177,6 +182,8 @@ async def summary(request: web.Request) -> web.Response:
         "pending_pdus": pending_pdus,
         "pending_edus": pending_edus,
         "oldest_in_flight_age_s": oldest,
+        "catching_up_destinations": catching_up,
+        "counters": dict(request.app[COUNTERS]()),
     })
 
 

@@ -207,6 +207,21 @@ class Metrics:
     def http_response(self, method: str, code: int) -> None:
         self._http_responses.labels(method, str(code)).inc()
 
+    def dashboard_counters(self) -> dict[str, float]:
+        """Running totals and current lags for the admin dashboard's charts."""
+        get = self.registry.get_sample_value
+        failed = sum(get(n.TRANSACTION_ATTEMPTS + "_total", {"outcome": o}) or 0.0
+                     for o in n.TRANSACTION_OUTCOMES if o != "success")
+        lags = [s.value for m in self._repl_lag.collect() for s in m.samples]
+        return {
+            "transactions_sent": get(n.SENT_TRANSACTIONS + "_total") or 0.0,
+            "transactions_failed": failed,
+            "pdus_delivered": get(n.DELIVERED_PDUS + "_total") or 0.0,
+            "edus_sent": get(n.SENT_EDUS + "_total") or 0.0,
+            "replication_lag": max(lags, default=0.0),
+            "event_processing_lag_s": get(n.EVENT_PROCESSING_LAG_S) or 0.0,
+        }
+
     def item_dropped(self, kind: str, reason: str, count: int = 1) -> None:
         """``kind``: ``pdu`` or an EDU type; ``reason``: e.g. ``too_large``,
         ``max_failures``, ``catchup`` (queue dropped for catch-up)."""

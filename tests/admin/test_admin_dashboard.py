@@ -67,7 +67,20 @@ class Served:
     url: str
     queues: FakeQueueControl
     names: list[str]
+    counters: dict[str, float]
     _stop: Any = field(repr=False, default=None)
+    _run: Any = field(repr=False, default=None)
+    """Runs a coroutine function on the server's loop and waits for it."""
+    _pause: Any = field(repr=False, default=None)
+    _resume: Any = field(repr=False, default=None)
+
+    def pause(self) -> None:
+        """Stop answering (the listener closes), as a crashed worker would."""
+        self._run(self._pause)
+
+    def resume(self) -> None:
+        """Answer again on the same port."""
+        self._run(self._resume)
 
 
 @pytest.fixture(scope="module")
@@ -83,17 +96,33 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         clock = FakeClock()
         queues = FakeQueueControl(engine)
         names = await seed_destinations(engine, clock, SEEDED, queues=queues)
-        app = build_admin_app(
-            storage=NativeBackend(engine), token=TOKEN, queues=queues, clock=clock,
-        )
-        server = await start_http_server(app, "127.0.0.1", 0)
+        counters: dict[str, float] = {"transactions_sent": 0.0, "transactions_failed": 0.0,
+                                      "pdus_delivered": 0.0, "replication_lag": 0.0}
+
+        def app() -> Any:
+            return build_admin_app(storage=NativeBackend(engine), token=TOKEN, queues=queues,
+                                   clock=clock, counters=lambda: counters)
+
+        servers = [await start_http_server(app(), "127.0.0.1", 0)]
+        port = int(servers[0].url.rsplit(":", 1)[1])
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        box["served"] = Served(server.url, queues, names,
-                               lambda: loop.call_soon_threadsafe(stop.set))
+
+        async def pause() -> None:
+            await servers.pop().stop()
+
+        async def resume() -> None:
+            servers.append(await start_http_server(app(), "127.0.0.1", port))
+
+        def run(fn: Any) -> None:
+            asyncio.run_coroutine_threadsafe(fn(), loop).result(10)
+
+        box["served"] = Served(servers[0].url, queues, names, counters,
+                               lambda: loop.call_soon_threadsafe(stop.set), run, pause, resume)
         ready.set()
         await stop.wait()
-        await server.stop()
+        for server in servers:
+            await server.stop()
         await engine.dispose()
 
     thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
@@ -234,3 +263,127 @@ def test_live_refresh_picks_up_changes(served: Served, browser: Any) -> None:
     _wait(d, lambda d: d.find_element(By.ID, "login").is_displayed())
     assert d.execute_script(
         "return sessionStorage.getItem('federation_sender_admin_token')") is None
+
+
+DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+
+
+def _summary(served: Served) -> dict[str, Any]:
+    import json
+    import urllib.request
+
+    req = urllib.request.Request(served.url + "/_synapse/admin/v1/federation/summary",
+                                 headers={"Authorization": f"Bearer {TOKEN}"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        body: dict[str, Any] = json.loads(resp.read())
+    return body
+
+
+def _sign_in(d: Any, served: Served) -> None:
+    from selenium.webdriver.common.by import By
+
+    d.get(served.url + "/dashboard")
+    if d.execute_script("return sessionStorage.getItem('federation_sender_admin_token')") is None:
+        _wait(d, lambda d: d.find_element(By.ID, "login").is_displayed())
+        d.find_element(By.ID, "token-input").send_keys(TOKEN)
+        d.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+    _wait(d, lambda d: len(_rows(d)) > 0)
+
+
+def _poke(d: Any) -> None:
+    """Make the page refresh now instead of in up to 5 s (the sort direction flips)."""
+    d.execute_script("const s = document.getElementById('dir');"
+                     "s.value = s.value === 'f' ? 'b' : 'f';"
+                     "s.dispatchEvent(new Event('change'));")
+
+
+def _chart(d: Any, chart: str) -> tuple[int, float | None]:
+    points, last = d.execute_script(
+        "const f = document.getElementById('chart-' + arguments[0]);"
+        "return [Number(f.dataset.points), f.dataset.last];", chart)
+    return int(points), (float(last) if last else None)
+
+
+def test_counts_agree_with_the_api_and_charts_draw_the_counters(
+        served: Served, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.set_window_size(1400, 1000)
+    _sign_in(d, served)
+    # Catch-up is a mode that outlives a backoff: a queue backing off in catch-up mode
+    # counts as catching up, in the API and the metric alike.
+    a, b = sorted(served.names)[:2]
+    served.queues.set_state(a, "backing_off", catching_up=True, last_error="HTTP 503")
+    served.queues.set_state(b, "catching_up")
+    expected = sum(1 for s in served.queues.states.values() if s["catching_up"])
+    assert _summary(served)["catching_up_destinations"] == expected
+    _poke(d)
+    _wait(d, lambda d: f"Catching up: {expected}" in d.find_element(By.ID, "stats").text)
+    # Every refresh adds a sample; rates come from consecutive samples.
+    for step in range(1, 4):
+        served.counters["transactions_sent"] += 10
+        served.counters["pdus_delivered"] += 200
+        served.counters["transactions_failed"] += step
+        served.counters["replication_lag"] = 7.0
+        before = _chart(d, "tx")[0]
+        _poke(d)
+        _wait(d, lambda d, before=before: _chart(d, "tx")[0] > before)
+    points, last = _chart(d, "tx")
+    assert points >= 3 and last is not None and last > 0
+    assert (_chart(d, "pdus")[1] or 0) > (_chart(d, "tx")[1] or 0)
+    assert _chart(d, "lag")[1] == 7.0
+    assert "max" in d.find_element(By.ID, "chart-failures").text
+    DOCS_IMAGES.mkdir(exist_ok=True)
+    d.save_screenshot(str(DOCS_IMAGES / "dashboard-wide.png"))
+
+
+def test_usable_at_phone_width(served: Served, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    d.set_window_size(390, 844)
+    try:
+        _sign_in(d, served)
+        assert d.execute_script("return window.innerWidth") <= 390
+        overflow = ("return document.documentElement.scrollWidth - "
+                    "document.documentElement.clientWidth")
+        assert d.execute_script(overflow) <= 0
+        # Rows become cards whose cells are labelled (the header row is hidden).
+        failing = next(n for n in sorted(served.names) if n.startswith("failing"))
+        assert d.execute_script(
+            "const td = document.querySelector('#dest-table tbody td[data-label]');"
+            "return [getComputedStyle(td).display, getComputedStyle(td, '::before').content,"
+            " getComputedStyle(document.querySelector('#dest-table thead')).display]"
+        ) == ["flex", '"State"', "none"]
+        assert "connection refused" in _row_text(d, failing)
+        d.execute_script("document.getElementById('charts').scrollIntoView()")
+        d.save_screenshot(str(DOCS_IMAGES / "dashboard-phone.png"))
+        d.find_element(By.CSS_SELECTOR, f'button[data-destination="{failing}"]').click()
+        _wait(d, lambda d: d.find_element(By.ID, "detail").is_displayed())
+        _wait(d, lambda d: "stream position" in d.find_element(By.ID, "detail-fields").text
+              or "Last success" in d.find_element(By.ID, "detail-fields").text)
+        assert d.execute_script(overflow) <= 0
+    finally:
+        d.set_window_size(1400, 1000)
+
+
+def test_a_banner_says_when_the_worker_stops_answering(served: Served, browser: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    d = browser
+    _sign_in(d, served)
+    banner = d.find_element(By.ID, "banner")
+    assert not banner.is_displayed()
+    served.pause()
+    try:
+        _poke(d)
+        _wait(d, lambda d: d.find_element(By.ID, "banner").is_displayed())
+        assert "not answering" in d.find_element(By.ID, "banner").text
+        # The last figures stay on screen under the banner.
+        assert len(_rows(d)) > 0
+        d.save_screenshot(str(DOCS_IMAGES / "dashboard-banner.png"))
+    finally:
+        served.resume()
+    _poke(d)
+    _wait(d, lambda d: not d.find_element(By.ID, "banner").is_displayed())
