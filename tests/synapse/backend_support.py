@@ -35,9 +35,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="session", name="synapse_template")
 def synapse_template_fixture(pg_cluster: PostgresCluster) -> str:
-    """Name of a database holding Synapse's empty schema (made once per session)."""
-    create_synapse_schema(pg_cluster, "synapse_template", synapse_python())
-    return "synapse_template"
+    """Name of a database holding Synapse's empty schema (made once per session: each
+    module importing this fixture has its own copy of it, so the second finds it)."""
+    name = "synapse_template"
+    if not pg_cluster.psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'").strip():
+        create_synapse_schema(pg_cluster, name, synapse_python())
+    return name
 
 
 @pytest.fixture(name="synapse_db_url")

@@ -1,0 +1,329 @@
+"""The Synapse backend's reads and writes, checked against Synapse itself.
+
+On the session's Synapse 1.163 (main only: no sender is needed for what is checked
+here), with peers that joined a room over federation: our wire PDUs equal what
+Synapse's own event class gives for the same rows; the hosts we compute from state
+groups equal the answers main cached in Redis for the same events; relayed joins are
+sendable and never go back to the joiner. On an empty Synapse schema: the
+``federation_stream_position`` reset and saves, and the retry-timings upsert with its
+invalidation rows and signals.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+from backend_support import (  # noqa: F401
+    synapse_db_url_fixture,
+    synapse_engine_fixture,
+    synapse_template_fixture,
+)
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from federation_sender.model import server_of
+from federation_sender.queue.catchup import is_sendable
+from federation_sender.replication import commands as c
+from federation_sender.synapse.backend import SynapseBackend
+from federation_sender.synapse.config import SynapseConfig
+from federation_sender.synapse.database import create_synapse_engine
+from federation_sender.synapse.hosts import RedisExternalCache
+from federation_sender.synapse.wiring import ReplicationSignals
+from federation_sender.synapse.writes import PendingSignals
+from federation_sender.testing.certs import LoopbackCA
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.synapse_client import User
+from federation_sender.testing.synapse_deployment import SynapseDeployment
+from federation_sender.testing.synapse_install import synapse_python
+from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+
+pytestmark = pytest.mark.postgres
+
+INSTANCE = "fed1"
+
+
+def _syn(server_name: str, instances: tuple[str, ...] = (INSTANCE,)) -> SynapseConfig:
+    return SynapseConfig(
+        server_name=server_name,
+        database_url="",
+        redis_url="",
+        signing_key_path="",
+        worker_name=INSTANCE,
+        federation_sender_instances=instances,
+        federation_domain_whitelist=None,
+        ip_range_blacklist=(),
+        ip_range_whitelist=(),
+        verify_tls=True,
+        extra_ca_file=None,
+        min_retry_interval_ms=600_000,
+        retry_multiplier=2.0,
+        max_retry_interval_ms=7 * 86_400_000,
+    )
+
+
+# --- on the session's Synapse ------------------------------------------------------------
+
+
+@dataclass
+class Room:
+    room_id: str
+    alice: User
+    peers: list[FederationPeer]
+    join_ids: list[str]
+
+
+@pytest.fixture(scope="module")
+def network(
+    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PeerNetwork]:
+    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
+        yield net
+
+
+@pytest.fixture(scope="module")
+def room(synapse_deployment: SynapseDeployment, network: PeerNetwork) -> Room:
+    """Membership changing between messages: peers join, a local user joins and
+    leaves, the last peer's user is banned, messages in between (each change is a new
+    state group)."""
+    d = synapse_deployment
+    alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
+    bob = d.client.register(f"bob_{uuid.uuid4().hex[:8]}")
+    room_id = d.client.create_room(alice)
+    peers = network.add_peers(3)
+    joins: list[str] = []
+    for i, p in enumerate(peers):
+        joins.append(network.join(p, room_id, d.server_name).join_event_id)
+        d.client.send_message(alice, room_id, f"after join {i}")
+    d.client.join(bob, room_id)
+    d.client.send_message(bob, room_id, "bob is here")
+    d.client.call("POST", f"/_matrix/client/v3/rooms/{room_id}/leave", {}, bob.access_token)
+    d.client.send_message(alice, room_id, "bob left")
+    banned = peers[-1].user_id()
+    d.client.call(
+        "POST", f"/_matrix/client/v3/rooms/{room_id}/ban", {"user_id": banned}, alice.access_token
+    )
+    d.client.send_message(alice, room_id, "after the ban")
+    return Room(room_id, alice, peers, joins)
+
+
+@pytest.fixture
+async def deployment_backend(
+    synapse_deployment: SynapseDeployment,
+) -> AsyncIterator[SynapseBackend]:
+    d = synapse_deployment
+    engine = create_synapse_engine(d.database_url)
+    yield SynapseBackend(engine, _syn(d.server_name), INSTANCE, FakeClock())
+    await engine.dispose()
+
+
+async def _room_events(backend: SynapseBackend, room_id: str) -> list:  # type: ignore[type-arg]
+    async def fn(tx):  # type: ignore[no-untyped-def]
+        got = await tx.events.room_events_between([room_id], -1, 2**62, 10_000)
+        return got.get(room_id, [])
+
+    return await backend.run(fn)  # type: ignore[no-any-return]
+
+
+_GET_PDU_JSON = """
+import json, sys
+from synapse.api.room_versions import KNOWN_ROOM_VERSIONS
+from synapse.events import make_event_from_dict
+out = {}
+for version, event_json, internal in json.load(sys.stdin):
+    ev = make_event_from_dict(json.loads(event_json), KNOWN_ROOM_VERSIONS[version],
+                              json.loads(internal))
+    out[ev.event_id] = ev.get_pdu_json()
+json.dump(out, sys.stdout)
+"""
+
+
+async def test_backend_wire_pdu_equals_synapses_get_pdu_json(
+    synapse_deployment: SynapseDeployment, room: Room, deployment_backend: SynapseBackend
+) -> None:
+    events = await _room_events(deployment_backend, room.room_id)
+    async with deployment_backend.engine.connect() as conn:
+        rows = (
+            await conn.execute(
+                text(
+                    "SELECT r.room_version, j.json, j.internal_metadata FROM event_json j "
+                    "JOIN rooms r USING (room_id) WHERE j.room_id = :r"
+                ),
+                {"r": room.room_id},
+            )
+        ).all()
+    done = subprocess.run(  # noqa: ASYNC221 - a test's one-off call into Synapse's venv
+        [str(synapse_python()), "-c", _GET_PDU_JSON],
+        input=json.dumps([list(r) for r in rows]),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    theirs = json.loads(done.stdout)
+    assert len(events) == len(rows) > 10
+    for e in events:
+        assert json.loads(e.json) == theirs[e.event_id], e.event_id
+
+
+async def test_backend_hosts_from_state_groups_equal_synapses(
+    synapse_deployment: SynapseDeployment, room: Room, deployment_backend: SynapseBackend
+) -> None:
+    """Main caches its own answer (the resolved state before each event it creates) in
+    Redis; the database path must give the same hosts for the same events."""
+    d = synapse_deployment
+    events = [e for e in await _room_events(deployment_backend, room.room_id) if not e.outlier]
+    client = aioredis.Redis.from_url(d.redis_url)
+    try:
+        cache = RedisExternalCache(client)
+        sgs = await cache.get_many("event_to_prev_state_group", [e.event_id for e in events])
+        cached = await cache.get_many("get_joined_hosts", [str(g) for g in sgs])
+    finally:
+        await client.aclose()
+    expected = {
+        e.event_id: frozenset(h)
+        for e, h in zip(events, cached, strict=True)
+        if isinstance(h, list)
+    }
+    assert len(expected) >= 8  # messages, state, bob's join and leave
+
+    async def fn(tx):  # type: ignore[no-untyped-def]
+        return await tx.hosts.hosts_for_events({room.room_id: events})
+
+    answers = (await deployment_backend.run(fn))[room.room_id]
+    ours = dict(zip([e.event_id for e in events], answers, strict=True))
+    for eid, hosts in expected.items():
+        assert ours[eid] == hosts, eid
+    # The ban reaches the banned server (the state before it); the next message does not.
+    ban, after = events[-2], events[-1]
+    banned = room.peers[-1].server_name
+    assert ban.type == "m.room.member" and banned in ours[ban.event_id]
+    assert banned not in ours[after.event_id]
+    assert {p.server_name for p in room.peers[:-1]} <= ours[after.event_id]
+    assert deployment_backend.groups.misses > 0  # answered from the database
+
+
+async def test_backend_relayed_joins_are_sent_but_not_back(
+    synapse_deployment: SynapseDeployment, room: Room, deployment_backend: SynapseBackend
+) -> None:
+    d = synapse_deployment
+    events = await _room_events(deployment_backend, room.room_id)
+    by_id = {e.event_id: e for e in events}
+    joins = [by_id[j] for j in room.join_ids]
+
+    async def fn(tx):  # type: ignore[no-untyped-def]
+        return await tx.hosts.hosts_for_events({room.room_id: joins})
+
+    hosts = (await deployment_backend.run(fn))[room.room_id]
+    for i, (join, peer) in enumerate(zip(joins, room.peers, strict=True)):
+        assert join.send_on_behalf_of == peer.server_name
+        assert server_of(join.sender) == peer.server_name
+        assert is_sendable(join, d.server_name)
+        assert peer.server_name not in hosts[i]
+        assert {p.server_name for p in room.peers[:i]} <= hosts[i]
+    # Remote-origin events without send_on_behalf_of stay unsent: none of the peers'
+    # events is a local one.
+    assert all(is_sendable(e, d.server_name) == (
+        server_of(e.sender) == d.server_name or e.send_on_behalf_of is not None
+    ) for e in events if not e.outlier and not e.rejected)
+
+
+# --- on an empty Synapse schema -------------------------------------------------------------
+
+
+async def test_backend_federation_stream_position_reset_and_saves(
+    synapse_engine: AsyncEngine,
+) -> None:
+    async with synapse_engine.begin() as conn:
+        await conn.execute(text("DELETE FROM federation_stream_position"))
+        await conn.execute(
+            text(
+                "INSERT INTO federation_stream_position (type, stream_id, instance_name) "
+                "VALUES ('events', 40, 'master'), ('federation', 3, 'master'), "
+                "('events', 55, 'old'), ('federation', 7, 'old')"
+            )
+        )
+    backend = SynapseBackend(synapse_engine, _syn("example.org"), INSTANCE, FakeClock())
+
+    async def load(tx):  # type: ignore[no-untyped-def]
+        return (await tx.positions.load("events", INSTANCE),
+                await tx.positions.load("federation", INSTANCE))
+
+    # As Synapse's worker at start: the minimum of each type, other instances gone.
+    assert await backend.run(load) == (40, 3)
+    async with synapse_engine.connect() as conn:
+        rows = (await conn.execute(text(
+            "SELECT type, stream_id, instance_name FROM federation_stream_position ORDER BY 1"
+        ))).all()
+    assert [tuple(r) for r in rows] == [("events", 40, INSTANCE), ("federation", 3, INSTANCE)]
+
+    async def save(tx, v):  # type: ignore[no-untyped-def]
+        await tx.positions.save("events", INSTANCE, v)
+
+    await backend.run(lambda tx: save(tx, 90))
+    await backend.run(lambda tx: save(tx, 60))  # never backwards
+    assert (await backend.run(load))[0] == 90
+
+
+async def test_backend_retry_timings_invalidate_main_and_signal_after_commit(
+    synapse_engine: AsyncEngine,
+) -> None:
+    clock = FakeClock()
+    backend = SynapseBackend(synapse_engine, _syn("example.org"), INSTANCE, clock)
+    emitted: list[PendingSignals] = []
+    backend.on_signals = emitted.append
+    d = "remote.example"
+
+    async def set_retry(failure_ts, last_ts, interval):  # type: ignore[no-untyped-def]
+        async def fn(tx):  # type: ignore[no-untyped-def]
+            await tx.destinations.set_retry_timings(d, failure_ts, last_ts, interval)
+            return await tx.destinations.get_destination(d)
+
+        return await backend.run(fn)
+
+    row = await set_retry(1000, 1000, 600_000)
+    assert (row.retry_last_ts, row.retry_interval) == (1000, 600_000)
+    row = await set_retry(1000, 1000, 300_000)  # shorter, same attempt: kept
+    assert row.retry_interval == 600_000
+    row = await set_retry(1000, 2000, 300_000)  # a later attempt wins (Synapse's rule)
+    assert (row.retry_last_ts, row.retry_interval) == (2000, 300_000)
+    row = await set_retry(None, 0, 0)  # it came back
+    assert (row.retry_last_ts, row.retry_interval) == (0, 0)
+    await set_retry(None, 0, 0)  # already up: not announced again
+
+    async with synapse_engine.connect() as conn:
+        inv = (await conn.execute(text(
+            "SELECT stream_id, instance_name, cache_func, keys "
+            "FROM cache_invalidation_stream_by_instance ORDER BY stream_id"
+        ))).all()
+    assert [tuple(r[1:]) for r in inv] == [(INSTANCE, "get_destination_retry_timings", [d])] * 5
+    assert [s.invalidations[0][0] for s in emitted] == [r[0] for r in inv]
+    assert [s.servers_up for s in emitted] == [[], [], [], [d], []]
+    assert backend.caches_position == inv[-1][0]
+
+    # A transaction that rolls back signals nothing.
+    async def fails(tx):  # type: ignore[no-untyped-def]
+        await tx.destinations.set_retry_timings(d, 1, 5000, 600_000)
+        raise RuntimeError("rolled back")
+
+    with pytest.raises(RuntimeError):
+        await backend.run(fails)
+    assert len(emitted) == 5
+
+    # What goes on replication: the rows as RDATA, the comeback, our position.
+    sent: list[c.Command] = []
+    signals = ReplicationSignals(backend, INSTANCE)
+    signals.attach(lambda cmd: sent.append(cmd) is None)
+    signals.emit(emitted[3])
+    stream_id, func, keys, ts = emitted[3].invalidations[0]
+    assert sent == [
+        c.RdataCommand("caches", INSTANCE, stream_id, [func, keys, ts]),
+        c.RemoteServerUpCommand(d),
+    ]
+    pos = backend.caches_position
+    assert list(signals.announce()) == [c.PositionCommand("caches", INSTANCE, pos, pos)]
