@@ -21,9 +21,9 @@ Reported per sender:
   destination;
 * ``delay_p50_s`` / ``delay_p99_s``: per (message, destination), persisted to received;
 * ``pdus_per_txn``: spike PDUs over the transactions that carried them;
-* ``cpu_s_per_pdu``: user+system CPU of the sender process from the spike (backlog: its
-  start, start-up included) to the last delivery, over the spike PDUs delivered (so per
-  destination-delivery);
+* ``cpu_s_per_pdu``: user+system CPU of the sender process from the spike (backlog: from
+  when it was ready, start-up excluded) to the last delivery, over the spike PDUs
+  delivered (so per destination-delivery);
 * ``duplicates``: deliveries of a message to a destination beyond the first (a retried
   transaction id is not counted: receivers deduplicate those);
 * ``missing``: (message, destination) pairs not delivered by the deadline.
