@@ -265,7 +265,10 @@ def test_live_refresh_picks_up_changes(served: Served, browser: Any) -> None:
         "return sessionStorage.getItem('federation_sender_admin_token')") is None
 
 
-DOCS_IMAGES = Path(__file__).resolve().parents[2] / "docs" / "images"
+DOCS_IMAGES = (Path(__file__).resolve().parents[2] / "docs" / "images"
+               if os.environ.get("FEDERATION_SENDER_DOC_IMAGES") else ARTIFACTS)
+"""Screenshots go to artifacts/; with FEDERATION_SENDER_DOC_IMAGES=1 they replace the
+ones docs/admin-api.md shows."""
 
 
 def _summary(served: Served) -> dict[str, Any]:
