@@ -61,7 +61,9 @@ def synapse_deployment(
     """Synapse 1.163 main on PostgreSQL and Redis, shared by the session.
 
     Main runs; no federation sender does. A test that starts one (Synapse's own, with
-    ``start_federation_sender()``, or ours as ``instance_name``) stops it again.
+    ``start_federation_sender()``, or ours as ``instance_name``) stops it again. Another
+    Synapse deployment needs a Redis of its own (``ephemeral_redis()``): Synapse's
+    external cache keys (``cache_v1:get_joined_hosts:<state group>``) are not per server.
     """
     deployment = create_deployment(
         tmp_path_factory.mktemp("synapse"),
