@@ -283,7 +283,12 @@ async def test_catchup_while_the_intake_commit_is_held_back_loses_nothing(
     h.poke()
     await asyncio.wait_for(held.wait(), 10)  # read, rows not yet committed
     await h.m.remote_server_up(D)  # catch-up starts now, while the row is uncommitted
-    await asyncio.sleep(0.3)  # real HTTP and database run in real time
+
+    def episode_over() -> bool:
+        st = h.m.status(D)
+        return st is not None and not st.catching_up and st.state is DestinationState.IDLE
+
+    await eventually(episode_over, what="catch-up ending without the uncommitted row")
     assert e.event_id not in h.fake.received_event_ids(D)
     release.set()
     await h.settle()
@@ -291,3 +296,25 @@ async def test_catchup_while_the_intake_commit_is_held_back_loses_nothing(
     st = h.m.status(D)
     assert st is not None and not st.catching_up
     assert (await h.dest_row(D)).last_successful_stream_ordering == e.stream_ordering
+
+
+async def test_settle_waits_for_a_queue_still_bootstrapping(h: Harness) -> None:
+    """``settle()`` returns on real quiescence only: a queue waiting for a database slot
+    to read its row is not idle, whatever its state says."""
+    await h.start()
+    slots = h.m.db_slots
+    for _ in range(slots.limit):
+        await slots.acquire()
+    h.m.enqueue_edu(D, "m.typing", {"room_id": "!a"}, key="!a")
+    await eventually(lambda: slots.waiting == 1, what="the new queue waiting to bootstrap")
+    assert not h.m.quiescent()
+
+    async def release_later() -> None:
+        await asyncio.sleep(0.2)  # real time, longer than settle()'s quiet window
+        for _ in range(slots.limit):
+            slots.release()
+
+    releaser = asyncio.create_task(release_later())
+    await h.settle()
+    assert [e["edu_type"] for e in h.fake.received_edus(D)] == ["m.typing"]
+    await releaser
