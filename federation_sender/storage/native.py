@@ -71,8 +71,8 @@ class NativeTx:
         self.catchup = _CatchUp(conn)
         self.outbox = _Outbox(conn)
         self.positions = _Positions(conn)
-        self.txlog = _TxnLog(conn)
-        self.admin = _Admin(conn)
+        self.txlog = NativeTxnLog(conn)
+        self.admin = NativeAdminReads(conn)
 
 
 class _Events:
@@ -250,7 +250,7 @@ class _Positions:
         await pos.save_position(self._c, pos.replication_prefix(reader) + stream, writer, token)
 
 
-class _TxnLog:
+class NativeTxnLog:
     __slots__ = ("_c",)
 
     def __init__(self, conn: AsyncConnection) -> None:
@@ -263,7 +263,7 @@ class _TxnLog:
         return await txlog.recent_transactions(self._c, destination, limit)
 
 
-class _Admin:
+class NativeAdminReads:
     __slots__ = ("_c",)
 
     def __init__(self, conn: AsyncConnection) -> None:

@@ -8,12 +8,13 @@ function does through one ``Tx`` commits or rolls back together; this is how the
 intake keeps invariant 1 (``destination_rooms`` and its position in one transaction)
 on any backend.
 
-Two implementations are planned behind the same Protocols:
+Two implementations stand behind the same Protocols:
 
 * ``native`` (:mod:`federation_sender.storage.native`): the project's own schema
   (``storage/schema.py``), on PostgreSQL or SQLite.
-* ``synapse``: Synapse's own tables (``events`` + ``event_json``, ``destinations``,
-  ``destination_rooms``, ``federation_stream_position``, ``device_federation_outbox``,
+* ``synapse`` (:mod:`federation_sender.synapse.backend`): Synapse's own tables
+  (``events`` + ``event_json``, ``destinations``, ``destination_rooms``,
+  ``federation_stream_position``, ``device_federation_outbox``,
   ``device_lists_outbound_pokes``, state groups), with the project-only tables in a
   schema of their own. Where the two differ, the Protocol states the meaning and each
   backend keeps it its own way; the rules that differ are behind a method here, not in
@@ -24,8 +25,8 @@ Rules every backend keeps (``tests/storage/test_backend_contract.py`` checks the
 
 * positions never move backwards (a lower save is ignored);
 * ``destination_rooms``: per (destination, room) the highest stream ordering wins;
-  ``last_successful_stream_ordering`` only moves forwards; a stored retry interval is
-  only replaced by a longer one or reset by 0;
+  ``last_successful_stream_ordering`` only moves forwards; a retry interval is reset by
+  0, and a stale writer (an older ``retry_last_ts``) never shortens it;
 * reads "past" a stream id or a keyset cursor are strict (``>``), oldest first;
 * :meth:`Backend.run` retries the whole function on transient database errors, so the
   function must have no effect outside the transaction.
@@ -121,8 +122,10 @@ class DestinationStore(Protocol):
     async def set_retry_timings(
         self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
     ) -> None:
-        """Persist backoff: ``retry_interval == 0`` resets; otherwise the stored interval
-        is only replaced by a longer one (a racing writer cannot shorten a backoff)."""
+        """Persist backoff: ``retry_interval == 0`` resets; a longer interval replaces
+        the stored one; a stale writer (older ``retry_last_ts``, shorter interval) never
+        does. (Native: no shorter interval at all; Synapse's own rule also lets a newer
+        attempt through, and that backend keeps Synapse's rule.)"""
         ...
 
     async def clear_retry(self, destination: str) -> bool:

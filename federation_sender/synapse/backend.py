@@ -27,8 +27,7 @@ from federation_sender.model import (
     ToDeviceRow,
 )
 from federation_sender.storage.engine import run_in_transaction
-from federation_sender.storage.native import _Admin as NativeAdminReads
-from federation_sender.storage.native import _TxnLog as NativeTxnLog
+from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
 from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.synapse import events as ev
 from federation_sender.synapse import reads
