@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
+import redis
 from backend_support import OurWorker
 
 from federation_sender.testing.certs import LoopbackCA
@@ -92,6 +93,16 @@ def test_backend_events_reach_every_destination_once(
 ) -> None:
     ids = send(ours.d, room, 10, "once")
     fence(ours.d, network, room)
+    # As a Synapse process writing ``caches``: a REPLICATE is answered with our position.
+    with ReplicationTap(ours.d.redis_url, ours.d.server_name) as tap:
+        publisher = redis.Redis.from_url(ours.d.redis_url)
+        publisher.publish(ours.d.server_name, "REPLICATE ")
+        publisher.close()
+        tap.wait_for(
+            lambda lines: any(ln.startswith(f"POSITION caches {ours.d.instance_name} ")
+                              for ln in lines),
+            what="our POSITION caches in answer to REPLICATE",
+        )
     for peer in room.peers:
         counts = peer.event_counts(room.room_id)
         assert {e: counts[e] for e in ids} == dict.fromkeys(ids, 1), peer.server_name

@@ -11,6 +11,7 @@ invalidation rows and signals.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import uuid
@@ -27,7 +28,7 @@ from backend_support import (  # noqa: F401
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.model import server_of
+from federation_sender.model import EventRow, server_of
 from federation_sender.queue.catchup import is_sendable
 from federation_sender.replication import commands as c
 from federation_sender.synapse.backend import SynapseBackend
@@ -327,3 +328,63 @@ async def test_backend_retry_timings_invalidate_main_and_signal_after_commit(
     ]
     pos = backend.caches_position
     assert list(signals.announce()) == [c.PositionCommand("caches", INSTANCE, pos, pos)]
+
+
+def _event(
+    eid: str, room: str, sender: str, prev: list[str], *, auth: list[str] | None = None,
+    type_: str = "m.room.message", state_key: str | None = None,
+    content: dict[str, object] | None = None, on_behalf: str | None = None,
+) -> EventRow:
+    pdu = {"type": type_, "room_id": room, "sender": sender, "prev_events": prev,
+           "auth_events": auth or [], "content": content or {}, "depth": 5}
+    if state_key is not None:
+        pdu["state_key"] = state_key
+    return EventRow(1, eid, room, type_, state_key, sender, False, False, json.dumps(pdu),
+                    send_on_behalf_of=on_behalf)
+
+
+async def test_backend_destination_rules_on_synapses_tables(synapse_engine: AsyncEngine) -> None:
+    """The rules that need rooms the peers cannot make (a partial-state join, an invite
+    to a remote server) on Synapse's schema: no prev events, partial-state servers,
+    a rescinded invite, send_on_behalf_of and the domain whitelist."""
+    partial, full = "!partial:example.org", "!full:example.org"
+    async with synapse_engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO rooms (room_id, room_version) VALUES (:p, '12'), (:f, '12')"
+        ), {"p": partial, "f": full})
+        await conn.execute(text("INSERT INTO partial_state_rooms (room_id) VALUES (:r)"),
+                           {"r": partial})
+        await conn.execute(text(
+            "INSERT INTO partial_state_rooms_servers (room_id, server_name) VALUES "
+            "(:r, 'a.example'), (:r, 'b.example'), (:r, 'blocked.example')"
+        ), {"r": partial})
+        await conn.execute(text(
+            "INSERT INTO room_memberships (event_id, user_id, sender, room_id, membership) "
+            "VALUES ('$invite', '@carol:c.example', '@alice:example.org', :r, 'invite')"
+        ), {"r": full})
+    syn = dataclasses.replace(
+        _syn("example.org"),
+        federation_domain_whitelist=frozenset({"a.example", "c.example", "example.org"}),
+    )
+    backend = SynapseBackend(synapse_engine, syn, INSTANCE, FakeClock())
+    create = _event("$create", full, "@alice:example.org", [])
+    in_partial = _event("$p1", partial, "@alice:example.org", ["$x"])
+    relayed = _event("$j", partial, "@dave:a.example", ["$x"], type_="m.room.member",
+                     state_key="@dave:a.example", content={"membership": "join"},
+                     on_behalf="a.example")
+    rescind = _event("$leave", full, "@alice:example.org", ["$unknown"], auth=["$invite"],
+                     type_="m.room.member", state_key="@carol:c.example",
+                     content={"membership": "leave"})
+
+    async def fn(tx):  # type: ignore[no-untyped-def]
+        return await tx.hosts.hosts_for_events(
+            {full: [create, rescind], partial: [in_partial, relayed]}
+        )
+
+    got = await backend.run(fn)
+    assert got[full][0] == frozenset()  # no prev events: nobody
+    # No prev event with a state group: the room's current hosts (none here), plus the
+    # invitee of the rescinded invite.
+    assert got[full][1] == frozenset({"c.example"})
+    assert got[partial][0] == frozenset({"a.example"})  # whitelist applied
+    assert got[partial][1] == frozenset()  # not back to the server it was made through
