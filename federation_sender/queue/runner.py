@@ -24,7 +24,6 @@ from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
-from federation_sender.model import TxnLogRow
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.observer import QueueObserver, report
@@ -341,7 +340,9 @@ class DestinationRunner:
         now = time_ms(self.clock)
         was_failing = c.backoff.retry_interval_ms > 0
         eff = c.on_result(txn, result, now)
-        log_row = self._log_row(txn, result, started_ms) if batch else None
+        log_row = log_row_for(
+            txn, self.destination, self.config.instance_name, result, started_ms
+        ) if batch else None
         # Persisting is pipelined: the next transactions may go out while up to
         # ``MAX_UNPERSISTED`` results are written (group-committed with other
         # destinations' results). Safe: a crash before the write only means resending
@@ -368,24 +369,6 @@ class DestinationRunner:
                 batch.catchup,
             )
         report(self.observer, self.destination, eff, result, was_failing)
-
-    def _log_row(self, txn: FrozenTxn, result: SendResult, started_ms: int) -> TxnLogRow:
-        batch = txn.batch
-        return log_row_for(
-            txn_id=txn.txn_id,
-            destination=self.destination,
-            instance_name=self.config.instance_name,
-            pdu_event_ids=[p.event_id for p in batch.pdus],
-            edu_count=len(batch.edus),
-            request_bytes=result.request_bytes or batch.size_bytes,
-            status=result.outcome.value,
-            http_status=result.status,
-            started_ts=started_ms,
-            duration_ms=int(result.duration_s * 1000),
-            catchup=batch.catchup,
-            max_stream_ordering=batch.max_stream_ordering,
-            error=result.error or None,
-        )
 
     async def _attempt(self, request: Transaction) -> SendResult:
         """One attempt under a global slot, within the attempt deadline."""

@@ -24,8 +24,9 @@ from federation_sender.model import (
 )
 from federation_sender.queue.backoff import BackoffState
 from federation_sender.queue.catchup import RoomInput, RoomPlan, plan_room
-from federation_sender.queue.steps import Effects
+from federation_sender.queue.steps import Effects, FrozenTxn
 from federation_sender.storage.protocols import Backend, Tx
+from federation_sender.transport.result import SendResult
 
 JsonDict = dict[str, object]
 
@@ -350,34 +351,23 @@ def _load(text: str) -> JsonDict:
 
 
 def log_row_for(
-    *,
-    txn_id: str,
-    destination: str,
-    instance_name: str,
-    pdu_event_ids: Sequence[str],
-    edu_count: int,
-    request_bytes: int,
-    status: str,
-    http_status: int | None,
-    started_ts: int,
-    duration_ms: int,
-    catchup: bool,
-    max_stream_ordering: int | None,
-    error: str | None,
+    txn: FrozenTxn, destination: str, instance_name: str, result: SendResult, started_ts: int
 ) -> TxnLogRow:
+    """The ``federation_transaction_log`` row of one attempt."""
+    batch = txn.batch
     return TxnLogRow(
-        txn_id=txn_id,
+        txn_id=txn.txn_id,
         destination=destination,
         instance_name=instance_name,
-        pdu_count=len(pdu_event_ids),
-        edu_count=edu_count,
-        request_bytes=request_bytes,
-        status=status,
-        http_status=http_status,
+        pdu_count=len(batch.pdus),
+        edu_count=len(batch.edus),
+        request_bytes=result.request_bytes or batch.size_bytes,
+        status=result.outcome.value,
+        http_status=result.status,
         started_ts=started_ts,
-        duration_ms=duration_ms,
-        catchup=catchup,
-        max_stream_ordering=max_stream_ordering,
-        pdu_event_ids=tuple(pdu_event_ids),
-        error=error,
+        duration_ms=int(result.duration_s * 1000),
+        catchup=batch.catchup,
+        max_stream_ordering=batch.max_stream_ordering,
+        pdu_event_ids=tuple(p.event_id for p in batch.pdus),
+        error=result.error or None,
     )
