@@ -30,6 +30,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.model import EventRow, server_of
 from federation_sender.queue.catchup import is_sendable
+from federation_sender.queue.store import QueueStore
 from federation_sender.replication import commands as c
 from federation_sender.synapse.backend import SynapseBackend
 from federation_sender.synapse.config import SynapseConfig
@@ -388,3 +389,36 @@ async def test_backend_destination_rules_on_synapses_tables(synapse_engine: Asyn
     assert got[full][1] == frozenset({"c.example"})
     assert got[partial][0] == frozenset({"a.example"})  # whitelist applied
     assert got[partial][1] == frozenset()  # not back to the server it was made through
+
+
+async def test_backend_catchup_plans_on_synapses_tables(
+    synapse_deployment: SynapseDeployment, room: Room, deployment_backend: SynapseBackend
+) -> None:
+    """Catch-up reads on Synapse's tables: a short gap is replayed in order, a long one
+    is the room's forward extremity when the destination was in the room for it, and a
+    banned server gets its own ban (the extremity after it is not visible to it)."""
+    d = synapse_deployment
+    events = [e for e in await _room_events(deployment_backend, room.room_id) if not e.outlier]
+    ban, last = events[-2], events[-1]
+    member, banned = room.peers[0].server_name, room.peers[-1].server_name
+    after = events[-5].stream_ordering
+    rows = [
+        (member, room.room_id, last.stream_ordering),
+        (banned, room.room_id, ban.stream_ordering),
+    ]
+    await deployment_backend.run(lambda tx: tx.destinations.upsert_destination_rooms(rows))
+    store = QueueStore(deployment_backend)
+    try:
+        async def plan(dest: str, gap: int) -> tuple[str, list[str]]:
+            (p,) = await store.plan_catchup(dest, d.server_name, after, (after, None), 10, gap)
+            return p.mode, [e.event_id for e in p.events]
+
+        replay = [e.event_id for e in events if after < e.stream_ordering <= last.stream_ordering]
+        assert await plan(member, 50) == ("gap", replay)
+        assert await plan(member, 2) == ("extremities", [last.event_id])
+        assert await plan(banned, 2) == ("event", [ban.event_id])
+    finally:
+        async with deployment_backend.engine.begin() as conn:
+            await conn.execute(
+                text("DELETE FROM destination_rooms WHERE room_id = :r"), {"r": room.room_id}
+            )
