@@ -210,8 +210,8 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def state_matches_backoff(self) -> None:
         from federation_sender.queue.destination import DestinationState as S
-        if self.core.sm.state is S.BACKING_OFF:
-            assert self.core.backoff.backing_off
+        if self.core.sm.state is S.BACKING_OFF:  # a backoff, or a 429's pause
+            assert self.core.backoff.backing_off or self.core.rate_limit.until_ms
 
     def teardown(self) -> None:
         self.down = False
