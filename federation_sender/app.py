@@ -24,6 +24,7 @@ import random
 import secrets
 import signal
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -281,7 +282,12 @@ class Worker:
             own_client.tracer = observer.tracing.tracer
             own_client.request_counter = metrics
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
-        manager = build_queue_manager(settings, storage, sender, clock, observer, shards)
+        manager = build_queue_manager(
+            settings, storage, sender, clock, observer, shards,
+            domain_allowed=synapse.domain_allowed
+            if synapse is not None and synapse.federation_domain_whitelist is not None
+            else None,
+        )
 
         async def on_membership_change(live: frozenset[str]) -> None:
             metrics.shard_membership(len(live), len(shards.held_destinations()))
@@ -460,7 +466,17 @@ def build_queue_manager(
     clock: Clock,
     observer: TelemetryObserver,
     shards: ShardCoordinator,
+    domain_allowed: Callable[[str], bool] | None = None,
 ) -> QueueManager:
+    """``domain_allowed``: beside Synapse, its ``federation_domain_whitelist`` (a
+    destination outside it gets no queue, so no EDU either, as in Synapse)."""
+    owns: Callable[[str], bool] = shards.owns
+    if domain_allowed is not None:
+        allowed = domain_allowed
+
+        def owns(destination: str) -> bool:
+            return allowed(destination) and shards.owns(destination)
+
     poll = (
         settings.replication.poll_interval_s
         if settings.replication.transport == "none"
@@ -474,7 +490,7 @@ def build_queue_manager(
         settings.instance_name,
         clock,
         random.Random(),
-        shards.owns,
+        owns,
         observer,
         attempt_deadline_s=settings.federation.request_timeout_s + 5.0,
         poll_interval_s=poll,

@@ -10,13 +10,21 @@ from typing import Any
 
 import pytest
 
+from federation_sender.app import build_queue_manager
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
+from federation_sender.sharding import ShardCoordinator
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.native import NativeBackend
 from federation_sender.synapse.config import (
     load_synapse_config,
     merge_settings,
     parse_duration_ms,
 )
+from federation_sender.telemetry.metrics import Metrics, new_registry
+from federation_sender.telemetry.queue_observer import TelemetryObserver
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.transport.addresses import AddressFilter
 from federation_sender.transport.signing import KeyFileError, generate_key_file, load_signing_key
 
@@ -144,3 +152,20 @@ def test_ip_range_blacklist_refuses_and_whitelist_wins() -> None:
     assert f.is_allowed("8.8.4.4")
     assert f.is_allowed("1.1.1.1")
     assert not f.is_allowed("10.0.0.1")
+
+
+async def test_domain_whitelist_gates_every_queue(sqlite_url: str, tmp_path: Path) -> None:
+    """Beside Synapse, a destination outside federation_domain_whitelist gets no queue
+    (so no EDU either), as Synapse's ``_get_per_destination_queue`` returns none."""
+    settings = Settings(instance_name="fed1", data_dir=str(tmp_path))
+    engine = create_engine(sqlite_url)
+    try:
+        observer = TelemetryObserver(Metrics(new_registry()), None, FakeClock())
+        shards = ShardCoordinator(engine, "fed1", FakeClock(), settings.sharding)
+        sender = HttpTransactionSender("http://127.0.0.1:9", "example.org", FakeClock())
+        args = (settings, NativeBackend(engine), sender, FakeClock(), observer, shards)
+        gated = build_queue_manager(*args, domain_allowed={"a.example"}.__contains__)
+        assert gated.shard_filter("a.example") and not gated.shard_filter("b.example")
+        assert build_queue_manager(*args).shard_filter("b.example")
+    finally:
+        await engine.dispose()
