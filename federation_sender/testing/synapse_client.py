@@ -110,6 +110,26 @@ class SynapseClient:
         )["event_id"]
         return event_id
 
+    def send_state(
+        self,
+        user: User,
+        room_id: str,
+        event_type: str,
+        content: dict[str, Any],
+        state_key: str = "",
+    ) -> str:
+        """Set a state event; returns its event id."""
+        path = (
+            f"/_matrix/client/v3/rooms/{urllib.parse.quote(room_id, safe='')}/state/"
+            f"{urllib.parse.quote(event_type, safe='')}/{urllib.parse.quote(state_key, safe='')}"
+        )
+        event_id: str = self.call("PUT", path, content, user.access_token)["event_id"]
+        return event_id
+
+    def kick(self, user: User, room_id: str, target: str, reason: str = "") -> None:
+        path = f"/_matrix/client/v3/rooms/{urllib.parse.quote(room_id, safe='')}/kick"
+        self.call("POST", path, {"user_id": target, "reason": reason}, user.access_token)
+
     def joined_members(self, user: User, room_id: str) -> list[str]:
         path = f"/_matrix/client/v3/rooms/{urllib.parse.quote(room_id, safe='')}/joined_members"
         return sorted(self.call("GET", path, None, user.access_token)["joined"])
