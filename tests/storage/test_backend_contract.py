@@ -1,30 +1,18 @@
 """What ANY storage backend must do, stated once through the Protocols of
-``storage/protocols.py`` and run against every backend we have.
+``storage/protocols.py`` and run against every backend we have (``subject`` in
+``conftest.py``: native on SQLite and PostgreSQL, Synapse on a schema Synapse made).
 
-Each test only uses ``Backend.run`` and, where the main process's rows are needed, a
-writer standing in for it (the ``MainWriter`` below: events, memberships, extremities,
-outbox rows); nothing here reads a table. Backends:
-
-* ``native-sqlite``, ``native-postgresql``: every test (``HomeserverWriter`` writes the
-  main process's rows);
-* ``synapse-postgresql``: the Synapse backend on a schema Synapse made itself, for the
-  tests that need no main-process rows (``subject``); the others (``seeded``) wait for a
-  writer into Synapse's tables (Synapse's own events are covered by ``tests/synapse``).
-
-A new backend joins by adding a case to :func:`_open`.
+These tests need no main-process rows beyond bare events (``Subject.events_exist``);
+the ones that do are in ``test_backend_contract_main_rows.py``. Nothing here reads a
+table.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 import pytest
-from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from contract_support import Subject
 
 from federation_sender.model import (
     EVENTS_STREAM,
@@ -33,137 +21,7 @@ from federation_sender.model import (
     Direction,
     TxnLogRow,
 )
-from federation_sender.storage.engine import create_engine
-from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
-from federation_sender.storage.protocols import Backend, Tx
-from federation_sender.synapse.backend import SynapseBackend
-from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import create_synapse_engine, upgrade_own_schema
-from federation_sender.testing.clock import FakeClock
-from federation_sender.testing.queue_writer import HomeserverWriter, WrittenEvent
-from tests.synapse.backend_support import (  # noqa: F401 (fixtures)
-    synapse_db_url_fixture,
-    synapse_template_fixture,
-)
-
-T = TypeVar("T")
-ME = "local.test"
-
-
-class MainWriter(Protocol):
-    """The main process's writes the contract needs (``HomeserverWriter`` natively)."""
-
-    async def membership(
-        self, room_id: str, user_id: str, membership: str, sender: str | None = None
-    ) -> WrittenEvent: ...
-
-    async def message(self, room_id: str, sender: str) -> WrittenEvent: ...
-
-    async def set_extremities(self, room_id: str, event_ids: Sequence[str]) -> None: ...
-
-    async def mark_partial_state(self, room_id: str) -> None: ...
-
-    async def to_device(self, destination: str, content: dict[str, Any]) -> int: ...
-
-    async def device_list(self, destination: str, user_id: str, device_id: str) -> int: ...
-
-
-async def _nothing(_events: Sequence[tuple[str, int]]) -> None:
-    return None
-
-
-@dataclass
-class Subject:
-    backend: Backend
-    main: MainWriter | None
-    events_exist: Callable[[Sequence[tuple[str, int]]], Awaitable[None]] = _nothing
-    """Make (room_id, stream_ordering) events and their rooms exist, as the main process
-    does before the fan-out records them in ``destination_rooms``: Synapse's
-    ``destination_rooms`` refers to ``rooms`` and its catch-up reads join ``events``.
-    Nothing to do natively."""
-
-    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        return await self.backend.run(fn)
-
-
-@dataclass
-class Seeded(Subject):
-    main: MainWriter
-
-
-def _synapse_config(instance: str) -> SynapseConfig:
-    return SynapseConfig(
-        server_name=ME, database_url="", redis_url="", signing_key_path="",
-        worker_name=instance, federation_sender_instances=(instance,),
-        federation_domain_whitelist=None, ip_range_blacklist=(), ip_range_whitelist=(),
-        verify_tls=True, extra_ca_file=None, min_retry_interval_ms=600_000,
-        retry_multiplier=2.0, max_retry_interval_ms=7 * 86_400_000,
-    )
-
-
-@asynccontextmanager
-async def _open(kind: str, request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
-    if kind.startswith("native-"):
-        url = request.getfixturevalue("sqlite_url" if kind.endswith("sqlite") else "pg_url")
-        engine = create_engine(str(url))
-        await upgrade(engine)
-        try:
-            yield Seeded(NativeBackend(engine), await HomeserverWriter(engine, ME).init())
-        finally:
-            await engine.dispose()
-        return
-    engine = create_synapse_engine(str(request.getfixturevalue("synapse_db_url")))
-    await upgrade_own_schema(engine)
-
-    backend = SynapseBackend(engine, _synapse_config("fed1"), "fed1", FakeClock())
-    try:
-        yield Subject(backend, None, lambda evs: _synapse_events(engine, evs))
-    finally:
-        await engine.dispose()
-
-
-async def _synapse_events(engine: AsyncEngine, events: Sequence[tuple[str, int]]) -> None:
-    """Bare rooms and message events in Synapse's tables (one event per stream
-    ordering: the first room given with it)."""
-    first: dict[int, str] = {}
-    for room_id, so in events:
-        first.setdefault(so, room_id)
-    async with engine.begin() as conn:
-        for room_id in dict.fromkeys(r for r, _ in events):
-            await conn.execute(text(
-                "INSERT INTO rooms (room_id, is_public, creator, room_version)"
-                " SELECT :r, false, :c, '10' WHERE NOT EXISTS"
-                " (SELECT 1 FROM rooms WHERE room_id = :r)"), {"r": room_id, "c": f"@c:{ME}"})
-        for so, room_id in first.items():
-            event_id = f"$contract{so}"
-            await conn.execute(text(
-                "INSERT INTO events (topological_ordering, event_id, type, room_id, processed,"
-                " outlier, depth, origin_server_ts, received_ts, sender, instance_name,"
-                " stream_ordering) VALUES (:so, :e, 'm.room.message', :r, true, false, :so,"
-                " :so, :so, :c, 'master', :so)"), {"so": so, "e": event_id, "r": room_id,
-                                                   "c": f"@c:{ME}"})
-            pdu = {"event_id": event_id, "room_id": room_id, "type": "m.room.message",
-                   "sender": f"@c:{ME}", "depth": so, "content": {}}
-            await conn.execute(text(
-                "INSERT INTO event_json (event_id, room_id, internal_metadata, json,"
-                " format_version) VALUES (:e, :r, '{}', :j, 3)"),
-                {"e": event_id, "r": room_id, "j": json.dumps(pdu)})
-
-
-@pytest.fixture(params=["native-sqlite", "native-postgresql", "synapse-postgresql"])
-async def subject(request: pytest.FixtureRequest) -> AsyncIterator[Subject]:
-    """Any backend (the test needs no main-process rows)."""
-    async with _open(request.param, request) as s:
-        yield s
-
-
-@pytest.fixture(params=["native-sqlite", "native-postgresql"])
-async def seeded(request: pytest.FixtureRequest) -> AsyncIterator[Seeded]:
-    """A backend with a writer of the main process's rows."""
-    async with _open(request.param, request) as s:
-        assert isinstance(s, Seeded)
-        yield s
+from federation_sender.storage.protocols import Tx
 
 
 async def test_positions_are_keyed_by_stream_and_instance_and_never_move_back(
@@ -369,157 +227,6 @@ async def test_last_successful_only_moves_forwards(subject: Subject) -> None:
         return {d: r.last_successful_stream_ordering for d, r in rows.items()}
 
     assert await subject.run(reads) == {"a.test": 12, "b.test": 4}
-
-
-async def test_wakeup_sweep_and_behind(seeded: Seeded) -> None:
-    now = 10_000_000
-    await seeded.main.to_device("outbox.test", {"m": 1})
-
-    async def writes(tx: Tx) -> None:
-        await tx.destinations.ensure_destinations(["outbox.test", "idle.test"])
-        await tx.destinations.upsert_destination_rooms([
-            ("behind.test", "!r:l", 5), ("caught-up.test", "!r:l", 5),
-            ("backing-off.test", "!r:l", 5), ("expired.test", "!r:l", 5),
-        ])
-        await tx.destinations.set_last_successful_many([("caught-up.test", 5)])
-        await tx.destinations.set_retry_timings("backing-off.test", 0, now - 10, 600_000)
-        await tx.destinations.set_retry_timings("expired.test", 0, now - 10, 5)
-
-    await seeded.run(writes)
-
-    async def sweep(tx: Tx) -> tuple[list[str], list[str], list[str]]:
-        return (
-            await tx.destinations.destinations_with_outstanding_work(None, 2, now),
-            await tx.destinations.destinations_with_outstanding_work("expired.test", 2, now),
-            sorted(await tx.destinations.destinations_behind()),
-        )
-
-    page1, page2, behind = await seeded.run(sweep)
-    assert page1 + page2 == ["behind.test", "expired.test", "outbox.test"]
-    assert behind == ["backing-off.test", "behind.test", "expired.test"]
-
-
-async def test_outbox_reads_past_a_stream_id_until_acknowledged(seeded: Seeded) -> None:
-    td = [await seeded.main.to_device("a.test", {"n": i}) for i in range(3)]
-    dl = [await seeded.main.device_list("a.test", "@u:local.test", f"D{i}") for i in range(2)]
-    await seeded.main.device_list("b.test", "@v:local.test", "DV")
-
-    async def unsent(after_td: int, after_dl: int, limit: int = 10) -> tuple[Any, Any]:
-        async def fn(tx: Tx) -> tuple[Any, Any]:
-            return await tx.outbox.unsent_outbox("a.test", after_td, after_dl, limit)
-
-        return await seeded.run(fn)
-
-    t, d = await unsent(-1, -1)
-    assert [r.stream_id for r in t] == td and [r.stream_id for r in d] == dl
-    assert [(r.user_id, r.device_id) for r in d] == [("@u:local.test", "D0"),
-                                                    ("@u:local.test", "D1")]
-    t, d = await unsent(td[0], dl[0])
-    assert [r.stream_id for r in t] == td[1:] and [r.stream_id for r in d] == dl[1:]
-    t, d = await unsent(-1, -1, limit=1)
-    assert [r.stream_id for r in t] == td[:1] and [r.stream_id for r in d] == dl[:1]
-
-    async def dests(tx: Tx) -> list[str]:
-        return sorted(await tx.outbox.device_list_destinations(["@u:local.test", "@v:local.test"]))
-
-    assert await seeded.run(dests) == ["a.test", "b.test"]
-
-    async def ack(tx: Tx) -> None:
-        await tx.outbox.ack_to_device("a.test", td[:2], 1)
-        await tx.outbox.ack_device_lists("a.test", [(dl[0], "@u:local.test", "D0")])
-
-    await seeded.run(ack)
-    t, d = await unsent(-1, -1)
-    assert [r.stream_id for r in t] == td[2:] and [r.stream_id for r in d] == dl[1:]
-
-    async def ack_rest(tx: Tx) -> list[str]:
-        await tx.outbox.ack_device_lists("a.test", [(dl[1], "@u:local.test", "D1")])
-        return await tx.outbox.device_list_destinations(["@u:local.test", "@v:local.test"])
-
-    assert await seeded.run(ack_rest) == ["b.test"]
-
-
-async def test_events_reads(seeded: Seeded) -> None:
-    async def top(tx: Tx) -> int:
-        return await tx.events.max_stream_ordering()
-
-    assert await seeded.run(top) == 0
-    m = seeded.main
-    await m.membership("!r:l", "@a:local.test", "join")
-    msgs = [await m.message("!r:l", "@a:local.test") for _ in range(4)]
-    other = await m.message("!s:l", "@a:local.test")
-    await m.set_extremities("!r:l", [msgs[1].event_id, msgs[3].event_id])
-    await m.mark_partial_state("!s:l")
-
-    async def reads(tx: Tx) -> tuple[Any, ...]:
-        return (
-            await tx.events.max_stream_ordering(),
-            await tx.events.events_after(msgs[0].stream_ordering, other.stream_ordering, 2),
-            await tx.events.events_at([msgs[2].stream_ordering, 10_000]),
-            await tx.events.room_events_between(
-                ["!r:l", "!s:l", "!none:l"], msgs[0].stream_ordering, other.stream_ordering, 2
-            ),
-            await tx.events.forward_extremities(["!r:l"]),
-            await tx.events.partial_state(["!r:l", "!s:l"]),
-            await tx.events.sender_and_received_ts("!r:l", msgs[0].event_id),
-            await tx.events.sender_and_received_ts("!r:l", other.event_id),
-        )
-
-    top_so, after, at, between, extremities, partial, meta, wrong_room = await seeded.run(reads)
-    assert top_so == other.stream_ordering
-    assert [e.event_id for e in after] == [msgs[1].event_id, msgs[2].event_id]
-    assert list(at) == [msgs[2].stream_ordering]
-    assert at[msgs[2].stream_ordering].room_id == "!r:l"
-    assert at[msgs[2].stream_ordering].sender == "@a:local.test"
-    assert {r: [e.event_id for e in evs] for r, evs in between.items()} == {
-        "!r:l": [msgs[1].event_id, msgs[2].event_id], "!s:l": [other.event_id],
-    }
-    assert [e.event_id for e in extremities["!r:l"]] == [msgs[1].event_id, msgs[3].event_id]
-    assert partial == {"!s:l"}
-    assert meta is not None and meta[0] == "@a:local.test"
-    assert wrong_room is None
-
-
-async def test_hosts_of_an_event_and_now(seeded: Seeded) -> None:
-    m = seeded.main
-    await m.membership("!r:l", "@a:local.test", "join")
-    await m.membership("!r:l", "@b:one.test", "join")
-    await m.membership("!r:l", "@c:two.test", "join")
-    await m.membership("!r:l", "@c:two.test", "leave")
-    first = await m.message("!r:l", "@a:local.test")
-    await m.membership("!r:l", "@d:three.test", "join")
-    second = await m.message("!r:l", "@a:local.test")
-    kick = await m.membership("!r:l", "@d:three.test", "leave", sender="@a:local.test")
-    sos = [first.stream_ordering, second.stream_ordering, kick.stream_ordering]
-
-    async def reads(tx: Tx) -> tuple[Any, Any]:
-        rows = await tx.events.events_at(sos)
-        return (await tx.hosts.hosts_for_events({"!r:l": [rows[so] for so in sos]}),
-                await tx.hosts.current_hosts(["!r:l"]))
-
-    at_events, now = await seeded.run(reads)
-    one, two, kicked = at_events["!r:l"]
-    assert "one.test" in one and "two.test" not in one and "three.test" not in one
-    assert {"one.test", "three.test"} <= two and "two.test" not in two
-    # A server whose last member is kicked receives its own kick.
-    assert {"one.test", "three.test"} <= kicked
-    assert "one.test" in now["!r:l"] and not {"two.test", "three.test"} & now["!r:l"]
-
-
-async def test_server_membership_history_is_per_server_and_ascending(seeded: Seeded) -> None:
-    m = seeded.main
-    j = await m.membership("!r:l", "@b:one.test", "join")
-    await m.membership("!r:l", "@x:other.test", "join")
-    lv = await m.membership("!r:l", "@b:one.test", "leave")
-
-    async def reads(tx: Tx) -> Any:
-        return await tx.catchup.server_membership_history("one.test", ["!r:l", "!empty:l"])
-
-    hist = await seeded.run(reads)
-    assert hist["!empty:l"] == []
-    assert [(r.stream_ordering, r.user_id, r.membership) for r in hist["!r:l"]] == [
-        (j.stream_ordering, "@b:one.test", "join"), (lv.stream_ordering, "@b:one.test", "leave"),
-    ]
 
 
 def _log(txn: str, dest: str, ts: int, status: str = "success") -> TxnLogRow:
