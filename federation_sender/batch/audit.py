@@ -55,25 +55,10 @@ def run(ctx: JobContext, *, repair: bool) -> JobResult:
         )
         by_status = counts_by(missing, "status")
     with ctx.progress.step("compare destination_rooms"):
-        undelivered_keys = missing.select("destination", "room_id").distinct()
         raw = t.diff_destination_rooms(expected, actual)
-        # A row the worker pruned (catch-up drops rows of rooms the destination left once
-        # their events are handled) is missing on purpose when its event was delivered:
-        # report it as "pruned", not as a disagreement.
-        pruned = (
-            raw.filter(F.col("problem") == "missing")
-            .join(undelivered_keys, ["destination", "room_id"], "left_anti")
-            .withColumn("problem", F.lit("pruned"))
-        )
-        diff = (
-            raw.filter(F.col("problem") != "missing")
-            .unionByName(
-                raw.filter(F.col("problem") == "missing").join(
-                    undelivered_keys, ["destination", "room_id"], "left_semi"
-                )
-            )
-            .cache()
-        )
+        # A row the worker pruned after delivering its event is missing on purpose.
+        diff, pruned = t.split_pruned(raw, missing)
+        diff = diff.cache()
         by_problem = counts_by(diff, "problem")
         n_pruned = pruned.count()
     lost = by_status.get("lost", 0)

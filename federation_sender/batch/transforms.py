@@ -218,6 +218,21 @@ def undelivered(
     )
 
 
+def split_pruned(raw_diff: DataFrame, undelivered_rows: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """Split :func:`diff_destination_rooms` output into real differences and rows the
+    worker pruned on purpose: catch-up deletes the row of a room the destination left
+    once its events are handled, so a "missing" row whose latest event was delivered is
+    not a disagreement. Returns ``(diff, pruned)``; ``pruned`` has ``problem="pruned"``.
+    The audit and the backfill both use this, so they agree on such rows."""
+    keys = undelivered_rows.select("destination", "room_id").distinct()
+    missing = raw_diff.filter(F.col("problem") == "missing")
+    pruned = (missing.join(keys, ["destination", "room_id"], "left_anti")
+              .withColumn("problem", F.lit("pruned")))
+    diff = raw_diff.filter(F.col("problem") != "missing").unionByName(
+        missing.join(keys, ["destination", "room_id"], "left_semi"))
+    return diff, pruned
+
+
 def position_repairs(undelivered_rows: DataFrame) -> DataFrame:
     """Per destination, the position catch-up must restart from so that it resends every
     undelivered row: one below the earliest. Applied as ``LEAST(current, position)``, so it

@@ -191,3 +191,26 @@ def test_health_report(spark: Any, batch_db: str, tmp_path: Path) -> None:
 def test_usage_errors(spark: Any) -> None:
     assert run(spark, "sqlite:///x.db", "audit")[0] == 2          # batch jobs need PostgreSQL
     assert run(spark, "postgresql://u@h/db", "snapshot")[0] == 2  # snapshot needs --output
+
+
+def test_audit_and_backfill_agree_on_rows_pruned_after_delivery(
+        spark: Any, batch_db: str) -> None:
+    """Catch-up deletes the row of a room once its events are delivered; neither job may
+    call that row missing, and the backfill must not put it back."""
+    h = broken(scenario())
+    # c.example:8448 was sent $e6, the latest event of !r1 it should have: delivered.
+    pruned_key = ("c.example:8448", "!r1")
+    assert pruned_key not in expected_undelivered(h)
+    assert expected_destination_rooms(h)[pruned_key] == 6
+    del h.destination_rooms[pruned_key]
+    load_pg(h, batch_db)
+
+    status, audit = run(spark, batch_db, "audit")
+    status, dry = run(spark, batch_db, "backfill-destination-rooms", "--dry-run")
+    assert status == 0
+    assert audit["summary"]["rows_pruned_after_delivery"] == 1
+    assert dry["summary"]["pruned_after_delivery"] == 1
+    assert dry["summary"]["missing"] == audit["summary"]["rows_missing"] == 1
+    status, applied = run(spark, batch_db, "backfill-destination-rooms")
+    assert status == 0
+    assert pruned_key not in read_destination_rooms(batch_db)
