@@ -211,6 +211,6 @@ def test_audit_and_backfill_agree_on_rows_pruned_after_delivery(
     assert audit["summary"]["rows_pruned_after_delivery"] == 1
     assert dry["summary"]["pruned_after_delivery"] == 1
     assert dry["summary"]["missing"] == audit["summary"]["rows_missing"] == 1
-    status, applied = run(spark, batch_db, "backfill-destination-rooms")
+    status, _ = run(spark, batch_db, "backfill-destination-rooms")
     assert status == 0
     assert pruned_key not in read_destination_rooms(batch_db)
