@@ -48,8 +48,12 @@ def synapse_python() -> Path:
     marker = venv / ".installed"
     if marker.exists():
         return python
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    with open(venv.parent / f"{venv.name}.lock", "w") as lock:
+    try:
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(venv.parent / f"{venv.name}.lock", "w")  # noqa: SIM115 - closed below
+    except OSError as e:
+        raise SynapseInstallError(f"cannot use {venv}: {e.strerror or e}") from None
+    with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
         if not marker.exists():
             _install(venv, python)

@@ -97,7 +97,8 @@ def test_synapse_sender_and_ours_deliver_the_same_events(
     try:
         mine = run_script(d, network)
     finally:
-        ours.stop()
+        status = ours.stop()
+    assert status == 0, ours.log_tail()  # an orderly exit on SIGTERM
     assert mine == theirs
     # What the script implies, so that both being wrong the same way fails too.
     after_all = ["member:peer3:join", "member:bob:join", "m.room.topic",
