@@ -25,10 +25,6 @@ FEDERATION_STREAM = "federation"
 """The federation-stream token this instance has queued and acknowledged."""
 
 
-def server_of(user_id: str) -> str:
-    """The server part of a user id (``@u:example.org`` -> ``example.org``); ``""`` when
-    there is none."""
-    return user_id.split(":", 1)[1] if ":" in user_id else ""
 
 
 @dataclass(frozen=True, slots=True)

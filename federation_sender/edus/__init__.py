@@ -37,11 +37,6 @@ from typing import Protocol
 from federation_sender.queue.items import JsonDict
 
 
-def server_of(user_id: str) -> str:
-    """``@u:example.org`` -> ``example.org``; ``""`` when there is no server part."""
-    return user_id.split(":", 1)[1] if ":" in user_id else ""
-
-
 @dataclass(frozen=True, slots=True)
 class EventMeta:
     """What the receipt pacing rule needs to know of the receipt's event."""

@@ -26,7 +26,7 @@ from collections.abc import Collection, Iterable
 from typing import Protocol
 
 from federation_sender.clock import Clock, time_ms
-from federation_sender.edus import server_of
+from federation_sender.ids import server_of
 from federation_sender.queue.items import JsonDict
 from federation_sender.replication.rows import PresenceFederationRow, PresenceRow, PresenceState
 

@@ -21,7 +21,8 @@ from collections import OrderedDict
 from collections.abc import Iterable
 
 from federation_sender.clock import Clock, time_ms
-from federation_sender.edus import EduSink, RoomHosts, server_of
+from federation_sender.edus import EduSink, RoomHosts
+from federation_sender.ids import server_of
 from federation_sender.queue.items import JsonDict
 from federation_sender.replication.rows import ReceiptsRow
 

@@ -16,7 +16,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from federation_sender.clock import Clock, time_ms
-from federation_sender.edus import EduSink, RoomHosts, server_of
+from federation_sender.edus import EduSink, RoomHosts
+from federation_sender.ids import server_of
 from federation_sender.replication.rows import TypingRow
 
 log = logging.getLogger(__name__)

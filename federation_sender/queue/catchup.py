@@ -28,7 +28,8 @@ from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from federation_sender.model import EventRow, MembershipRow, server_of
+from federation_sender.ids import server_of
+from federation_sender.model import EventRow, MembershipRow
 from federation_sender.queue.batching import Batch, Limits
 from federation_sender.queue.items import PduItem
 

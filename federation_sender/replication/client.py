@@ -47,7 +47,6 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 from federation_sender.clock import Clock
@@ -62,6 +61,7 @@ from federation_sender.replication.positions import (
     Update,
     fetch_gap,
 )
+from federation_sender.replication.reconnect import DEFAULT_BACKOFF, Backoff
 from federation_sender.replication.rows import ROW_PARSERS, Row
 from federation_sender.replication.transport import ConnectionLost, Session, Transport
 
@@ -83,20 +83,6 @@ class ReplicationHandler(Protocol):
     async def on_remote_server_up(self, server: str) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Exponential reconnect delay, capped, with jitter in [50 %, 100 %]."""
-
-    initial_s: float = 0.5
-    max_s: float = 30.0
-    multiplier: float = 2.0
-
-    def delay_s(self, attempt: int, rng: random.Random) -> float:
-        base = min(self.max_s, self.initial_s * self.multiplier ** min(attempt, 64))
-        return base * rng.uniform(0.5, 1.0)
-
-
-DEFAULT_BACKOFF = Backoff()
 
 
 class ReplicationClient:

@@ -46,6 +46,7 @@ from federation_sender.replication.connection import (
     ReplicationConnection,
     Role,
 )
+from federation_sender.replication.reconnect import DEFAULT_BACKOFF, Backoff
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.transport import ConnectionLost
 from federation_sender.telemetry.logging import redact_url
@@ -211,8 +212,10 @@ class RedisWriterBridge:
         *,
         clock: Clock,
         rng: random.Random | None = None,
+        backoff: Backoff = DEFAULT_BACKOFF,
     ) -> None:
         self._writer = writer
+        self._backoff = backoff
         self._transport = RedisTransport(url, writer.server_name, clock=clock)
         self._clock = clock
         self._rng = rng or random.Random()
@@ -230,8 +233,7 @@ class RedisWriterBridge:
                 attempt = 0
                 await self._serve(session)
             attempt += 1
-            delay_s = min(30.0, 0.5 * 2 ** min(attempt, 6)) * self._rng.uniform(0.5, 1.0)
-            await self._clock.sleep(delay_s)
+            await self._clock.sleep(self._backoff.delay_s(attempt, self._rng))
 
     async def _serve(self, session: RedisSession) -> None:
         def relay(commands: Sequence[c.Command]) -> None:

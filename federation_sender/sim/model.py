@@ -10,10 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def server_of(user_id: str) -> str:
-    """The server part of a Matrix user id (``@local:server``, server may hold a port)."""
-    return user_id.split(":", 1)[1]
+from federation_sender.ids import server_of
 
 
 @dataclass(frozen=True, slots=True)

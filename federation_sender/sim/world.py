@@ -41,12 +41,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from federation_sender.clock import Clock, time_ms
+from federation_sender.ids import server_of
 from federation_sender.sim.model import (
     Batch,
     DeviceListChange,
     SimEvent,
     ToDeviceMessage,
-    server_of,
 )
 from federation_sender.sim.pdu import ROOM_VERSION, build_pdu
 

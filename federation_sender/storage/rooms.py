@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from federation_sender.model import EventRow, MembershipRow, server_of
+from federation_sender.ids import server_of
+from federation_sender.model import EventRow, MembershipRow
 from federation_sender.storage.schema import room_memberships as rm
 
 

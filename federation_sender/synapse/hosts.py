@@ -36,7 +36,8 @@ from typing import Any, Protocol
 from sqlalchemy import bindparam, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from federation_sender.model import EventRow, server_of
+from federation_sender.ids import server_of
+from federation_sender.model import EventRow
 from federation_sender.synapse.schema import (
     event_to_state_groups,
     partial_state_rooms_servers,

@@ -2,14 +2,15 @@
 homeservers. For tests and benchmarks until the real federation client is wired.
 
 ``urls`` maps a destination to a base URL (or one base URL serves every destination,
-told apart by the ``Host`` header). Every attempt has a timeout; failures are classified
-as the real client does: 200 success, 413 too large, 400/401/403/404/410 permanent,
-anything else (429, 5xx, timeouts, connection errors) transient.
+told apart by the ``Host`` header). Every attempt has a timeout; responses and failures
+are classified by the real client's own functions (``transport/classify.py``), so the
+queue tests that use this sender exercise the real classification.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -20,9 +21,8 @@ from aiohttp.payload import BytesPayload
 from yarl import URL
 
 from federation_sender.clock import Clock, time_ms
+from federation_sender.transport.classify import classify_exception, classify_response
 from federation_sender.transport.result import Outcome, SendResult, Transaction
-
-PERMANENT_STATUSES = frozenset({400, 401, 403, 404, 410})
 
 _COMPACT = json.JSONEncoder(separators=(",", ":"))
 
@@ -143,61 +143,11 @@ class HttpTransactionSender:
                 headers={"Host": txn.destination, "X-Destination": txn.destination},
             ) as resp:
                 payload = await resp.read()
-                status = resp.status
-        except (TimeoutError, asyncio.TimeoutError):  # noqa: UP041 - aiohttp raises either
-            return SendResult(
-                Outcome.TRANSIENT,
-                error="timeout",
-                request_bytes=len(body),
-                duration_s=self.clock.monotonic_s() - t0,
-            )
-        except aiohttp.ClientError as e:
-            return SendResult(
-                Outcome.TRANSIENT,
-                error=f"connection: {type(e).__name__}",
-                request_bytes=len(body),
-                duration_s=self.clock.monotonic_s() - t0,
-            )
-        duration = self.clock.monotonic_s() - t0
-        try:
-            parsed = json.loads(payload) if payload else {}
-        except ValueError:
-            parsed = {}
-        if not isinstance(parsed, dict):
-            parsed = {}
-        if status == 200:
-            pdus = parsed.get("pdus", {})
-            errors = {
-                str(k): str(v.get("error"))
-                for k, v in (pdus.items() if isinstance(pdus, dict) else ())
-                if isinstance(v, dict) and v.get("error")
-            }
-            if self.on_success is not None:
-                self.on_success(txn)
-            return SendResult(
-                Outcome.SUCCESS,
-                status=200,
-                pdu_errors=errors,
-                request_bytes=len(body),
-                duration_s=duration,
-            )
-        errcode = parsed.get("errcode")
-        error = f"HTTP {status}" + (f" {errcode}" if errcode else "")
-        retry_after: float | None = None
-        if status == 429 and isinstance(parsed.get("retry_after_ms"), int):
-            retry_after = parsed["retry_after_ms"] / 1000.0
-        if status == 413:
-            outcome = Outcome.TOO_LARGE
-        elif status in PERMANENT_STATUSES:
-            outcome = Outcome.PERMANENT
-        else:
-            outcome = Outcome.TRANSIENT
-        return SendResult(
-            outcome,
-            status=status,
-            error=error,
-            errcode=errcode if isinstance(errcode, str) else None,
-            retry_after_s=retry_after,
-            request_bytes=len(body),
-            duration_s=duration,
+                result = classify_response(resp.status, resp.headers, payload)
+        except (TimeoutError, asyncio.TimeoutError, aiohttp.ClientError) as e:  # noqa: UP041
+            result = classify_exception(e)
+        if result.outcome is Outcome.SUCCESS and self.on_success is not None:
+            self.on_success(txn)
+        return dataclasses.replace(
+            result, request_bytes=len(body), duration_s=self.clock.monotonic_s() - t0
         )

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import delete, insert, select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.ids import server_of
 from federation_sender.storage import schema as s
 
 
@@ -24,8 +25,6 @@ class WrittenEvent:
     room_id: str
 
 
-def server_of(user_id: str) -> str:
-    return user_id.split(":", 1)[1]
 
 
 class HomeserverWriter:

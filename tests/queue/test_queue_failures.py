@@ -28,7 +28,7 @@ async def test_txn_id_is_stable_across_retries_and_backoff_schedule(h: Harness) 
     await h.settle()
     st = h.m.status(D)
     assert st is not None and st.state is DestinationState.BACKING_OFF
-    assert st.retry_interval_ms == 600_000 and st.last_error == "HTTP 503 M_UNKNOWN"
+    assert st.retry_interval_ms == 600_000 and st.last_error == "HTTP 503 M_UNKNOWN: fake 503"
     row = await h.dest_row(D)
     assert row.retry_interval == 600_000 and row.failure_ts == row.retry_last_ts
     # New events while backing off are queued, not sent.
@@ -243,7 +243,7 @@ async def test_the_last_error_is_kept_through_catch_up_until_a_success(h: Harnes
     st = h.m.status(D)
     assert st is not None and st.catching_up and st.state is DestinationState.BACKING_OFF
     assert D not in {s.destination for s in h.m.statuses() if s.in_flight_txn_id}
-    assert st.last_error == "HTTP 503 M_UNKNOWN"
+    assert st.last_error == "HTTP 503 M_UNKNOWN: fake 503"
     h.fake.behave(D)
     await h.advance(st.retry_interval_ms / 1000)
     await eventually(lambda: bool(h.fake.accepted(D)), what="delivery after the backoff")

@@ -177,7 +177,12 @@ commands = st.one_of(
             c.PsyncOffer, st.lists(st.builds(c.StreamHave, words, words, words, tokens)).map(tuple)
         ),
     ),
-    st.builds(c.PositionCommand, words, words, tokens, tokens),
+    st.builds(  # prev <= new: the other way round is a protocol error
+        lambda s, i, t: c.PositionCommand(s, i, min(t), max(t)),
+        words,
+        words,
+        st.tuples(tokens, tokens),
+    ),
     st.builds(c.RdataCommand, words, words, st.none() | tokens, json_values),
     st.builds(
         c.UserSyncCommand,

@@ -16,7 +16,8 @@ import pytest
 import redis.asyncio as aioredis
 
 from federation_sender.clock import SystemClock
-from federation_sender.replication.client import Backoff, ReplicationClient
+from federation_sender.replication.client import ReplicationClient
+from federation_sender.replication.reconnect import Backoff
 from federation_sender.replication.redis import RedisTransport, RedisWriterBridge
 from federation_sender.replication.rows import EventRow, TypingRow
 from federation_sender.replication.server import ReplicationWriter
