@@ -178,7 +178,7 @@ async def check_synapse_schema(conn: AsyncConnection) -> tuple[int, int]:
         )
     if compat_v > SCHEMA_VERSION:
         raise SchemaVersionError(
-            f"Synapse database schema {version} (compatible down to {compat_v}) is newer "
+            f"Synapse database schema {version} (compat version {compat_v}) is newer "
             f"than this federation sender supports ({SCHEMA_VERSION}); upgrade "
             "federation-sender"
         )

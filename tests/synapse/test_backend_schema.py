@@ -4,6 +4,7 @@ check refuses databases we do not support with one line."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -139,3 +140,44 @@ def test_cli_migrate_with_synapse_config(
     assert "schema federation_sender migrated from empty to" in capsys.readouterr().out
     assert main(argv) == 0
     assert "already at revision" in capsys.readouterr().out
+
+
+def test_cli_worker_refuses_with_one_line(
+    synapse_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A missing Synapse file is a configuration error (2); a Synapse schema we do not
+    support stops the worker before it writes anything (3). One line each."""
+    assert main(["worker", "--synapse-config", str(tmp_path / "missing.yaml")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--synapse-config" in err
+    u = make_url(synapse_db_url)
+    hs = {
+        "server_name": "example.org",
+        "signing_key_path": str(tmp_path / "signing.key"),
+        "database": {
+            "name": "psycopg2",
+            "args": {"user": u.username, "host": u.host, "port": u.port, "dbname": u.database},
+        },
+        "redis": {"enabled": True, "port": 1},
+        "federation_sender_instances": ["fed1"],
+        "worker_name": "fed1",
+    }
+    (tmp_path / "hs.yaml").write_text(json.dumps(hs))
+    (tmp_path / "ours.yaml").write_text(
+        json.dumps({"data_dir": str(tmp_path), "database": {"connect_attempts": 1}})
+    )
+    subprocess.run(
+        ["psql", synapse_db_url, "-c", "UPDATE schema_compat_version SET compat_version = 95"],
+        check=True, capture_output=True,
+    )
+    argv = [
+        "worker", "-c", str(tmp_path / "ours.yaml"),
+        "--synapse-config", str(tmp_path / "hs.yaml"),
+    ]
+    assert main(argv) == 3
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        "federation-sender: Synapse database schema 94 (compat version 95) is newer than "
+        "this federation sender supports (94); upgrade federation-sender"
+    )
