@@ -61,7 +61,11 @@ async def open_synapse_storage(
         await check_own_schema(engine)
     import redis.asyncio as aioredis
 
-    client: Any = aioredis.Redis.from_url(settings.replication.redis_url)
+    # Bounded: a lookup runs inside the intake's database transaction, and an
+    # unreachable Redis must read as a miss (the database answers), not hold it open.
+    client: Any = aioredis.Redis.from_url(
+        settings.replication.redis_url, socket_timeout=2.0, socket_connect_timeout=2.0
+    )
     resources.push_async_callback(client.aclose)
     backend = SynapseBackend(
         engine, syn, settings.instance_name, clock, external=RedisExternalCache(client)

@@ -422,3 +422,15 @@ async def test_backend_catchup_plans_on_synapses_tables(
             await conn.execute(
                 text("DELETE FROM destination_rooms WHERE room_id = :r"), {"r": room.room_id}
             )
+
+
+async def test_backend_unreachable_external_cache_reads_as_misses() -> None:
+    client = aioredis.Redis.from_url(
+        "redis://127.0.0.1:1/0", socket_timeout=1.0, socket_connect_timeout=1.0
+    )
+    try:
+        cache = RedisExternalCache(client)
+        assert await cache.get_many("event_to_prev_state_group", ["$a", "$b"]) == [None, None]
+        assert cache.failures == 1
+    finally:
+        await client.aclose()
