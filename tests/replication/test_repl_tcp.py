@@ -116,8 +116,8 @@ async def test_federation_ack_and_remote_server_up() -> None:
     w = new_writer()
     async with serving(w) as server, reader(server.port) as a, reader(server.port, name="b") as b:
         for x in (a, b):
-            await asyncio.wait_for(x.client.connected.wait(), WAIT_S)
-        await asyncio.sleep(0.05)
+            # The writer's POSITION answers REPLICATE: it has taken both readers in.
+            await x.handler.wait_for(lambda x=x: x.client.positions.get("events", "master") == 0)
         a.client.send_federation_ack(7)
         a.client.send_remote_server_up("remote.example")
         await b.handler.wait_for(lambda: b.handler.servers_up == ["remote.example"])
@@ -255,14 +255,17 @@ async def test_server_name_mismatch_is_refused() -> None:
 
 async def test_keepalive_and_timeout_on_a_fake_clock(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="federation_sender.replication")
-    server, received = await _raw_server([[b"SERVER hs\nPING 1\n"]])
+    server, received = await _raw_server(
+        [[b"SERVER hs\nPING 1\nPOSITION to_device master 1 1\n"]]
+    )
     port = server.sockets[0].getsockname()[1]
     clock = FakeClock()
     try:
         async with reader(port, clock=clock) as r:
             await _until(received, lambda item: item[1].startswith(b"REPLICATE"))
             await asyncio.wait_for(r.client.connected.wait(), WAIT_S)
-            await asyncio.sleep(0.05)  # let the PING from the server arrive
+            # Commands are handled in order: once the POSITION is, so is the PING before it.
+            await r.handler.wait_for(lambda: r.client.positions.get("to_device", "master") == 1)
             await clock.advance_and_settle(5)
             _, line = await _until(received, lambda item: item[1].startswith(b"PING"))
             for _ in range(4):
@@ -287,7 +290,7 @@ async def test_congested_reader_is_disconnected() -> None:
         rd, wr = await asyncio.open_connection("127.0.0.1", server.port)
         wr.write(b"NAME stuck\nREPLICATE\n")
         await wr.drain()
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(rd.readuntil(b"POSITION"), WAIT_S)  # REPLICATE handled
         big = "x" * 8000
         for _ in range(3000):  # ~24 MB, far beyond the socket buffers
             w.publish("to_device", ToDeviceRow(big))

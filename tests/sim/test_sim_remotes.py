@@ -238,8 +238,8 @@ async def test_hang_until_clock_passes_hang_s_then_reset(
     remote = await make_remote(FaultProfile(hang_rate=1.0, hang_s=30.0), clock=clock)
     task = asyncio.create_task(put_txn(remote, "t1", pdus=[pdu(1)]))
     await wait_for(lambda: clock.pending_sleepers > 0)
-    clock.advance(29.0)
-    await asyncio.sleep(0.05)
+    await clock.advance_and_settle(29.0)
+    assert clock.pending_sleepers == 1  # the 30 s hang is still parked on the clock
     assert not task.done()
     assert remote.record.outcomes["hang"] == 0
     clock.advance(1.0)
