@@ -28,7 +28,8 @@ from backend_support import (  # noqa: F401
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.model import EventRow, server_of
+from federation_sender.ids import server_of
+from federation_sender.model import EventRow
 from federation_sender.queue.catchup import is_sendable
 from federation_sender.queue.store import QueueStore
 from federation_sender.replication import commands as c
