@@ -90,6 +90,12 @@ class WorkerReplicationHandler:
         """The latest token of each stream whose rows were handled: everything of that
         stream at or below it is committed (Synapse bounds its outbox reads by these)."""
 
+    async def prepare(self) -> None:
+        """Before the first rows: the presence states so far (Synapse's worker loads them
+        at start; loaded once rows arrive, the first change would already be in them)."""
+        if self.presence is not None:
+            await self.presence.load()
+
     def background(self) -> dict[str, Callable[[], Awaitable[None]]]:
         """Loops to run beside the replication client (typing re-sends, receipt
         wake-ups), by name."""

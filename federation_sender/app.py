@@ -392,7 +392,12 @@ class Worker:
             client.send_federation_ack(token)
 
         self.manager.set_federation_ack(ack)
-        supervisor.start("replication", client.run, restart=True)
+
+        async def replicate() -> None:
+            await handler.prepare()
+            await client.run()
+
+        supervisor.start("replication", replicate, restart=True)
         for name, loop in handler.background().items():
             supervisor.start(name, loop, restart=True)
         return client

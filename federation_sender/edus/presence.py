@@ -111,8 +111,9 @@ class PresenceFanout:
         self._loaded = False
 
     async def load(self) -> None:
-        """The states seen so far: the stored non-offline ones (done before the first
-        rows are taken, if not earlier)."""
+        """The states seen so far: the stored non-offline ones. Call it before
+        replication starts: loaded only when the first rows arrive (the fallback), the
+        change those rows carry is already stored and would look like no change."""
         self.states = {s.user_id: s for s in await self._source.startup_states()}
         self._loaded = True
 

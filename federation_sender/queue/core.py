@@ -150,6 +150,12 @@ class DestinationCore:
     def poke_outbox(self) -> None:
         self.outbox_dirty = True
 
+    def outbox_read_started(self) -> None:
+        """A read of the outboxes begins: rows written from now on need another one (a
+        poke that arrives while the read is in flight sets the flag again; clearing it
+        when the read ends instead would lose that poke)."""
+        self.outbox_dirty = False
+
     def add_outbox(
         self,
         to_device: Sequence[tuple[int, JsonDict]],
@@ -166,8 +172,8 @@ class DestinationCore:
                 make_edu(EduKind.DEVICE_LIST, edu_type, content, (sid, user, device))
             )
             self.device_list_cursor = max(self.device_list_cursor, sid)
-        if exhausted:
-            self.outbox_dirty = False
+        if not exhausted:
+            self.outbox_dirty = True
 
     # --- the decision -----------------------------------------------------------------
 
@@ -194,6 +200,7 @@ class DestinationCore:
         )
         if self.outbox_dirty and outbox_low:
             self._to_sending()
+            self.outbox_read_started()
             return NeedOutbox(self.to_device_cursor, self.device_list_cursor)
         ep = self.episode
         if not self.work and ep.active and not ep.plans:

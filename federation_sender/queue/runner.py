@@ -214,6 +214,7 @@ class DestinationRunner:
         """Read the queue's row, outbox window and first catch-up plans (one database
         transaction) and load them into the core."""
         c = self.core
+        c.outbox_read_started()
         async with self.db_slots:
             boot = await self.store.bootstrap(
                 self.destination,
@@ -228,6 +229,7 @@ class DestinationRunner:
         self._loaded = True
         if eff.dropped_for_catchup:
             self.observer.catchup_entered(self.destination, eff.dropped_for_catchup)
+            c.poke_outbox()  # the window read was not taken
             return
         c.add_outbox(boot.to_device, boot.device_lists, boot.outbox_exhausted)
         if boot.plans and c.catching_up:

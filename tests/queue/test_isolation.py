@@ -37,6 +37,7 @@ class Drive:
                                     lambda: f"t{next(ids)}", max_item_failures=3,
                                     catching_up=False)
         self.core.load(RESET, None)
+        self.core.outbox_read_started()  # the bootstrap's read
         self.core.add_outbox([], [], True)
 
     def message(self, mid: str, sid: int) -> None:
