@@ -116,6 +116,12 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     job: str = args.job
     server_name = args.server_name or settings.server_name
     db_url = args.database_url or settings.database.url
+    demo = None if args.database_url or args.snapshot else _demo_database(settings)
+    if demo is not None:
+        db_url, demo_server = demo
+        server_name = args.server_name or demo_server
+        print(f"federation-sender batch: using the demo's database {db_url} (server name "
+              f"{server_name}); give --database-url for another", file=sys.stderr)
     db: Database | None = None
     try:
         db = Database.from_urls(db_url, args.jdbc_url)
@@ -129,7 +135,7 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     writes = getattr(args, "repair", False) or (
         job == "backfill-destination-rooms" and not args.dry_run)
     if writes and db is None:
-        return _usage(f"{job} writes to the database: give a PostgreSQL --database-url "
+        return _usage(f"{job} writes to the database: give a --database-url "
                       "(or use --dry-run / leave out --repair)")
     conf: dict[str, str] = {}
     for item in args.conf:
@@ -159,6 +165,26 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     result.summary["spark_master"] = master
     _print(result, progress, out, as_json=args.json)
     return result.exit_status
+
+
+def _demo_database(settings: Settings) -> tuple[str, str] | None:
+    """(URL, server name) of the database ``federation-sender demo`` left, when the
+    configuration is the embedded default and that database was never created: so the
+    demo followed by a batch job needs no arguments."""
+    from sqlalchemy.engine import make_url
+
+    from federation_sender.config import DatabaseSettings
+
+    if settings.database.url != DatabaseSettings().url:
+        return None
+    if Path(make_url(settings.database.url).database or "").exists():
+        return None
+    demo = Path(settings.data_dir) / "demo" / "demo.db"
+    if not demo.is_file():
+        return None
+    from federation_sender.demo import SERVER_NAME
+
+    return f"sqlite:///{demo.resolve()}", SERVER_NAME
 
 
 def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database | None,

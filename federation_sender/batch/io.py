@@ -18,14 +18,19 @@ UPDATE`` for upserts, one ``DELETE`` for stale rows, one upsert of destination p
 changes nothing but the staging table, which is dropped on the way out; the result of a
 run is a function of the data, so running again is idempotent.
 
-Only PostgreSQL is supported: the jobs are for databases too big for the embedded SQLite.
+On the embedded SQLite database (the default configuration and the demo use one) the
+jobs read through Debian's SQLite JDBC driver (``libxerial-sqlite-jdbc-java``), and the
+apply step collects the (small) result on the driver and applies it in one SQLite
+transaction with the same rules.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -33,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import psycopg
 from sqlalchemy.engine import make_url
 
-from federation_sender.batch.session import JDBC_DRIVER
+from federation_sender.batch.session import JDBC_DRIVER, SQLITE_JDBC_DRIVER
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -77,15 +82,26 @@ class Database:
     jdbc_url: str
     user: str | None
     password: str | None
+    sqlite: bool = False
+    """``url`` is then the database file's absolute path."""
 
     @classmethod
     def from_urls(cls, database_url: str, jdbc_url: str | None = None) -> Database:
-        """``database_url`` is a SQLAlchemy/libpq URL (``postgresql[+psycopg]://…``);
-        ``jdbc_url`` overrides the address Spark's executors use (``jdbc:postgresql://…``),
-        for clusters that reach the database by another name."""
+        """``database_url`` is a SQLAlchemy/libpq URL (``postgresql[+psycopg]://…`` or
+        ``sqlite:///path``); ``jdbc_url`` overrides the address Spark's executors use
+        (``jdbc:postgresql://…``), for clusters that reach the database by another name."""
         u = make_url(database_url)
+        if u.get_backend_name() == "sqlite":
+            if not u.database or u.database == ":memory:":
+                raise ValueError("batch jobs need an SQLite database file, not memory")
+            path = Path(u.database).resolve()
+            if not path.is_file():
+                raise ValueError(f"no SQLite database at {path}")
+            return cls(url=str(path), jdbc_url=jdbc_url or f"jdbc:sqlite:{path}", user=None,
+                       password=None, sqlite=True)
         if u.get_backend_name() != "postgresql":
-            raise ValueError(f"batch jobs need PostgreSQL, not {u.get_backend_name()!r}")
+            raise ValueError("batch jobs need PostgreSQL or SQLite, not "
+                             f"{u.get_backend_name()!r}")
         plain = u.set(drivername="postgresql")
         host = u.host or "localhost"
         port = f":{u.port}" if u.port else ""
@@ -97,9 +113,26 @@ class Database:
         )
 
     def connect(self) -> psycopg.Connection[tuple[object, ...]]:
+        if self.sqlite:
+            raise ValueError("PostgreSQL only; use read() for either database")
         return psycopg.connect(self.url)
 
+    @contextmanager
+    def read(self) -> Iterator[Any]:
+        """A DB-API connection for the driver's small reads (psycopg or sqlite3)."""
+        if self.sqlite:
+            conn = sqlite3.connect(f"file:{self.url}?mode=ro", uri=True)
+            try:
+                yield conn
+            finally:
+                conn.close()
+        else:
+            with psycopg.connect(self.url) as pg:
+                yield pg
+
     def jdbc_options(self) -> dict[str, str]:
+        if self.sqlite:
+            return {"url": self.jdbc_url, "driver": SQLITE_JDBC_DRIVER}
         opts = {"url": self.jdbc_url, "driver": JDBC_DRIVER}
         if self.user:
             opts["user"] = self.user
@@ -125,15 +158,15 @@ class JdbcSource:
         self._db = db
         self._partitions = max(1, partitions)
         self._bounds: dict[str, tuple[int, int] | None] = {}
-        with db.connect() as conn:
+        with db.read() as conn:
             row = conn.execute("SELECT max(stream_ordering) FROM events").fetchone()
-            self._hwm = int(row[0]) if row and row[0] is not None else 0  # type: ignore[call-overload]
+            self._hwm = int(row[0]) if row and row[0] is not None else 0
             for table, col in PARTITION_COLUMNS.items():
                 r = conn.execute(f"SELECT min({col}), max({col}) FROM {table}").fetchone()
                 if r is None or r[0] is None:
                     self._bounds[table] = None
                 else:
-                    self._bounds[table] = (int(r[0]), int(r[1]))  # type: ignore[call-overload]
+                    self._bounds[table] = (int(r[0]), int(r[1]))
 
     @property
     def high_water_mark(self) -> int:
@@ -158,10 +191,28 @@ class JdbcSource:
                 numPartitions=str(self._partitions),
             )
         df = reader.load().select(*TABLE_COLUMNS[name])
+        if self._db.sqlite:
+            df = _sqlite_types(df)
         bound_col = BOUNDED_BY_HIGH_WATER_MARK.get(name)
         if bound_col is not None:
             df = df.filter(F.col(bound_col) <= F.lit(self._hwm))
         return df
+
+
+_SQLITE_BOOLEANS = ("outlier", "rejected", "catchup")
+
+
+def _sqlite_types(df: DataFrame) -> DataFrame:
+    """SQLite stores booleans as integers and its driver reports declared types loosely:
+    give the columns the types PostgreSQL's reads have."""
+    from pyspark.sql import functions as F
+
+    for col, kind in df.dtypes:
+        if col in _SQLITE_BOOLEANS and kind != "boolean":
+            df = df.withColumn(col, F.col(col).cast("boolean"))
+        elif kind in ("int", "decimal(38,0)") and col not in _SQLITE_BOOLEANS:
+            df = df.withColumn(col, F.col(col).cast("long"))
+    return df
 
 
 class SnapshotSource:
@@ -239,6 +290,8 @@ def apply_changes(
     one transaction. See the module docstring."""
     from pyspark.sql import functions as F
 
+    if db.sqlite:
+        return _apply_sqlite(db, changes, positions, high_water_mark)
     staging = f"batch_staging_{job.replace('-', '_')}_{uuid.uuid4().hex[:12]}"
     with db.connect() as conn:
         conn.execute(
@@ -300,6 +353,44 @@ def _apply_staged(db: Database, staging: str, hwm: int) -> ApplyResult:
             """
         ).rowcount
     return ApplyResult(upserted=up, deleted=deleted, positions_lowered=lowered)
+
+
+def _apply_sqlite(db: Database, changes: DataFrame, positions: DataFrame | None,
+                  hwm: int) -> ApplyResult:
+    """The embedded database is small: collect on the driver, apply in one transaction
+    with the rules of :func:`_apply_staged` (nothing past ``hwm`` touched, positions only
+    lowered)."""
+    rows = changes.select("destination", "room_id", "stream_ordering", "action").collect()
+    pos = [] if positions is None else positions.select("destination", "position").collect()
+    up = [(r[0], r[1], r[2]) for r in rows if r[3] == "upsert"]
+    gone = [(r[0], r[1]) for r in rows if r[3] == "delete"]
+    conn = sqlite3.connect(db.url, timeout=30)
+    try:
+        with conn:  # one transaction: committed at the end, rolled back on an error
+            upserted = deleted = lowered = 0
+            for d, room, so in up:
+                upserted += conn.execute(
+                    "INSERT INTO destination_rooms (destination, room_id, stream_ordering) "
+                    "VALUES (?, ?, ?) ON CONFLICT (destination, room_id) DO UPDATE "
+                    "SET stream_ordering = excluded.stream_ordering "
+                    "WHERE destination_rooms.stream_ordering <= ?", (d, room, so, hwm)).rowcount
+            for d, room in gone:
+                deleted += conn.execute(
+                    "DELETE FROM destination_rooms WHERE destination = ? AND room_id = ? "
+                    "AND stream_ordering <= ?", (d, room, hwm)).rowcount
+            for d, p in pos:
+                lowered += conn.execute(
+                    "INSERT INTO destinations (destination, last_successful_stream_ordering) "
+                    "VALUES (?, ?) ON CONFLICT (destination) DO UPDATE "
+                    "SET last_successful_stream_ordering = min("
+                    "destinations.last_successful_stream_ordering, "
+                    "excluded.last_successful_stream_ordering) "
+                    "WHERE destinations.last_successful_stream_ordering IS NULL "
+                    "OR destinations.last_successful_stream_ordering > "
+                    "excluded.last_successful_stream_ordering", (d, int(p))).rowcount
+    finally:
+        conn.close()
+    return ApplyResult(upserted=upserted, deleted=deleted, positions_lowered=lowered)
 
 
 def write_outputs(df: DataFrame, out_dir: str | Path, name: str) -> Any:

@@ -25,6 +25,17 @@ if TYPE_CHECKING:
 
 DEFAULT_JDBC_JAR = "/usr/share/java/postgresql.jar"
 JDBC_DRIVER = "org.postgresql.Driver"
+SQLITE_JDBC_JAR = "/usr/share/java/sqlite-jdbc.jar"
+"""Debian's libxerial-sqlite-jdbc-java: the embedded SQLite database, read by Spark."""
+SQLITE_JDBC_DRIVER = "org.sqlite.JDBC"
+
+
+def default_jars() -> str:
+    """The JDBC drivers on ``spark.jars``: PostgreSQL's, and SQLite's when installed."""
+    jars = [DEFAULT_JDBC_JAR]
+    if Path(SQLITE_JDBC_JAR).exists():
+        jars.append(SQLITE_JDBC_JAR)
+    return ",".join(jars)
 
 _LOG4J2 = """\
 rootLogger.level = error
@@ -45,7 +56,8 @@ class SessionOptions:
     """A Spark Connect URL (``sc://host:15002``); excludes ``master``."""
     shuffle_partitions: int | None = None
     """Default: 2 x cores in local mode, Spark's own default on clusters."""
-    jdbc_jar: str = DEFAULT_JDBC_JAR
+    jdbc_jar: str = field(default_factory=default_jars)
+    """Comma-separated jar paths."""
     app_name: str = "federation-sender-batch"
     progress_bar: bool = False
     """Spark's console progress bar (stage x/y) on stderr."""

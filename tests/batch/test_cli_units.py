@@ -57,7 +57,9 @@ def test_session_conf_local_and_cluster() -> None:
     assert local["spark.master"] == "local[*]"
     assert local["spark.ui.enabled"] == "false"
     assert local["spark.sql.shuffle.partitions"] == "3"
-    assert local["spark.jars"] == "/usr/share/java/postgresql.jar"
+    jars = local["spark.jars"].split(",")
+    assert jars[0] == "/usr/share/java/postgresql.jar"
+    assert ("/usr/share/java/sqlite-jdbc.jar" in jars) == Path("/usr/share/java/sqlite-jdbc.jar").exists()
     cluster = session_conf(SessionOptions(master="yarn", conf={"spark.executor.memory": "8g"}))
     assert "spark.sql.shuffle.partitions" not in cluster      # the cluster's default
     assert "spark.driver.host" not in cluster

@@ -1,0 +1,83 @@
+"""The jobs on the embedded SQLite database, through Debian's SQLite JDBC driver: the
+demo's database, found without arguments, then the audit and the backfill."""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from federation_sender.batch.cli import add_batch_parser, run_batch
+from federation_sender.batch.session import SQLITE_JDBC_JAR
+from federation_sender.config import Settings
+from federation_sender.demo import SERVER_NAME
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.prereq import missing
+
+pytestmark = [pytest.mark.spark]
+
+
+@pytest.fixture(scope="module")
+def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    if not Path(SQLITE_JDBC_JAR).exists():
+        missing(f"{SQLITE_JDBC_JAR} (Debian package libxerial-sqlite-jdbc-java)")
+    work = tmp_path_factory.mktemp("demo")
+    proc = subprocess.run(
+        [sys.executable, "-m", "federation_sender", "demo", "--destinations", "5",
+         "--rooms", "4", "--events", "80", "--duration", "4", "--no-live"],
+        capture_output=True, text=True, cwd=work, timeout=180)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return work
+
+
+def batch(spark: Any, *argv: str, capsys: pytest.CaptureFixture[str] | None = None
+          ) -> tuple[int, dict[str, Any]]:
+    parser = argparse.ArgumentParser()
+    add_batch_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["batch", *argv, "--json", "--quiet"])
+    out = io.StringIO()
+    status = run_batch(args, Settings(), spark=spark, clock=FakeClock(), out=out)
+    return status, json.loads(out.getvalue()) if out.getvalue() else {}
+
+
+def test_health_report_right_after_the_demo(spark: Any, demo_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(demo_dir)  # the default configuration: ./data
+    status, doc = batch(spark, "health-report", "--output", "report")
+    assert status == 0, doc
+    assert "using the demo's database" in capsys.readouterr().err
+    db = demo_dir / "data" / "demo" / "demo.db"
+    with sqlite3.connect(db) as conn:
+        (txns,) = conn.execute("SELECT count(*) FROM federation_transaction_log").fetchone()
+        (dests,) = conn.execute("SELECT count(DISTINCT destination) FROM "
+                                "federation_transaction_log").fetchone()
+    assert doc["summary"]["transactions"] == txns > 0
+    assert doc["summary"]["destinations"] == dests
+    assert (demo_dir / "report" / "health.html").stat().st_size > 10_000
+
+
+def test_audit_and_backfill_on_sqlite(spark: Any, demo_dir: Path,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(demo_dir)
+    status, audit = batch(spark, "audit")
+    # The demo ends when its delivery check passes: nothing lost.
+    assert audit["summary"]["undelivered_lost"] == 0, audit
+    status, dry = batch(spark, "backfill-destination-rooms", "--dry-run")
+    assert status == 0
+    assert dry["summary"]["pruned_after_delivery"] == audit["summary"][
+        "rows_pruned_after_delivery"]
+    assert dry["summary"]["missing"] == audit["summary"]["rows_missing"]
+    url = f"sqlite:///{demo_dir / 'data' / 'demo' / 'demo.db'}"
+    status, applied = batch(spark, "backfill-destination-rooms", "--database-url", url,
+                            "--server-name", SERVER_NAME)
+    assert status == 0, applied
+    status, again = batch(spark, "backfill-destination-rooms", "--dry-run")
+    assert sum(again["summary"][p] for p in ("missing", "behind", "ahead", "stale")) == 0
