@@ -59,7 +59,8 @@ def test_session_conf_local_and_cluster() -> None:
     assert local["spark.sql.shuffle.partitions"] == "3"
     jars = local["spark.jars"].split(",")
     assert jars[0] == "/usr/share/java/postgresql.jar"
-    assert ("/usr/share/java/sqlite-jdbc.jar" in jars) == Path("/usr/share/java/sqlite-jdbc.jar").exists()
+    sqlite_jar = "/usr/share/java/sqlite-jdbc.jar"
+    assert (sqlite_jar in jars) == Path(sqlite_jar).exists()
     cluster = session_conf(SessionOptions(master="yarn", conf={"spark.executor.memory": "8g"}))
     assert "spark.sql.shuffle.partitions" not in cluster      # the cluster's default
     assert "spark.driver.host" not in cluster
