@@ -45,8 +45,8 @@ from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.sim.check import DeliveryReport, check_delivery
 from federation_sender.sim.driver import Driver, OperationMix, Scenario
 from federation_sender.sim.faults import FaultProfile
+from federation_sender.sim.fleet import RemoteFleet
 from federation_sender.sim.publish import WriterPublisher
-from federation_sender.sim.remotes import RemoteFleet
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.ports import free_port

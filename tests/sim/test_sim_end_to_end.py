@@ -18,8 +18,8 @@ from federation_sender.clock import SystemClock
 from federation_sender.sim.check import check_delivery
 from federation_sender.sim.driver import Driver, Scenario
 from federation_sender.sim.faults import FaultProfile
+from federation_sender.sim.fleet import RemoteFleet
 from federation_sender.sim.publish import RecordingPublisher
-from federation_sender.sim.remotes import RemoteFleet
 from federation_sender.storage import schema
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
