@@ -257,7 +257,9 @@ class _Outbox:
     async def unsent_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int
     ) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
-        to_device = await reads.unsent_to_device(self._c, destination, to_device_after, limit)
+        to_device = await reads.unsent_to_device(
+            self._c, destination, to_device_after, limit, self._b.stream_token("to_device")
+        )
         token = self._b.stream_token("device_lists")
         if token is None:
             return to_device, []

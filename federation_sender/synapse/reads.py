@@ -9,10 +9,10 @@ federation) are placed at the position they were persisted at, which is how the
 native backend's rule "joined at the event's position" reads on Synapse's tables
 (docs/synapse.md explains where that differs from Synapse's state at the extremity).
 
-To-device messages (``device_federation_outbox``) are read past a stream id and, once
-the destination accepted them, deleted, as Synapse does; we delete exactly the rows
-sent rather than everything up to an id, so a row committed late by another writer
-is never deleted unseen.
+To-device messages (``device_federation_outbox``) are read past a stream id, up to the
+``to_device`` stream token main last announced (rows at or below it are committed), and,
+once the destination accepted them, deleted, as Synapse does; we delete exactly the rows
+sent rather than everything up to an id, so a row is never deleted unseen.
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ _TO_DEVICE = text(
     """
     SELECT stream_id, messages_json FROM device_federation_outbox
     WHERE destination = :d AND stream_id > :after
+      AND (CAST(:upto AS BIGINT) IS NULL OR stream_id <= CAST(:upto AS BIGINT))
     ORDER BY stream_id
     LIMIT :limit
     """
@@ -88,9 +89,13 @@ _DELETE_TO_DEVICE = text(
 
 
 async def unsent_to_device(
-    conn: AsyncConnection, destination: str, after: int, limit: int
+    conn: AsyncConnection, destination: str, after: int, limit: int, upto: int | None = None
 ) -> list[ToDeviceRow]:
-    res = await conn.execute(_TO_DEVICE, {"d": destination, "after": after, "limit": limit})
+    """Rows past ``after``, up to ``upto`` (the ``to_device`` stream token: every row at
+    or below it is committed, as Synapse bounds its reads) when known."""
+    res = await conn.execute(
+        _TO_DEVICE, {"d": destination, "after": after, "upto": upto, "limit": limit}
+    )
     return [ToDeviceRow(int(sid), str(msg)) for sid, msg in res]
 
 

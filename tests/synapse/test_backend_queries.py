@@ -435,3 +435,31 @@ async def test_backend_unreachable_external_cache_reads_as_misses() -> None:
         assert cache.failures == 1
     finally:
         await client.aclose()
+
+
+async def test_backend_to_device_bounded_by_the_stream_token_and_deleted_by_id(
+    synapse_engine: AsyncEngine,
+) -> None:
+    async with synapse_engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO device_federation_outbox "
+            "(destination, stream_id, queued_ts, messages_json, instance_name) VALUES "
+            "('r.example', 1, 0, '{}', 'master'), "
+            "('r.example', 2, 0, '{}', 'master'), "
+            "('r.example', 3, 0, '{}', 'master')"
+        ))
+    backend = SynapseBackend(synapse_engine, _syn("example.org"), INSTANCE, FakeClock())
+
+    async def read(tx):  # type: ignore[no-untyped-def]
+        td, _dl = await tx.outbox.unsent_outbox("r.example", -1, -1, 10)
+        return [r.stream_id for r in td]
+
+    assert await backend.run(read) == [1, 2, 3]  # no token announced yet
+    backend.stream_token = {"to_device": 2}.get
+    assert await backend.run(read) == [1, 2]  # 3 may sit above a row not yet committed
+
+    async def ack(tx):  # type: ignore[no-untyped-def]
+        await tx.outbox.ack_to_device("r.example", [2], 0)
+
+    await backend.run(ack)
+    assert await backend.run(read) == [1]
