@@ -38,7 +38,7 @@ import threading
 import urllib.parse
 import uuid
 from collections import Counter
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -50,6 +50,8 @@ from yarl import URL
 
 from federation_sender.clock import SystemClock, time_ms
 from federation_sender.testing.certs import CertFiles, LoopbackCA
+from federation_sender.testing.peer_rooms import ROOM_VERSION as HOSTED_ROOM_VERSION
+from federation_sender.testing.peer_rooms import HostedRoom
 from federation_sender.testing.signed_events import SUPPORTED_ROOM_VERSIONS, event_id, hash_and_sign
 from federation_sender.transport.keyserver import (
     SERVER_KEYS_PATH,
@@ -106,6 +108,8 @@ class FederationPeer:
     rejected: list[str] = field(default_factory=list)
     other_requests: list[str] = field(default_factory=list)
     rooms: dict[str, JoinedRoom] = field(default_factory=dict)
+    hosted: dict[str, HostedRoom] = field(default_factory=dict)
+    """Rooms this peer created (see :mod:`federation_sender.testing.peer_rooms`)."""
     send_status: int = 200
     """Answer ``/send`` with this status (200 accepts; anything else refuses)."""
 
@@ -191,6 +195,14 @@ class PeerNetwork:
         app.router.add_get(
             "/_matrix/federation/v1/user/devices/{user_id}", self._handler(peer, self._on_devices)
         )
+        app.router.add_get(
+            "/_matrix/federation/v1/make_join/{room_id}/{user_id}",
+            self._handler(peer, self._on_make_join),
+        )
+        app.router.add_put(
+            "/_matrix/federation/v2/send_join/{room_id}/{event_id}",
+            self._handler(peer, self._on_send_join),
+        )
         app.router.add_get("/_matrix/federation/v1/version", _on_version)
         app.router.add_route("*", "/{tail:.*}", self._handler(peer, self._on_other))
         runner = web.AppRunner(app, access_log=None)
@@ -267,6 +279,35 @@ class PeerNetwork:
     def _event_id(self, pdu: dict[str, Any]) -> str:
         version = self._room_versions.get(str(pdu.get("room_id")), "12")
         return event_id(pdu, version)
+
+    def host_room(self, peer: FederationPeer, extra_servers: Sequence[str] = ()) -> str:
+        """Create a room on ``peer``; Synapse's users join it over federation. A joiner
+        that omits members is told ``extra_servers`` are in the room too."""
+        room = HostedRoom.create(
+            peer.server_name, peer.key, time_ms(self._clock), list(extra_servers)
+        )
+        with self._cond:
+            peer.hosted[room.room_id] = room
+            self._room_versions[room.room_id] = HOSTED_ROOM_VERSION
+        return room.room_id
+
+    async def _on_make_join(self, peer: FederationPeer, request: web.Request) -> web.Response:
+        room = peer.hosted.get(request.match_info["room_id"])
+        if room is None:
+            return web.json_response({"errcode": "M_NOT_FOUND", "error": "no room"}, status=404)
+        body = room.make_join(request.match_info["user_id"], time_ms(self._clock))
+        return web.json_response(body)
+
+    async def _on_send_join(self, peer: FederationPeer, request: web.Request) -> web.Response:
+        room = peer.hosted.get(request.match_info["room_id"])
+        if room is None:
+            return web.json_response({"errcode": "M_NOT_FOUND", "error": "no room"}, status=404)
+        event = await request.json()
+        omit = request.query.get("omit_members", "false").lower() == "true"
+        with self._cond:
+            answer = room.send_join(event, omit_members=omit)
+            self._cond.notify_all()
+        return web.json_response(answer)
 
     async def _on_devices(self, peer: FederationPeer, request: web.Request) -> web.Response:
         user_id = request.match_info["user_id"]

@@ -138,3 +138,27 @@ def test_older_room_versions(
     assert network.join(peer, room_id, d.server_name).room_version == room_version
     sent = d.client.send_message(alice, room_id, "hello")
     network.wait_for(lambda: sent in peer.event_counts(room_id), what=f"v{room_version} message")
+
+
+def test_partial_state_room_goes_to_the_servers_named_at_join(
+    own_sender: SynapseDeployment, network: PeerNetwork
+) -> None:
+    """A local user joins a room a peer hosts; the peer omits members and names one more
+    server, so Synapse holds the room with partial state and sends to those two."""
+    d = own_sender
+    alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
+    host, named = network.add_peers(2)
+    room_id = network.host_room(host, [named.server_name])
+    d.client.join(alice, room_id, via=[host.server_name])
+    partial = f"SELECT count(*) FROM partial_state_rooms WHERE room_id = '{room_id}'"
+    assert d.sql(partial).strip() == "1"
+    servers = d.sql(
+        f"SELECT server_name FROM partial_state_rooms_servers WHERE room_id = '{room_id}'"
+    ).split()
+    assert sorted(servers) == sorted([host.server_name, named.server_name])
+    sent = d.client.send_message(alice, room_id, "in a partial-state room")
+    network.wait_for(
+        lambda: all(sent in p.event_counts(room_id) for p in (host, named)),
+        what="the message at both servers",
+    )
+    assert host.event_counts(room_id)[sent] == named.event_counts(room_id)[sent] == 1
