@@ -19,14 +19,9 @@ import asyncio
 import contextlib
 import gc
 import logging
-import os
-import random
-import secrets
 import signal
 import ssl
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry
@@ -40,12 +35,21 @@ from federation_sender.adapters import (
 )
 from federation_sender.admin.app import build_admin_app
 from federation_sender.admin.server import RunningServer, start_http_server
+from federation_sender.builders import (
+    admin_token_path,
+    build_federation_client,
+    build_queue_manager,
+    build_replication_transport,
+    create_admin_token,
+    load_or_create_admin_token,
+    load_or_create_signing_key,
+    read_admin_token,
+)
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
 from federation_sender.queue import QueueManager
 from federation_sender.replication.client import ReplicationClient
-from federation_sender.replication.transport import Transport
 from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.startup import listen, wait_for_database
@@ -70,7 +74,7 @@ from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.keyserver import make_key_app, server_ssl_context
 from federation_sender.transport.result import TransactionSender
-from federation_sender.transport.signing import SigningKey, generate_key_file, load_signing_key
+from federation_sender.transport.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
@@ -88,83 +92,6 @@ CONSUMED_STREAMS = (
     "presence_federation",
     "caches",
 )
-
-
-def load_or_create_signing_key(path: str) -> SigningKey:
-    p = Path(path)
-    if not p.exists():
-        p.parent.mkdir(parents=True, exist_ok=True)
-        log.info("no signing key at %s; generating one", p)
-        return generate_key_file(p)
-    return load_signing_key(p)
-
-
-def admin_token_path(settings: Settings) -> Path:
-    return Path(settings.data_dir) / "admin.token"
-
-
-def read_admin_token(settings: Settings) -> str | None:
-    """The configured admin token, else the one in ``data_dir/admin.token``, else None."""
-    if settings.admin.token:
-        return settings.admin.token
-    p = admin_token_path(settings)
-    if p.exists():
-        token = p.read_text().strip()
-        if token:
-            return token
-    return None
-
-
-def create_admin_token(settings: Settings) -> str:
-    """Generate a token into ``data_dir/admin.token`` (mode 0600)."""
-    p = admin_token_path(settings)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    token = secrets.token_urlsafe(32)
-    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(token + "\n")
-    return token
-
-
-def load_or_create_admin_token(settings: Settings) -> str:
-    token = read_admin_token(settings)
-    if token is None:
-        token = create_admin_token(settings)
-        log.info("generated an admin token in %s", admin_token_path(settings))
-    return token
-
-
-def build_federation_client(settings: Settings, key: SigningKey, clock: Clock) -> FederationClient:
-    f = settings.federation
-    return FederationClient(
-        server_name=settings.server_name,
-        signing_key=key,
-        clock=clock,
-        attempt_timeout_s=f.request_timeout_s,
-        connect_timeout_s=f.connect_timeout_s,
-        max_connections=f.pool_total,
-        max_connections_per_host=f.pool_per_host,
-        max_response_bytes=f.max_response_bytes,
-        tls_verify=f.verify_tls,
-        tls_extra_ca_file=f.extra_ca_file,
-        ip_allow_list=f.ip_allow_list,
-        ip_deny_list=f.ip_deny_list,
-        destination_overrides=f.destination_overrides or None,
-        plain_http=not f.use_tls,
-    )
-
-
-def build_replication_transport(settings: Settings, clock: Clock) -> Transport | None:
-    r = settings.replication
-    if r.transport == "tcp":
-        from federation_sender.replication.tcp import TcpTransport
-
-        return TcpTransport(r.host, r.port, clock=clock, client_name=settings.instance_name)
-    if r.transport == "redis":
-        from federation_sender.replication.redis import RedisTransport
-
-        return RedisTransport(r.redis_url, settings.server_name, clock=clock)
-    return None
 
 
 @dataclass
@@ -246,23 +173,9 @@ class Worker:
         auto_migrate: bool,
         synapse: SynapseConfig | None = None,
     ) -> Worker:
-        db = settings.database
-        await wait_for_database(
-            engine, attempts=db.connect_attempts, interval_s=db.connect_retry_s, clock=clock
+        storage, signals = await _open_storage(
+            settings, clock, engine, resources, auto_migrate, synapse
         )
-        storage: Backend
-        signals: ReplicationSignals | None = None
-        if synapse is not None:
-            synapse_backend = await open_synapse_storage(
-                engine, settings, synapse, clock, resources, auto_migrate=auto_migrate
-            )
-            storage = synapse_backend
-            signals = ReplicationSignals(synapse_backend, settings.instance_name)
-        else:
-            if auto_migrate and is_sqlite(engine):
-                await upgrade(engine)
-            await check_schema(engine)
-            storage = NativeBackend(engine)
         if settings.sharding.mode == "dynamic" and is_sqlite(engine):
             raise ConfigError("sharding.mode", "'single' or 'static' with SQLite", "dynamic")
         key: SigningKey | None = None
@@ -464,43 +377,29 @@ class Worker:
         log.info("worker %s stopped", self.settings.instance_name)
 
 
-def build_queue_manager(
+async def _open_storage(
     settings: Settings,
-    storage: Backend,
-    sender: TransactionSender,
     clock: Clock,
-    observer: TelemetryObserver,
-    shards: ShardCoordinator,
-    domain_allowed: Callable[[str], bool] | None = None,
-) -> QueueManager:
-    """``domain_allowed``: beside Synapse, its ``federation_domain_whitelist`` (a
-    destination outside it gets no queue, so no EDU either, as in Synapse)."""
-    owns: Callable[[str], bool] = shards.owns
-    if domain_allowed is not None:
-        allowed = domain_allowed
-
-        def owns(destination: str) -> bool:
-            return allowed(destination) and shards.owns(destination)
-
-    poll = (
-        settings.replication.poll_interval_s
-        if settings.replication.transport == "none"
-        else None
+    engine: AsyncEngine,
+    resources: contextlib.AsyncExitStack,
+    auto_migrate: bool,
+    synapse: SynapseConfig | None,
+) -> tuple[Backend, ReplicationSignals | None]:
+    """Wait for the database, check (or migrate) its schema, open the backend: ours, or
+    Synapse's with the replication signals it feeds."""
+    db = settings.database
+    await wait_for_database(
+        engine, attempts=db.connect_attempts, interval_s=db.connect_retry_s, clock=clock
     )
-    return QueueManager(
-        storage,
-        sender,
-        settings.queue,
-        settings.server_name,
-        settings.instance_name,
-        clock,
-        random.Random(),
-        owns,
-        observer,
-        attempt_deadline_s=settings.federation.request_timeout_s + 5.0,
-        poll_interval_s=poll,
-        leases=None if settings.sharding.mode == "single" else shards,
-    )
+    if synapse is not None:
+        synapse_backend = await open_synapse_storage(
+            engine, settings, synapse, clock, resources, auto_migrate=auto_migrate
+        )
+        return synapse_backend, ReplicationSignals(synapse_backend, settings.instance_name)
+    if auto_migrate and is_sqlite(engine):
+        await upgrade(engine)
+    await check_schema(engine)
+    return NativeBackend(engine), None
 
 
 async def run_worker(

@@ -206,7 +206,7 @@ def _init(settings: Settings) -> int:
     """Create what workers sharing a data directory must not race to create."""
     from pathlib import Path
 
-    from federation_sender.app import admin_token_path, create_admin_token, read_admin_token
+    from federation_sender.builders import admin_token_path, create_admin_token, read_admin_token
     from federation_sender.transport.signing import generate_key_file, load_signing_key
 
     key_path = Path(settings.federation.signing_key_path)

@@ -31,7 +31,8 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from federation_sender.app import Worker, load_or_create_signing_key
+from federation_sender.app import Worker
+from federation_sender.builders import load_or_create_signing_key
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
 from federation_sender.queue import DestinationStatus

@@ -30,8 +30,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.admin.app import build_admin_app, openapi_document
-from federation_sender.app import (
-    Worker,
+from federation_sender.app import Worker
+from federation_sender.builders import (
     build_federation_client,
     load_or_create_admin_token,
     load_or_create_signing_key,

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from federation_sender.app import build_queue_manager
+from federation_sender.builders import build_queue_manager
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
 from federation_sender.sharding import ShardCoordinator

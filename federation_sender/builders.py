@@ -1,0 +1,141 @@
+"""Builders of the worker's parts from :class:`Settings` (the signing key, the admin
+token, the federation client, the replication transport, the queue manager); the
+composition root, ``app.py``, calls them in order and owns what they return."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import secrets
+from collections.abc import Callable
+from pathlib import Path
+
+from federation_sender.clock import Clock
+from federation_sender.config import Settings
+from federation_sender.queue import QueueManager
+from federation_sender.replication.transport import Transport
+from federation_sender.sharding import ShardCoordinator
+from federation_sender.storage.protocols import Backend
+from federation_sender.telemetry.queue_observer import TelemetryObserver
+from federation_sender.transport.client import FederationClient
+from federation_sender.transport.result import TransactionSender
+from federation_sender.transport.signing import SigningKey, generate_key_file, load_signing_key
+
+log = logging.getLogger(__name__)
+
+
+def load_or_create_signing_key(path: str) -> SigningKey:
+    p = Path(path)
+    if not p.exists():
+        p.parent.mkdir(parents=True, exist_ok=True)
+        log.info("no signing key at %s; generating one", p)
+        return generate_key_file(p)
+    return load_signing_key(p)
+
+
+def admin_token_path(settings: Settings) -> Path:
+    return Path(settings.data_dir) / "admin.token"
+
+
+def read_admin_token(settings: Settings) -> str | None:
+    """The configured admin token, else the one in ``data_dir/admin.token``, else None."""
+    if settings.admin.token:
+        return settings.admin.token
+    p = admin_token_path(settings)
+    if p.exists():
+        token = p.read_text().strip()
+        if token:
+            return token
+    return None
+
+
+def create_admin_token(settings: Settings) -> str:
+    """Generate a token into ``data_dir/admin.token`` (mode 0600)."""
+    p = admin_token_path(settings)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    token = secrets.token_urlsafe(32)
+    fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    return token
+
+
+def load_or_create_admin_token(settings: Settings) -> str:
+    token = read_admin_token(settings)
+    if token is None:
+        token = create_admin_token(settings)
+        log.info("generated an admin token in %s", admin_token_path(settings))
+    return token
+
+
+def build_federation_client(settings: Settings, key: SigningKey, clock: Clock) -> FederationClient:
+    f = settings.federation
+    return FederationClient(
+        server_name=settings.server_name,
+        signing_key=key,
+        clock=clock,
+        attempt_timeout_s=f.request_timeout_s,
+        connect_timeout_s=f.connect_timeout_s,
+        max_connections=f.pool_total,
+        max_connections_per_host=f.pool_per_host,
+        max_response_bytes=f.max_response_bytes,
+        tls_verify=f.verify_tls,
+        tls_extra_ca_file=f.extra_ca_file,
+        ip_allow_list=f.ip_allow_list,
+        ip_deny_list=f.ip_deny_list,
+        destination_overrides=f.destination_overrides or None,
+        plain_http=not f.use_tls,
+    )
+
+
+def build_replication_transport(settings: Settings, clock: Clock) -> Transport | None:
+    r = settings.replication
+    if r.transport == "tcp":
+        from federation_sender.replication.tcp import TcpTransport
+
+        return TcpTransport(r.host, r.port, clock=clock, client_name=settings.instance_name)
+    if r.transport == "redis":
+        from federation_sender.replication.redis import RedisTransport
+
+        return RedisTransport(r.redis_url, settings.server_name, clock=clock)
+    return None
+
+
+def build_queue_manager(
+    settings: Settings,
+    storage: Backend,
+    sender: TransactionSender,
+    clock: Clock,
+    observer: TelemetryObserver,
+    shards: ShardCoordinator,
+    domain_allowed: Callable[[str], bool] | None = None,
+) -> QueueManager:
+    """``domain_allowed``: beside Synapse, its ``federation_domain_whitelist`` (a
+    destination outside it gets no queue, so no EDU either, as in Synapse)."""
+    owns: Callable[[str], bool] = shards.owns
+    if domain_allowed is not None:
+        allowed = domain_allowed
+
+        def owns(destination: str) -> bool:
+            return allowed(destination) and shards.owns(destination)
+
+    poll = (
+        settings.replication.poll_interval_s
+        if settings.replication.transport == "none"
+        else None
+    )
+    return QueueManager(
+        storage,
+        sender,
+        settings.queue,
+        settings.server_name,
+        settings.instance_name,
+        clock,
+        random.Random(),
+        owns,
+        observer,
+        attempt_deadline_s=settings.federation.request_timeout_s + 5.0,
+        poll_interval_s=poll,
+        leases=None if settings.sharding.mode == "single" else shards,
+    )
