@@ -13,8 +13,11 @@ could only skip them. What each consumed stream needs:
 * ``receipts``: ``receipts_linearized``, Synapse's receipts stream table (the native
   schema keeps no receipts);
 * ``events``: none needed, the intake reads events past its own persisted position;
+* ``presence``: ``presence_stream`` (Synapse keeps the latest row per user, which is
+  what Synapse's own fetch returns too);
 * ``typing``: none possible, main keeps typing in memory; the next change or the 40 s
   re-send repairs a lost one;
+* ``presence_federation``: none possible, main keeps that queue in memory;
 * ``federation``: none, Synapse 1.163 never writes this stream.
 
 Rows sharing a stream id are never split between two fetches: a fetch that fills its
@@ -32,7 +35,14 @@ from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.replication.positions import StreamFetcher
-from federation_sender.replication.rows import DeviceListsRow, ReceiptsRow, Row, ToDeviceRow
+from federation_sender.replication.rows import (
+    DeviceListsRow,
+    PresenceRow,
+    PresenceState,
+    ReceiptsRow,
+    Row,
+    ToDeviceRow,
+)
 
 RowMaker = Callable[[Sequence[Any]], Row]
 
@@ -44,11 +54,23 @@ _DEVICE_LISTS = (
     "SELECT DISTINCT stream_id, user_id FROM device_lists_outbound_pokes"
     " WHERE :from_id < stream_id AND stream_id <= :upto {extra} ORDER BY stream_id"
 )
+_PRESENCE = (
+    "SELECT stream_id, user_id, state, last_active_ts, last_federation_update_ts,"
+    " last_user_sync_ts, status_msg, currently_active FROM presence_stream"
+    " WHERE :from_id < stream_id AND stream_id <= :upto {extra} ORDER BY stream_id"
+)
 _RECEIPTS = (
     "SELECT stream_id, room_id, receipt_type, user_id, event_id, thread_id, data"
     " FROM receipts_linearized"
     " WHERE :from_id < stream_id AND stream_id <= :upto {extra} ORDER BY stream_id"
 )
+
+
+def _presence(r: Sequence[Any]) -> Row:
+    return PresenceRow(PresenceState(
+        str(r[1]), str(r[2]), int(r[3] or 0), int(r[4] or 0), int(r[5] or 0),
+        None if r[6] is None else str(r[6]), bool(r[7]),
+    ))
 
 
 def _receipt(r: Sequence[Any]) -> Row:
@@ -99,4 +121,5 @@ def stream_fetchers(engine: AsyncEngine, *, synapse: bool) -> dict[str, StreamFe
     }
     if synapse:
         fetchers["receipts"] = SqlStreamFetcher(engine, _RECEIPTS, _receipt)
+        fetchers["presence"] = SqlStreamFetcher(engine, _PRESENCE, _presence)
     return fetchers

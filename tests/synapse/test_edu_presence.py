@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.replication.rows import PresenceRow, parse_row
+from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.edus.rooms import SynapsePresenceSource
 from federation_sender.testing.replication_tap import ReplicationTap
@@ -27,7 +28,7 @@ async def engine(synapse_deployment: SynapseDeployment) -> AsyncIterator[AsyncEn
     await eng.dispose()
 
 
-def presence_rows(lines: list[str], user_id: str) -> list[PresenceRow]:
+def presence_rows(lines: list[str], user_id: str) -> list[tuple[int, PresenceRow]]:
     out = []
     for line in lines:
         parts = line.split(" ", 4)
@@ -35,7 +36,7 @@ def presence_rows(lines: list[str], user_id: str) -> list[PresenceRow]:
             row = parse_row("presence", json.loads(parts[4]))
             assert isinstance(row, PresenceRow)
             if row.state.user_id == user_id:
-                out.append(row)
+                out.append((int(parts[3]), row))
     return out
 
 
@@ -50,13 +51,17 @@ async def test_presence_source_reads_what_main_published(
         d.client.call("PUT", path, {"presence": "unavailable", "status_msg": "lunch"},
                       alice.access_token)
         tap.wait_for(lambda lines: any(r.state.status_msg == "lunch"
-                                       for r in presence_rows(lines, alice.user_id)),
+                                       for _, r in presence_rows(lines, alice.user_id)),
                      what="alice's presence")
-        live = [r for r in presence_rows(tap.lines, alice.user_id)
-                if r.state.status_msg == "lunch"][-1]
+        token, live = [(t, r) for t, r in presence_rows(tap.lines, alice.user_id)
+                       if r.state.status_msg == "lunch"][-1]
     source = SynapsePresenceSource(engine)
     stored = await source.states_for_users([alice.user_id, "@nobody:nowhere"])
     assert stored == {alice.user_id: live.state}
     assert live.state in await source.startup_states()
     assert await source.rooms_for_user(alice.user_id) == [room]
     assert await source.current_hosts(room) == {d.server_name}
+    # A gap in the presence stream is read back from presence_stream.
+    fetcher = stream_fetchers(engine, synapse=True)["presence"]
+    rows, upto, limited = await fetcher.fetch("master", token - 1, token, 100)
+    assert (rows, upto, limited) == ([(token, live)], token, False)
