@@ -9,8 +9,8 @@ it. ``wake`` cuts any wait short (new work, REMOTE_SERVER_UP, shutdown).
 The runner owns its state; the manager only calls :meth:`DestinationRunner.request_stop`,
 :meth:`~DestinationRunner.evict_if_idle`, :meth:`~DestinationRunner.guard_sends` and
 :meth:`~DestinationRunner.status`. Each attempt has its own deadline
-(:func:`~federation_sender.queue.timing.deadline`, on the injected clock); an attempt
-past it counts as a transient failure.
+(``asyncio.timeout``, expired by :class:`~federation_sender.queue.timing.AttemptDeadline`
+on the injected clock); an attempt past it counts as a transient failure.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from federation_sender.queue.steps import (
     Wait,
 )
 from federation_sender.queue.store import QueueStore, log_row_for
-from federation_sender.queue.timing import deadline, wait_or_timeout
+from federation_sender.queue.timing import AttemptDeadline, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
     Outcome,
@@ -102,6 +102,7 @@ class DestinationRunner:
         self.observer = observer
         self.config = config
         self.wake = asyncio.Event()
+        self._deadline = AttemptDeadline(clock, config.attempt_deadline_s)
         self._in_flight_since: float | None = None
         self._loaded = False
         self._stopping = False
@@ -130,10 +131,6 @@ class DestinationRunner:
         self._stopping = True
         self.wake.set()
         return True
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping
 
     @property
     def finished(self) -> bool:
@@ -189,6 +186,7 @@ class DestinationRunner:
             with log_context(destination=self.destination):
                 await self._run()
         finally:
+            self._deadline.close()
             self._finished = True
 
     async def _run(self) -> None:
@@ -206,7 +204,10 @@ class DestinationRunner:
     async def _wait(self, timeout_s: float | None) -> None:
         self._waiting = True
         try:
-            await wait_or_timeout(self.clock, self.wake, timeout_s)
+            if timeout_s is None:
+                await self.wake.wait()  # no helper task: idle waits are the common case
+            else:
+                await wait_or_timeout(self.clock, self.wake, timeout_s)
         finally:
             self._waiting = False
 
@@ -379,8 +380,12 @@ class DestinationRunner:
             t0 = self.clock.monotonic_s()
             self._in_flight_since = t0
             try:
-                async with deadline(self.clock, limit):
-                    result = await self.sender.send_transaction(request)
+                async with asyncio.timeout(None) as timeout:
+                    self._deadline.watch(timeout)
+                    try:
+                        result = await self.sender.send_transaction(request)
+                    finally:
+                        self._deadline.unwatch()
             except TimeoutError:
                 result = SendResult(
                     Outcome.TRANSIENT,

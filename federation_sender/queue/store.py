@@ -368,6 +368,6 @@ def log_row_for(
         duration_ms=int(result.duration_s * 1000),
         catchup=batch.catchup,
         max_stream_ordering=batch.max_stream_ordering,
-        pdu_event_ids=tuple(p.event_id for p in batch.pdus),
+        pdu_event_ids=tuple([p.event_id for p in batch.pdus]),
         error=result.error or None,
     )

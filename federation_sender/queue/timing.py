@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from typing import TypeVar
 
 from federation_sender.clock import Clock, SystemClock
@@ -30,24 +28,67 @@ async def wait_or_timeout(clock: Clock, event: asyncio.Event, timeout_s: float |
 
 
 
-@contextlib.asynccontextmanager
-async def deadline(clock: Clock, seconds: float) -> AsyncIterator[None]:
-    """``asyncio.timeout(seconds)`` measured on ``clock``: the body is cancelled and
-    :class:`TimeoutError` raised when ``seconds`` pass on the injected clock (a fake
-    clock in tests). The real clock uses the event loop's timer directly."""
-    if type(clock) is SystemClock:
-        async with asyncio.timeout(seconds):
-            yield
-        return
-    loop = asyncio.get_running_loop()
-    async with asyncio.timeout(None) as cm:
+class AttemptDeadline:
+    """One queue's attempt deadline: ``asyncio.timeout`` semantics (the attempt is
+    cancelled and :class:`TimeoutError` raised, the cancellation accounted for by
+    asyncio), measured on the injected clock.
 
-        async def expire() -> None:
-            await clock.sleep(seconds)
-            cm.reschedule(loop.time())
+    Each attempt enters ``asyncio.timeout(None)`` and :meth:`watch` es it; a single
+    timer per queue, armed lazily, expires the attempt in flight once its deadline has
+    passed. Consecutive attempts shorter than the deadline share one timer instead of
+    scheduling and cancelling one each (that was 12 µs of the engine's ~85 µs per
+    transaction with a null sender)."""
 
-        watcher = asyncio.ensure_future(expire())
-        try:
-            yield
-        finally:
-            watcher.cancel()
+    __slots__ = ("_armed", "_clock", "_expires", "_handle", "_seconds", "_timeout")
+
+    def __init__(self, clock: Clock, seconds: float) -> None:
+        self._clock = clock
+        self._seconds = seconds
+        self._timeout: asyncio.Timeout | None = None
+        self._expires = 0.0
+        self._armed = False
+        self._handle: asyncio.TimerHandle | asyncio.Future[None] | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self._seconds
+
+    def watch(self, timeout: asyncio.Timeout) -> None:
+        """``timeout`` (entered with no deadline) guards the attempt starting now."""
+        self._timeout = timeout
+        self._expires = self._clock.monotonic_s() + self._seconds
+        if not self._armed:
+            self._arm(self._seconds)
+
+    def unwatch(self) -> None:
+        self._timeout = None
+
+    def close(self) -> None:
+        self._timeout = None
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._armed = False
+
+    def _arm(self, delay_s: float) -> None:
+        self._armed = True
+        if type(self._clock) is SystemClock:
+            self._handle = asyncio.get_running_loop().call_later(delay_s, self._fire)
+        else:
+            self._handle = asyncio.ensure_future(self._sleep_then_fire(delay_s))
+
+    async def _sleep_then_fire(self, delay_s: float) -> None:
+        await self._clock.sleep(delay_s)
+        self._fire()
+
+    def _fire(self) -> None:
+        self._armed = False
+        self._handle = None
+        timeout = self._timeout
+        if timeout is None:
+            return  # idle: the next attempt arms the timer again
+        left = self._expires - self._clock.monotonic_s()
+        if left > 0:
+            self._arm(left)
+        else:
+            timeout.reschedule(asyncio.get_running_loop().time())

@@ -250,3 +250,26 @@ async def test_the_last_error_is_kept_through_catch_up_until_a_success(h: Harnes
     await h.settle()
     st = h.m.status(D)
     assert st is None or st.last_error is None
+
+
+async def test_the_deadline_counts_from_each_attempt_s_start(h: Harness) -> None:
+    """One timer per queue serves consecutive attempts: an attempt that starts after an
+    earlier one armed it still gets its full 30 s, and no more."""
+    await start_with_room(h)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()  # a first, quick attempt armed the queue's timer at t=0
+    await h.advance(20)
+    h.fake.behave(D, hang=True)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: h.fake.in_progress == 1)
+    # t=35: past the first attempt's deadline, not this one's (in flight: no settle)
+    await h.clock.advance_and_settle(15)
+    st = h.m.status(D)
+    assert st is not None and st.in_flight_age_s == 15 and st.state is DestinationState.SENDING
+    await h.advance(16)  # t=51: 31 s into this attempt
+    st = h.m.status(D)
+    assert st is not None and st.state is DestinationState.BACKING_OFF
+    assert st.last_error is not None and "no answer within 30s" in st.last_error
+    h.fake.release()
