@@ -20,10 +20,8 @@ import contextlib
 import gc
 import logging
 import signal
-import ssl
 from dataclasses import dataclass, field
 
-from aiohttp import web
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -36,8 +34,10 @@ from federation_sender.adapters import (
 from federation_sender.admin.app import build_admin_app
 from federation_sender.admin.server import RunningServer, start_http_server
 from federation_sender.builders import (
+    Listener,
     admin_token_path,
     build_federation_client,
+    build_listeners,
     build_queue_manager,
     build_replication_transport,
     create_admin_token,
@@ -68,18 +68,15 @@ from federation_sender.synapse.wiring import (
     open_synapse_storage,
 )
 from federation_sender.telemetry.logging import setup_logging
-from federation_sender.telemetry.metrics import Metrics, metrics_app, new_registry
+from federation_sender.telemetry.metrics import Metrics, new_registry
 from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
-from federation_sender.transport.keyserver import make_key_app, server_ssl_context
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey
 
 log = logging.getLogger(__name__)
 
-Listener = tuple[str, str, int, web.Application, ssl.SSLContext | None]
-"""(config key, bind, port, application, TLS context or None for plain HTTP)"""
 
 CONSUMED_STREAMS = (
     "events",
@@ -317,10 +314,9 @@ class Worker:
 
     def _listeners(self) -> list[Listener]:
         """(config key, bind, port, application, TLS) of each listener to open, admin first."""
-        s = self.settings
-        out: list[Listener] = []
-        if s.admin.enabled:
-            app = build_admin_app(
+        admin = None
+        if self.settings.admin.enabled:
+            admin = build_admin_app(
                 storage=self.storage,
                 token=self.admin_token,
                 queues=AdminQueueControl(self.manager),
@@ -328,37 +324,7 @@ class Worker:
                 ready=self.is_ready,
                 counters=self.metrics.dashboard_counters,
             )
-            out.append(("admin.port", s.admin.bind, s.admin.port, app, None))
-        if s.telemetry.metrics_port is not None:
-            out.append(
-                (
-                    "telemetry.metrics_port",
-                    s.telemetry.metrics_bind,
-                    s.telemetry.metrics_port,
-                    metrics_app(self.registry),
-                    None,
-                )
-            )
-        if s.federation.key_listener_port is not None and self.signing_key is not None:
-            out.append(self._key_listener(self.signing_key, s.federation.key_listener_port))
-        return out
-
-    def _key_listener(self, signing_key: SigningKey, port: int) -> Listener:
-        """Remote servers fetch keys over HTTPS: TLS with the configured certificate, or
-        plain HTTP (warned about) for a reverse proxy that terminates TLS."""
-        s = self.settings
-        f = s.federation
-        tls = None
-        if f.tls_certificate_path is not None and f.tls_private_key_path is not None:
-            tls = server_ssl_context(f.tls_certificate_path, f.tls_private_key_path)
-        else:
-            log.warning(
-                "the key listener serves plain HTTP; remote servers fetch keys over HTTPS, "
-                "so set federation.tls_certificate_path or put a TLS proxy in front"
-            )
-        app = make_key_app(server_name=s.server_name, signing_key=signing_key, clock=self.clock)
-        bind = f.key_listener_bind or s.admin.bind
-        return ("federation.key_listener_port", bind, port, app, tls)
+        return build_listeners(self.settings, admin, self.registry, self.signing_key, self.clock)
 
     def is_ready(self) -> bool:
         """Started, and connected to replication when a transport is configured."""

@@ -8,8 +8,12 @@ import logging
 import os
 import random
 import secrets
+import ssl
 from collections.abc import Callable
 from pathlib import Path
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry
 
 from federation_sender.clock import Clock
 from federation_sender.config import Settings
@@ -17,12 +21,17 @@ from federation_sender.queue import QueueManager
 from federation_sender.replication.transport import Transport
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.storage.protocols import Backend
+from federation_sender.telemetry.metrics import metrics_app
 from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.transport.client import FederationClient
+from federation_sender.transport.keyserver import make_key_app, server_ssl_context
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey, generate_key_file, load_signing_key
 
 log = logging.getLogger(__name__)
+
+Listener = tuple[str, str, int, web.Application, ssl.SSLContext | None]
+"""(config key, bind, port, application, TLS context or None for plain HTTP)"""
 
 
 def load_or_create_signing_key(path: str) -> SigningKey:
@@ -139,3 +148,50 @@ def build_queue_manager(
         poll_interval_s=poll,
         leases=None if settings.sharding.mode == "single" else shards,
     )
+
+
+def build_listeners(
+    settings: Settings,
+    admin_app: web.Application | None,
+    registry: CollectorRegistry,
+    signing_key: SigningKey | None,
+    clock: Clock,
+) -> list[Listener]:
+    """The listeners to open, admin first: admin API (when ``admin_app`` is given),
+    metrics, key listener (when configured and we hold the signing key)."""
+    s = settings
+    out: list[Listener] = []
+    if admin_app is not None:
+        out.append(("admin.port", s.admin.bind, s.admin.port, admin_app, None))
+    if s.telemetry.metrics_port is not None:
+        out.append(
+            (
+                "telemetry.metrics_port",
+                s.telemetry.metrics_bind,
+                s.telemetry.metrics_port,
+                metrics_app(registry),
+                None,
+            )
+        )
+    if s.federation.key_listener_port is not None and signing_key is not None:
+        out.append(build_key_listener(s, signing_key, s.federation.key_listener_port, clock))
+    return out
+
+
+def build_key_listener(
+    settings: Settings, signing_key: SigningKey, port: int, clock: Clock
+) -> Listener:
+    """Remote servers fetch keys over HTTPS: TLS with the configured certificate, or
+    plain HTTP (warned about) for a reverse proxy that terminates TLS."""
+    f = settings.federation
+    tls = None
+    if f.tls_certificate_path is not None and f.tls_private_key_path is not None:
+        tls = server_ssl_context(f.tls_certificate_path, f.tls_private_key_path)
+    else:
+        log.warning(
+            "the key listener serves plain HTTP; remote servers fetch keys over HTTPS, "
+            "so set federation.tls_certificate_path or put a TLS proxy in front"
+        )
+    app = make_key_app(server_name=settings.server_name, signing_key=signing_key, clock=clock)
+    bind = f.key_listener_bind or settings.admin.bind
+    return ("federation.key_listener_port", bind, port, app, tls)
