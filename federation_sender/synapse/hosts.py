@@ -238,29 +238,43 @@ class SynapseHostsReader:
         rescinded = await self._rescinded_invitees(
             [p for ps in parsed.values() for p in ps if _is_leave_by_other(p)]
         )
+        # Events between two state changes share one hosts set: the adjustments below
+        # are made once per (set, extra, dropped), not once per event and host.
+        done: dict[tuple[int, str | None, str | None], frozenset[str]] = {}
         canon: dict[frozenset[str], frozenset[str]] = {}
+        empty: frozenset[str] = frozenset()
         out: dict[str, list[frozenset[str]]] = {}
         for room, ps in parsed.items():
             answers: list[frozenset[str]] = []
             for p in ps:
                 e = p.event
                 if not p.prev_events:
-                    hosts: frozenset[str] = frozenset()
+                    hosts = empty
                 elif room in partial:
                     hosts = partial[room]
                 else:
-                    hosts = before.get(e.event_id, frozenset())
-                extra = rescinded.get(e.event_id)
-                dropped = e.send_on_behalf_of
-                if extra is not None or dropped is not None or not all(map(self._allowed, hosts)):
-                    hosts = frozenset(
-                        d
-                        for d in (hosts | {extra} if extra is not None else hosts)
-                        if d != dropped and self._allowed(d)
-                    )
-                answers.append(canon.setdefault(hosts, hosts))
+                    hosts = before.get(e.event_id, empty)
+                key = (id(hosts), rescinded.get(e.event_id), e.send_on_behalf_of)
+                final = done.get(key)
+                if final is None:
+                    final = self._adjust(hosts, key[1], key[2])
+                    done[key] = final = canon.setdefault(final, final)
+                answers.append(final)
             out[room] = answers
         return out
+
+    def _adjust(
+        self, hosts: frozenset[str], extra: str | None, dropped: str | None
+    ) -> frozenset[str]:
+        """Steps 5 and 6: plus a rescinded invitee, minus the relaying server and the
+        servers outside the whitelist."""
+        if extra is None and dropped is None and all(map(self._allowed, hosts)):
+            return hosts
+        return frozenset(
+            d
+            for d in (hosts | {extra} if extra is not None else hosts)
+            if d != dropped and self._allowed(d)
+        )
 
     async def _partial_servers(self, rooms: list[str]) -> dict[str, frozenset[str]]:
         if not rooms:
