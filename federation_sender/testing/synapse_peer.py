@@ -37,9 +37,7 @@ import ssl
 import threading
 import urllib.parse
 import uuid
-from collections import Counter
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +48,12 @@ from yarl import URL
 
 from federation_sender.clock import SystemClock, time_ms
 from federation_sender.testing.certs import CertFiles, LoopbackCA
+from federation_sender.testing.peer_records import (
+    FederationPeer,
+    JoinedRoom,
+    PeerRequestError,
+    ReceivedTransaction,
+)
 from federation_sender.testing.peer_rooms import ROOM_VERSION as HOSTED_ROOM_VERSION
 from federation_sender.testing.peer_rooms import HostedRoom
 from federation_sender.testing.signed_events import SUPPORTED_ROOM_VERSIONS, event_id, hash_and_sign
@@ -66,69 +70,17 @@ from federation_sender.transport.signing import (
     verify_request,
 )
 
+__all__ = [
+    "FederationPeer",
+    "JoinedRoom",
+    "PeerNetwork",
+    "PeerRequestError",
+    "ReceivedTransaction",
+]
+
 T = TypeVar("T")
 REQUEST_TIMEOUT_S = 30.0
 DEFAULT_WAIT_S = 30.0
-
-
-class PeerRequestError(RuntimeError):
-    """A request a peer made was refused; one line with status and body."""
-
-
-@dataclass(frozen=True)
-class ReceivedTransaction:
-    origin: str
-    txn_id: str
-    pdus: tuple[dict[str, Any], ...]
-    edus: tuple[dict[str, Any], ...]
-    event_ids: tuple[str, ...]
-    received_s: float
-
-
-@dataclass(frozen=True)
-class JoinedRoom:
-    room_id: str
-    room_version: str
-    join_event_id: str
-    via: str
-    state_event_count: int
-
-
-@dataclass
-class FederationPeer:
-    """One fake homeserver. Read its records only inside :meth:`PeerNetwork.wait_for`
-    predicates or after a wait returned (the network's lock guards them)."""
-
-    server_name: str
-    key: SigningKey
-    sockets: list[socket.socket]
-    transactions: list[ReceivedTransaction] = field(default_factory=list)
-    retried_transactions: int = 0
-    refused_transactions: int = 0
-    rejected: list[str] = field(default_factory=list)
-    other_requests: list[str] = field(default_factory=list)
-    rooms: dict[str, JoinedRoom] = field(default_factory=dict)
-    hosted: dict[str, HostedRoom] = field(default_factory=dict)
-    """Rooms this peer created (see :mod:`federation_sender.testing.peer_rooms`)."""
-    send_status: int = 200
-    """Answer ``/send`` with this status (200 accepts; anything else refuses)."""
-
-    def user_id(self, localpart: str = "peer") -> str:
-        return f"@{localpart}:{self.server_name}"
-
-    def event_counts(self, room_id: str | None = None) -> Counter[str]:
-        """How many times each event id arrived, over distinct transactions."""
-        counts: Counter[str] = Counter()
-        for txn in self.transactions:
-            for eid, pdu in zip(txn.event_ids, txn.pdus, strict=True):
-                if room_id is None or pdu.get("room_id") == room_id:
-                    counts[eid] += 1
-        return counts
-
-    def edus(self, edu_type: str | None = None) -> list[dict[str, Any]]:
-        """Every EDU received (of ``edu_type`` only, if given)."""
-        edus = [e for t in self.transactions for e in t.edus]
-        return edus if edu_type is None else [e for e in edus if e.get("edu_type") == edu_type]
 
 
 class PeerNetwork:
