@@ -27,7 +27,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from sqlalchemy import delete, insert
+from sqlalchemy import Table, delete, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.clock import Clock, time_ms
@@ -146,8 +146,20 @@ class SimStore:
             await self.publisher.complete(DEVICE_LISTS, {i: dl.get(i, []) for i in dl_ids})
 
     async def _write(self, conn: AsyncConnection, batch: Batch, out: PersistedBatch) -> None:
+        extremities: dict[str, tuple[str, ...]] = {}
+        for p in out.events:
+            if not p.event.outlier:
+                extremities[p.event.room_id] = p.event.extremities_after
+        await _insert(conn, schema.events, self._event_rows(out))
+        await _insert(conn, schema.room_memberships, _member_rows(out))
+        await self._replace_extremities(conn, extremities)
+        await self._partial_state(conn, batch)
         now_ms = time_ms(self.clock)
-        event_rows: list[dict[str, Any]] = [
+        await _insert(conn, schema.device_federation_outbox, _outbox_rows(out, now_ms))
+        await _insert(conn, schema.device_lists_outbound_pokes, _poke_rows(out, now_ms))
+
+    def _event_rows(self, out: PersistedBatch) -> list[dict[str, Any]]:
+        return [
             {
                 "stream_ordering": p.stream_ordering,
                 "instance_name": self.instance_name,
@@ -163,56 +175,6 @@ class SimStore:
             }
             for p in out.events
         ]
-        member_rows: list[dict[str, Any]] = [
-            {
-                "event_id": p.event.event_id,
-                "event_stream_ordering": p.stream_ordering,
-                "room_id": p.event.room_id,
-                "user_id": p.event.state_key,
-                "server_name": p.event.target_server,
-                "sender": p.event.sender,
-                "membership": p.event.membership,
-            }
-            for p in out.events
-            if p.event.membership is not None
-        ]
-        extremities: dict[str, tuple[str, ...]] = {}
-        for p in out.events:
-            if not p.event.outlier:
-                extremities[p.event.room_id] = p.event.extremities_after
-        for chunk in _chunks(event_rows):
-            await conn.execute(insert(schema.events), list(chunk))
-        for chunk in _chunks(member_rows):
-            await conn.execute(insert(schema.room_memberships), list(chunk))
-        await self._replace_extremities(conn, extremities)
-        await self._partial_state(conn, batch)
-        outbox_rows: list[dict[str, Any]] = [
-            {
-                "destination": p.message.destination,
-                "stream_id": p.stream_id,
-                "queued_ts": now_ms,
-                "messages_json": _compact(p.message.content),
-                "sent_ts": None,
-            }
-            for p in out.to_device
-        ]
-        for chunk in _chunks(outbox_rows):
-            await conn.execute(insert(schema.device_federation_outbox), list(chunk))
-        poke_rows: list[dict[str, Any]] = [
-            {
-                "destination": dest,
-                "stream_id": p.stream_id,
-                "user_id": p.change.user_id,
-                "device_id": p.change.device_id,
-                "ts": now_ms,
-                "content_json": _compact(p.change.content),
-                "sent": False,
-            }
-            for p in out.device_changes
-            for dest in sorted(p.change.destinations)
-        ]
-        for chunk in _chunks(poke_rows):
-            await conn.execute(insert(schema.device_lists_outbound_pokes), list(chunk))
 
     @staticmethod
     async def _replace_extremities(
@@ -237,3 +199,53 @@ class SimStore:
             await conn.execute(insert(ps), [{"room_id": r} for r in batch.partial_state_added])
         for chunk in _chunks(batch.partial_state_removed):
             await conn.execute(delete(ps).where(ps.c.room_id.in_(chunk)))
+
+
+async def _insert(conn: AsyncConnection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
+    for chunk in _chunks(rows):
+        await conn.execute(insert(table), list(chunk))
+
+
+def _member_rows(out: PersistedBatch) -> list[dict[str, Any]]:
+    return [
+        {
+            "event_id": p.event.event_id,
+            "event_stream_ordering": p.stream_ordering,
+            "room_id": p.event.room_id,
+            "user_id": p.event.state_key,
+            "server_name": p.event.target_server,
+            "sender": p.event.sender,
+            "membership": p.event.membership,
+        }
+        for p in out.events
+        if p.event.membership is not None
+    ]
+
+
+def _outbox_rows(out: PersistedBatch, now_ms: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "destination": p.message.destination,
+            "stream_id": p.stream_id,
+            "queued_ts": now_ms,
+            "messages_json": _compact(p.message.content),
+            "sent_ts": None,
+        }
+        for p in out.to_device
+    ]
+
+
+def _poke_rows(out: PersistedBatch, now_ms: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "destination": dest,
+            "stream_id": p.stream_id,
+            "user_id": p.change.user_id,
+            "device_id": p.change.device_id,
+            "ts": now_ms,
+            "content_json": _compact(p.change.content),
+            "sent": False,
+        }
+        for p in out.device_changes
+        for dest in sorted(p.change.destinations)
+    ]

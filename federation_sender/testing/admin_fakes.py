@@ -142,46 +142,11 @@ async def seed_destinations(
                     "stream_ordering": rng.randint(1, 10_000),
                 }
             )
-        for t in range(transactions_per_destination):
-            ok = not failing or t > 0
-            txn_rows.append(
-                {
-                    "txn_id": f"{1_700_000_000_000 + i * 100 + t}",
-                    "destination": name,
-                    "instance_name": "federation_sender1",
-                    "pdu_count": rng.randint(0, 50),
-                    "edu_count": rng.randint(0, 10),
-                    "request_bytes": rng.randint(200, 90_000),
-                    "status": "success" if ok else "transient",
-                    "http_status": 200 if ok else None,
-                    "started_ts": now - (transactions_per_destination - t) * 60_000,
-                    "duration_ms": rng.randint(5, 2000),
-                    "catchup": kind == "catchup",
-                    "max_stream_ordering": rng.randint(1, 10_000),
-                    "pdu_event_ids": json.dumps([f"$ev{i}-{t}"]),
-                    "error": None if ok else "connection refused",
-                }
-            )
+        txn_rows.extend(
+            _txn_rows(rng, name, i, kind, failing, transactions_per_destination, now)
+        )
         if queues is not None:
-            if kind == "failing":
-                queues.set_state(
-                    name,
-                    "backing_off",
-                    pending_pdus=rng.randint(1, 40),
-                    last_error="connection refused",
-                    next_retry_ts=dest_rows[-1]["retry_last_ts"] + interval,
-                )
-            elif kind == "catchup":
-                queues.set_state(name, "catching_up", last_error="timed out")
-            elif kind == "busy":
-                queues.set_state(
-                    name,
-                    "sending",
-                    pending_pdus=rng.randint(1, 200),
-                    pending_edus=rng.randint(0, 50),
-                    in_flight_txn_id=f"{now}{i}",
-                    in_flight_age_s=round(rng.uniform(0.1, 30.0), 1),
-                )
+            _live_state(queues, rng, name, i, kind, dest_rows[-1]["retry_last_ts"] + interval, now)
 
     async def write(conn: AsyncConnection) -> None:
         if dest_rows:
@@ -193,3 +158,62 @@ async def seed_destinations(
 
     await run_in_transaction(engine, write)
     return names
+
+
+def _txn_rows(
+    rng: random.Random, name: str, i: int, kind: str, failing: bool, count: int, now: int
+) -> list[dict[str, Any]]:
+    """Transaction-log rows of one seeded destination (the first one failed if failing)."""
+    rows: list[dict[str, Any]] = []
+    for t in range(count):
+        ok = not failing or t > 0
+        rows.append(
+            {
+                "txn_id": f"{1_700_000_000_000 + i * 100 + t}",
+                "destination": name,
+                "instance_name": "federation_sender1",
+                "pdu_count": rng.randint(0, 50),
+                "edu_count": rng.randint(0, 10),
+                "request_bytes": rng.randint(200, 90_000),
+                "status": "success" if ok else "transient",
+                "http_status": 200 if ok else None,
+                "started_ts": now - (count - t) * 60_000,
+                "duration_ms": rng.randint(5, 2000),
+                "catchup": kind == "catchup",
+                "max_stream_ordering": rng.randint(1, 10_000),
+                "pdu_event_ids": json.dumps([f"$ev{i}-{t}"]),
+                "error": None if ok else "connection refused",
+            }
+        )
+    return rows
+
+
+def _live_state(
+    queues: FakeQueueControl,
+    rng: random.Random,
+    name: str,
+    i: int,
+    kind: str,
+    next_retry_ts: int,
+    now: int,
+) -> None:
+    """The live queue state matching a seeded destination's kind."""
+    if kind == "failing":
+        queues.set_state(
+            name,
+            "backing_off",
+            pending_pdus=rng.randint(1, 40),
+            last_error="connection refused",
+            next_retry_ts=next_retry_ts,
+        )
+    elif kind == "catchup":
+        queues.set_state(name, "catching_up", last_error="timed out")
+    elif kind == "busy":
+        queues.set_state(
+            name,
+            "sending",
+            pending_pdus=rng.randint(1, 200),
+            pending_edus=rng.randint(0, 50),
+            in_flight_txn_id=f"{now}{i}",
+            in_flight_age_s=round(rng.uniform(0.1, 30.0), 1),
+        )

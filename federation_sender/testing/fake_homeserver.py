@@ -177,24 +177,7 @@ class FakeHomeserver:
         body = json.loads(raw)
         pdus = list(body.get("pdus", []))
         edus = list(body.get("edus", []))
-        status = 200
-        if b.max_body_bytes is not None and len(raw) > b.max_body_bytes:
-            status = 413
-        elif b.status != 200:
-            status = b.status
-            if b.times is not None:
-                b.times -= 1
-                if b.times <= 0:
-                    self.behaviours[dest] = Behaviour(
-                        max_body_bytes=b.max_body_bytes,
-                        reject_event_ids=b.reject_event_ids,
-                        reject_edu_types=b.reject_edu_types,
-                        reject_status=b.reject_status,
-                    )
-        elif any(p.get("event_id") in b.reject_event_ids for p in pdus) or any(
-            e.get("edu_type") in b.reject_edu_types for e in edus
-        ):
-            status = b.reject_status
+        status = self._status(dest, b, len(raw), pdus, edus)
         duplicate = status == 200 and txn_id in self.accepted_ids[dest]
         if status == 200:
             self.accepted_ids[dest].add(txn_id)
@@ -217,3 +200,31 @@ class FakeHomeserver:
         if status == 200:
             return web.json_response({"pdus": {str(p.get("event_id")): {} for p in pdus}})
         return web.json_response({"errcode": "M_UNKNOWN", "error": f"fake {status}"}, status=status)
+
+    def _status(
+        self,
+        dest: str,
+        b: Behaviour,
+        size: int,
+        pdus: list[dict[str, Any]],
+        edus: list[dict[str, Any]],
+    ) -> int:
+        """The status ``b`` answers (counting down ``times``, then normal service)."""
+        if b.max_body_bytes is not None and size > b.max_body_bytes:
+            return 413
+        if b.status != 200:
+            if b.times is not None:
+                b.times -= 1
+                if b.times <= 0:
+                    self.behaviours[dest] = Behaviour(
+                        max_body_bytes=b.max_body_bytes,
+                        reject_event_ids=b.reject_event_ids,
+                        reject_edu_types=b.reject_edu_types,
+                        reject_status=b.reject_status,
+                    )
+            return b.status
+        if any(p.get("event_id") in b.reject_event_ids for p in pdus) or any(
+            e.get("edu_type") in b.reject_edu_types for e in edus
+        ):
+            return b.reject_status
+        return 200
