@@ -32,6 +32,7 @@ from federation_sender.adapters import (
     queue_snapshot,
 )
 from federation_sender.admin.app import build_admin_app
+from federation_sender.admin.protocols import TokenVerifier
 from federation_sender.admin.server import RunningServer, start_http_server
 from federation_sender.builders import (
     Listener,
@@ -59,6 +60,7 @@ from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
 from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.supervisor import Supervisor
+from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
 from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.edus.wiring import bind_stream_tokens, synapse_edus
@@ -123,6 +125,8 @@ class Worker:
     stop_deadline_s: float = 10.0
     signals: ReplicationSignals | None = None
     """Beside Synapse: what we say on replication about the ``caches`` stream we write."""
+    admin_verifier: TokenVerifier | None = None
+    """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
 
     @property
     def admin_url(self) -> str | None:
@@ -226,6 +230,7 @@ class Worker:
             own_client=own_client,
             stop_deadline_s=settings.shutdown_deadline_s,
             signals=signals,
+            admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
         )
 
     async def start(self) -> None:
@@ -323,6 +328,7 @@ class Worker:
                 clock=self.clock,
                 ready=self.is_ready,
                 counters=self.metrics.dashboard_counters,
+                verifier=self.admin_verifier,
             )
         return build_listeners(self.settings, admin, self.registry, self.signing_key, self.clock)
 

@@ -12,6 +12,9 @@ Routes (all under ``/_synapse/admin/v1/federation`` need the bearer token):
   ``GET summary`` (counts for the dashboard), and a ``queue`` object with live queue
   state on every destination.
 
+``GET /_synapse/admin/v1/server_version`` answers ``{"server_version": ...}`` without a
+token, as Synapse does (synapse-admin asks it on its login page).
+
 Open routes: ``/health`` (the process answers), ``/ready`` (the readiness check passed
 in), ``/openapi.json`` (the API description, checked against the routes in a test)
 and ``/dashboard`` (a static page; it asks for the token and calls the API).
@@ -43,7 +46,7 @@ from federation_sender.admin.handlers import (
     ReadinessCheck,
 )
 from federation_sender.admin.middleware import error_middleware, make_auth_middleware
-from federation_sender.admin.protocols import QueueControl
+from federation_sender.admin.protocols import QueueControl, TokenVerifier
 from federation_sender.clock import Clock
 from federation_sender.storage.protocols import Backend
 
@@ -89,6 +92,22 @@ def dashboard_page() -> tuple[bytes, str]:
     return html.encode("utf-8"), csp
 
 
+def server_version() -> str:
+    """What ``/_synapse/admin/v1/server_version`` reports: our own name and version,
+    not Synapse's (we cannot know which Synapse release runs beside us, and a client
+    that shows it should not mistake this listener for Synapse)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"federation-sender {version('federation-sender')}"
+    except PackageNotFoundError:  # pragma: no cover - running from a bare checkout
+        return "federation-sender (not installed)"
+
+
+async def _server_version(request: web.Request) -> web.Response:
+    return web.json_response({"server_version": server_version()})
+
+
 async def _openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
@@ -111,11 +130,14 @@ def build_admin_app(
     clock: Clock,
     ready: ReadinessCheck | None = None,
     counters: CounterSource | None = None,
+    verifier: TokenVerifier | None = None,
 ) -> web.Application:
     """Build the admin application. ``token`` must be non-empty; ``ready`` returns
     (or resolves to) whether the worker is ready (``/ready`` answers 503 when not);
-    ``counters`` gives the running totals the dashboard charts (``summary.counters``)."""
-    app = web.Application(middlewares=[error_middleware, make_auth_middleware(token)])
+    ``counters`` gives the running totals the dashboard charts (``summary.counters``);
+    ``verifier`` checks bearer tokens other than ``token`` (none: only ``token``)."""
+    app = web.Application(
+        middlewares=[error_middleware, make_auth_middleware(token, verifier)])
     app[STORAGE] = storage
     app[QUEUES] = queues
     app[CLOCK] = clock
@@ -128,6 +150,7 @@ def build_admin_app(
     app.router.add_get(dest + "/transactions", handlers.destination_transactions)
     app.router.add_post(dest + "/reset_connection", handlers.reset_connection)
     app.router.add_get(API + "/summary", handlers.summary)
+    app.router.add_get("/_synapse/admin/v1/server_version", _server_version)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", handlers.ready)
     app.router.add_get("/openapi.json", _openapi)

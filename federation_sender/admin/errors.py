@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from aiohttp import web
 
@@ -22,24 +22,33 @@ class Codes(StrEnum):
     NOT_FOUND = "M_NOT_FOUND"
     MISSING_TOKEN = "M_MISSING_TOKEN"
     UNKNOWN_TOKEN = "M_UNKNOWN_TOKEN"
+    FORBIDDEN = "M_FORBIDDEN"
+    USER_LOCKED = "M_USER_LOCKED"
+    GUEST_ACCESS_FORBIDDEN = "M_GUEST_ACCESS_FORBIDDEN"
     UNRECOGNIZED = "M_UNRECOGNIZED"
     BAD_JSON = "M_BAD_JSON"
     UNKNOWN = "M_UNKNOWN"
 
 
 class AdminError(Exception):
-    def __init__(self, status: int, errcode: Codes, error: str) -> None:
+    """``extra`` adds fields to the body, as Synapse does (``soft_logout`` on a 401)."""
+
+    def __init__(self, status: int, errcode: Codes, error: str,
+                 extra: Mapping[str, Any] | None = None) -> None:
         super().__init__(error)
         self.status = status
         self.errcode = errcode
         self.error = error
+        self.extra = dict(extra or {})
 
     def response(self) -> web.Response:
-        return error_response(self.status, self.errcode, self.error)
+        return error_response(self.status, self.errcode, self.error, self.extra)
 
 
-def error_response(status: int, errcode: Codes, error: str) -> web.Response:
-    return web.json_response({"errcode": errcode.value, "error": error}, status=status)
+def error_response(status: int, errcode: Codes, error: str,
+                   extra: Mapping[str, Any] | None = None) -> web.Response:
+    return web.json_response({"errcode": errcode.value, "error": error, **(extra or {})},
+                             status=status)
 
 
 def parse_int(query: Mapping[str, str], name: str, default: int, *, minimum: int = 0,

@@ -2,8 +2,11 @@
 
 Auth: every path under ``/_synapse/admin/`` needs ``Authorization: Bearer <token>``,
 compared in constant time. The token is never read from the query string (URLs end
-up in access logs and browser history). Other paths (``/health``, ``/ready``,
-``/openapi.json``, ``/dashboard``) are open: they carry no destination data.
+up in access logs and browser history). A token that is not the static one goes to
+the :class:`TokenVerifier`, when there is one (beside Synapse: a server admin's access
+token); without one it is refused. Other paths (``/health``, ``/ready``,
+``/openapi.json``, ``/dashboard``) and ``/_synapse/admin/v1/server_version`` (open in
+Synapse too) are open: they carry no destination data.
 
 CORS: browser-based admin tools (synapse-admin and the like) call the API from
 another origin. Allowing any origin is safe here because credentials are a bearer
@@ -20,6 +23,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from federation_sender.admin.errors import AdminError, Codes, error_response
+from federation_sender.admin.protocols import TokenVerifier
 
 log = logging.getLogger(__name__)
 audit = logging.getLogger("federation_sender.admin.audit")
@@ -29,6 +33,7 @@ PRINCIPAL = web.RequestKey("admin_principal", str)
 """Who made the request, as the audit line names them (never the token itself)."""
 
 ADMIN_PREFIX = "/_synapse/admin/"
+OPEN_ADMIN_PATHS = frozenset({"/_synapse/admin/v1/server_version"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -43,13 +48,14 @@ def token_matches(presented: str, expected: str) -> bool:
     return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
 
 
-def make_auth_middleware(token: str) -> Middleware:
+def make_auth_middleware(token: str, verifier: TokenVerifier | None = None) -> Middleware:
     if not token:
         raise ValueError("the admin token must not be empty")
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "OPTIONS" or not request.path.startswith(ADMIN_PREFIX):
+        if (request.method == "OPTIONS" or not request.path.startswith(ADMIN_PREFIX)
+                or request.path in OPEN_ADMIN_PATHS):
             return await handler(request)
         header = request.headers.get("Authorization")
         if header is None:
@@ -57,9 +63,13 @@ def make_auth_middleware(token: str) -> Middleware:
         scheme, _, presented = header.partition(" ")
         if scheme.lower() != "bearer" or not presented:
             raise AdminError(401, Codes.MISSING_TOKEN, "Invalid Authorization header.")
-        if not token_matches(presented.strip(), token):
+        presented = presented.strip()
+        if token_matches(presented, token):
+            request[PRINCIPAL] = "admin token"
+        elif verifier is not None:
+            request[PRINCIPAL] = await verifier.verify(presented)
+        else:
             raise AdminError(401, Codes.UNKNOWN_TOKEN, "Unrecognised access token.")
-        request[PRINCIPAL] = "admin token"
         return await handler(request)
 
     return auth_middleware

@@ -1,5 +1,10 @@
 """What the admin API needs from the rest of the worker, as protocols.
 
+Besides its static token, the admin API may accept other credentials through a
+:class:`TokenVerifier` (beside Synapse: a Synapse server admin's access token, checked
+against Synapse's tables by :mod:`federation_sender.synapse.admin_auth`); the admin
+package never reads those tables itself.
+
 The admin app never reaches into the queue engine: it asks a :class:`QueueControl` for
 a JSON-ready snapshot of one destination's (or every loaded destination's) live queue
 state, and asks it to reset a destination's connection. The composition root passes
@@ -54,4 +59,15 @@ class QueueControl(Protocol):
 
         Returns ``False``, changing nothing, when the destination is not backing off.
         Must work for a destination that has no loaded queue but persisted backoff.
+        """
+
+
+class TokenVerifier(Protocol):
+    """Checks a bearer token that is not the static admin token."""
+
+    async def verify(self, token: str) -> str:
+        """Who ``token`` authenticates, as the audit line names them (never the token).
+
+        Raises :class:`federation_sender.admin.errors.AdminError` with the answer to
+        give when the token is refused (unknown, expired, not an administrator).
         """
