@@ -1,31 +1,16 @@
-"""Building signed PDUs (room versions 3-10 event format) for interop tests.
+"""Signed message PDUs (room version 10) for the interop tests.
 
-The sender never creates events -- the main process persists them already signed --
-so this lives with the tests: content hash, redaction for signing, and the
-reference-hash event id, per the server-server specification.
+The sender never creates events (the main process persists them already signed), so
+this lives with the tests; hashing, redaction and signing are
+:mod:`federation_sender.testing.signed_events`.
 """
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
-from canonicaljson import encode_canonical_json
-from unpaddedbase64 import encode_base64
-
+from federation_sender.testing.signed_events import hash_and_sign
 from federation_sender.transport.signing import SigningKey
-
-_KEPT_TOP_LEVEL = {
-    "event_id", "type", "room_id", "sender", "state_key", "content", "hashes",
-    "signatures", "depth", "prev_events", "auth_events", "origin_server_ts",
-}  # fmt: skip
-
-
-def _redact_message(event: dict[str, Any]) -> dict[str, Any]:
-    """Redaction algorithm for a non-state message event: content is emptied."""
-    redacted = {k: v for k, v in event.items() if k in _KEPT_TOP_LEVEL}
-    redacted["content"] = {}
-    return redacted
 
 
 def make_message_pdu(
@@ -38,7 +23,11 @@ def make_message_pdu(
     ts_ms: int,
     sign_with: SigningKey | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """``(event_id, pdu)``; ``sign_with`` forges the signature with another key."""
+    """``(event_id, pdu)``; ``sign_with`` forges the signature with another key of the
+    same key id."""
+    signer = sign_with or key
+    if signer.key_id != key.key_id:
+        raise ValueError("a forged signature must claim the same key id")
     event: dict[str, Any] = {
         "type": "m.room.message",
         "room_id": room_id,
@@ -49,11 +38,4 @@ def make_message_pdu(
         "auth_events": [],
         "origin_server_ts": ts_ms,
     }
-    content_hash = hashlib.sha256(encode_canonical_json(event)).digest()
-    event["hashes"] = {"sha256": encode_base64(content_hash)}
-    redacted = _redact_message(event)
-    signer = sign_with or key
-    signed = signer.sign_json(redacted, origin)
-    event["signatures"] = {origin: {key.key_id: signed["signatures"][origin][signer.key_id]}}
-    reference = hashlib.sha256(encode_canonical_json(redacted)).digest()
-    return "$" + encode_base64(reference, urlsafe=True), event
+    return hash_and_sign(event, signer, origin, "10")
