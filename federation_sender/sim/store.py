@@ -22,12 +22,10 @@ Rows written:
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import Table, delete, insert
+from sqlalchemy import delete, insert
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.clock import Clock, time_ms
@@ -35,18 +33,7 @@ from federation_sender.sim.model import Batch, DeviceListChange, SimEvent, ToDev
 from federation_sender.sim.publish import DEVICE_LISTS, EVENTS, TO_DEVICE, JsonRow, Publisher
 from federation_sender.storage import schema
 from federation_sender.storage.engine import run_in_transaction
-
-T = TypeVar("T")
-_CHUNK = 500
-
-
-def _chunks(items: Sequence[T], n: int = _CHUNK) -> Iterator[Sequence[T]]:
-    for i in range(0, len(items), n):
-        yield items[i : i + n]
-
-
-def _compact(obj: Any) -> str:
-    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False)
+from federation_sender.testing import main_writes as w
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,102 +137,62 @@ class SimStore:
         for p in out.events:
             if not p.event.outlier:
                 extremities[p.event.room_id] = p.event.extremities_after
-        await _insert(conn, schema.events, self._event_rows(out))
-        await _insert(conn, schema.room_memberships, _member_rows(out))
-        await self._replace_extremities(conn, extremities)
+        await w.insert_rows(conn, schema.events, self._event_rows(out))
+        await w.insert_rows(conn, schema.room_memberships, _member_rows(out))
+        await w.replace_extremities(conn, extremities)
         await self._partial_state(conn, batch)
         now_ms = time_ms(self.clock)
-        await _insert(conn, schema.device_federation_outbox, _outbox_rows(out, now_ms))
-        await _insert(conn, schema.device_lists_outbound_pokes, _poke_rows(out, now_ms))
+        await w.insert_rows(conn, schema.device_federation_outbox, _outbox_rows(out, now_ms))
+        await w.insert_rows(conn, schema.device_lists_outbound_pokes, _poke_rows(out, now_ms))
 
     def _event_rows(self, out: PersistedBatch) -> list[dict[str, Any]]:
         return [
-            {
-                "stream_ordering": p.stream_ordering,
-                "instance_name": self.instance_name,
-                "event_id": p.event.event_id,
-                "room_id": p.event.room_id,
-                "type": p.event.type,
-                "state_key": p.event.state_key,
-                "sender": p.event.sender,
-                "origin_server_ts": p.event.origin_server_ts,
-                "outlier": p.event.outlier,
-                "rejected": False,
-                "json": _compact(p.event.pdu),
-            }
+            w.event_row(
+                p.stream_ordering,
+                p.event.event_id,
+                p.event.pdu,
+                outlier=p.event.outlier,
+                instance_name=self.instance_name,
+            )
             for p in out.events
         ]
-
-    @staticmethod
-    async def _replace_extremities(
-        conn: AsyncConnection, extremities: dict[str, tuple[str, ...]]
-    ) -> None:
-        if not extremities:
-            return
-        fx = schema.event_forward_extremities
-        rooms = sorted(extremities)
-        for chunk in _chunks(rooms):
-            await conn.execute(delete(fx).where(fx.c.room_id.in_(chunk)))
-        rows: list[dict[str, Any]] = [
-            {"event_id": e, "room_id": r} for r in rooms for e in extremities[r]
-        ]
-        for rows_chunk in _chunks(rows):
-            await conn.execute(insert(fx), list(rows_chunk))
 
     @staticmethod
     async def _partial_state(conn: AsyncConnection, batch: Batch) -> None:
         ps = schema.partial_state_rooms
         if batch.partial_state_added:
             await conn.execute(insert(ps), [{"room_id": r} for r in batch.partial_state_added])
-        for chunk in _chunks(batch.partial_state_removed):
+        for chunk in w.chunks(batch.partial_state_removed):
             await conn.execute(delete(ps).where(ps.c.room_id.in_(chunk)))
-
-
-async def _insert(conn: AsyncConnection, table: Table, rows: Sequence[dict[str, Any]]) -> None:
-    for chunk in _chunks(rows):
-        await conn.execute(insert(table), list(chunk))
 
 
 def _member_rows(out: PersistedBatch) -> list[dict[str, Any]]:
     return [
-        {
-            "event_id": p.event.event_id,
-            "event_stream_ordering": p.stream_ordering,
-            "room_id": p.event.room_id,
-            "user_id": p.event.state_key,
-            "server_name": p.event.target_server,
-            "sender": p.event.sender,
-            "membership": p.event.membership,
-        }
+        w.membership_row(
+            p.event.event_id,
+            p.stream_ordering,
+            p.event.room_id,
+            p.event.state_key,
+            p.event.sender,
+            p.event.membership,
+        )
         for p in out.events
-        if p.event.membership is not None
+        if p.event.membership is not None and p.event.state_key is not None
     ]
 
 
 def _outbox_rows(out: PersistedBatch, now_ms: int) -> list[dict[str, Any]]:
     return [
-        {
-            "destination": p.message.destination,
-            "stream_id": p.stream_id,
-            "queued_ts": now_ms,
-            "messages_json": _compact(p.message.content),
-            "sent_ts": None,
-        }
+        w.outbox_row(p.message.destination, p.stream_id, now_ms, p.message.content)
         for p in out.to_device
     ]
 
 
 def _poke_rows(out: PersistedBatch, now_ms: int) -> list[dict[str, Any]]:
     return [
-        {
-            "destination": dest,
-            "stream_id": p.stream_id,
-            "user_id": p.change.user_id,
-            "device_id": p.change.device_id,
-            "ts": now_ms,
-            "content_json": _compact(p.change.content),
-            "sent": False,
-        }
+        w.poke_row(
+            dest, p.stream_id, p.change.user_id, p.change.device_id, now_ms, p.change.content
+        )
         for p in out.device_changes
         for dest in sorted(p.change.destinations)
     ]

@@ -1,12 +1,12 @@
 """Stands in for the main process in queue tests and benchmarks: writes events,
 memberships, forward extremities, partial-state flags and outbox rows the way the
-event writer would. Each new event becomes its room's only forward extremity unless
-told otherwise.
+event writer would, one call at a time, through the rows of ``main_writes.py`` (the
+simulator's store writes whole batches through the same rows). Each new event
+becomes its room's only forward extremity unless told otherwise.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.ids import server_of
 from federation_sender.storage import schema as s
+from federation_sender.testing import main_writes as w
 
 
 @dataclass(frozen=True)
@@ -46,9 +47,6 @@ class HomeserverWriter:
             ).scalar()
         self.stream_ordering = int(v or 0)
         return self
-
-    def _event_json(self, ev: dict[str, Any]) -> str:
-        return json.dumps(ev, separators=(",", ":"))
 
     def _rows(
         self,
@@ -82,18 +80,7 @@ class HomeserverWriter:
         }
         if state_key is not None:
             ev["state_key"] = state_key
-        row = {
-            "stream_ordering": so,
-            "event_id": event_id,
-            "room_id": room_id,
-            "type": etype,
-            "state_key": state_key,
-            "sender": sender,
-            "origin_server_ts": ev["origin_server_ts"],
-            "outlier": outlier,
-            "rejected": False,
-            "json": self._event_json(ev),
-        }
+        row = w.event_row(so, event_id, ev, outlier=outlier)
         return row, WrittenEvent(so, event_id, room_id)
 
     async def _write(
@@ -103,23 +90,14 @@ class HomeserverWriter:
         set_extremity: bool,
     ) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(insert(s.events), list(rows))
-            if memberships:
-                await conn.execute(insert(s.room_memberships), list(memberships))
+            await w.insert_rows(conn, s.events, rows)
+            await w.insert_rows(conn, s.room_memberships, memberships)
             if set_extremity:
-                last: dict[str, str] = {}
+                last: dict[str, list[str]] = {}
                 for r in rows:
                     if not r["outlier"]:
-                        last[r["room_id"]] = r["event_id"]
-                for room, eid in last.items():
-                    await conn.execute(
-                        delete(s.event_forward_extremities).where(
-                            s.event_forward_extremities.c.room_id == room
-                        )
-                    )
-                    await conn.execute(
-                        insert(s.event_forward_extremities).values(room_id=room, event_id=eid)
-                    )
+                        last[r["room_id"]] = [r["event_id"]]
+                await w.replace_extremities(conn, last)
 
     async def membership(
         self, room_id: str, user_id: str, membership: str, sender: str | None = None
@@ -128,15 +106,9 @@ class HomeserverWriter:
         row, ev = self._rows(
             room_id, sender, "m.room.member", {"membership": membership}, user_id, False, 0
         )
-        m = {
-            "event_id": ev.event_id,
-            "event_stream_ordering": ev.stream_ordering,
-            "room_id": room_id,
-            "user_id": user_id,
-            "server_name": server_of(user_id),
-            "sender": sender,
-            "membership": membership,
-        }
+        m = w.membership_row(
+            ev.event_id, ev.stream_ordering, room_id, user_id, sender, membership
+        )
         await self._write([row], [m], True)
         return ev
 
@@ -189,29 +161,13 @@ class HomeserverWriter:
             row, ev = self._rows(room_id, u, "m.room.member", {"membership": "join"}, u, False, 0)
             rows.append(row)
             ms.append(
-                {
-                    "event_id": ev.event_id,
-                    "event_stream_ordering": ev.stream_ordering,
-                    "room_id": room_id,
-                    "user_id": u,
-                    "server_name": server_of(u),
-                    "sender": u,
-                    "membership": "join",
-                }
+                w.membership_row(ev.event_id, ev.stream_ordering, room_id, u, u, "join")
             )
         await self._write(rows, ms, True)
 
     async def set_extremities(self, room_id: str, event_ids: Sequence[str]) -> None:
         async with self.engine.begin() as conn:
-            await conn.execute(
-                delete(s.event_forward_extremities).where(
-                    s.event_forward_extremities.c.room_id == room_id
-                )
-            )
-            for e in event_ids:
-                await conn.execute(
-                    insert(s.event_forward_extremities).values(room_id=room_id, event_id=e)
-                )
+            await w.replace_extremities(conn, {room_id: list(event_ids)})
 
     async def mark_partial_state(self, room_id: str) -> None:
         async with self.engine.begin() as conn:
@@ -228,28 +184,15 @@ class HomeserverWriter:
 
     async def to_device(self, destination: str, content: dict[str, Any]) -> int:
         self._outbox_stream += 1
+        row = w.outbox_row(destination, self._outbox_stream, 0, content)
         async with self.engine.begin() as conn:
-            await conn.execute(
-                insert(s.device_federation_outbox).values(
-                    destination=destination,
-                    stream_id=self._outbox_stream,
-                    queued_ts=0,
-                    messages_json=json.dumps(content),
-                )
-            )
+            await w.insert_rows(conn, s.device_federation_outbox, [row])
         return self._outbox_stream
 
     async def device_list(self, destination: str, user_id: str, device_id: str) -> int:
         self._outbox_stream += 1
+        content = {"deleted": False}
+        row = w.poke_row(destination, self._outbox_stream, user_id, device_id, 0, content)
         async with self.engine.begin() as conn:
-            await conn.execute(
-                insert(s.device_lists_outbound_pokes).values(
-                    destination=destination,
-                    stream_id=self._outbox_stream,
-                    user_id=user_id,
-                    device_id=device_id,
-                    ts=0,
-                    content_json=json.dumps({"deleted": False}),
-                )
-            )
+            await w.insert_rows(conn, s.device_lists_outbound_pokes, [row])
         return self._outbox_stream
