@@ -89,7 +89,8 @@ class Batch:
         return len(self.pdus) + len(self.edus)
 
     def __bool__(self) -> bool:
-        return self.item_count > 0 or self.probe
+        # Asked several times per transaction: no item count, just "any at all".
+        return bool(self.pdus) or bool(self.edus) or self.probe
 
     @property
     def max_stream_ordering(self) -> int | None:
