@@ -40,7 +40,8 @@ async def test_right_token_passes_and_scheme_is_case_insensitive(
     assert resp.status == 200
 
 
-@pytest.mark.parametrize("path", ["/health", "/ready", "/openapi.json", "/dashboard"])
+@pytest.mark.parametrize("path", ["/health", "/ready", "/openapi.json", "/dashboard",
+                                  "/_synapse/admin/v1/server_version"])
 async def test_open_routes(client: TestClient[Any, Any], path: str) -> None:
     assert (await client.get(path)).status == 200
 

@@ -81,6 +81,14 @@ def puppet(d: SynapseDeployment, by: User, target: User, **body: Any) -> str:
     return token
 
 
+def locked_admin(d: SynapseDeployment, by: User) -> User:
+    """A new server admin, locked with Synapse's admin API."""
+    user = d.client.register(f"sa_locked_{uuid.uuid4().hex[:8]}", admin=True)
+    path = f"/_synapse/admin/v2/users/{urllib.parse.quote(user.user_id)}"
+    d.client.call("PUT", path, {"locked": True}, by.access_token)
+    return user
+
+
 @pytest.fixture(scope="module")
 def ours(synapse_deployment: SynapseDeployment, users: Users,
          tmp_path_factory: pytest.TempPathFactory) -> Iterator[OurSender]:
@@ -156,6 +164,7 @@ def test_refusals_are_synapses(
         "admin as another admin": (puppet(d, users.admin, users.admin2), 200, None),
         "expired": (puppet(d, users.admin, users.admin2, valid_until_ms=1), 401,
                     "M_UNKNOWN_TOKEN"),
+        "locked admin": (locked_admin(d, users.admin).access_token, 401, "M_USER_LOCKED"),
     }
     path = f"{API}?dir=f&from=0&limit=10&order_by=destination"
     for name, (token, status, errcode) in cases.items():
