@@ -212,3 +212,38 @@ def test_property_any_text_parses_or_raises_protocol_error(text: str) -> None:
     # The assertion is that nothing but ProtocolError escapes.
     with contextlib.suppress(ProtocolError):
         c.parse_line(text)
+
+
+_json_values = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), st.text(max_size=8),
+        st.integers(min_value=-(2**80), max_value=2**80),
+        st.sampled_from([-(2**63) - 1, -(2**63), 2**64 - 1, 2**64, 10**18, -0]),
+        st.floats(allow_nan=False, allow_infinity=False),
+    ),
+    lambda children: st.one_of(st.lists(children, max_size=4),
+                               st.dictionaries(st.text(max_size=5), children, max_size=4)),
+    max_leaves=15,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(_json_values, st.sampled_from([(",", ":"), (", ", ": ")]), st.booleans())
+def test_decode_json_gives_the_standard_librarys_values_and_types(
+    value: object, separators: tuple[str, str], pad: bool
+) -> None:
+    import json
+
+    text = json.dumps(value, separators=separators, ensure_ascii=False)
+    if pad:
+        text = f" {text} "
+    expected = json.loads(text)
+    got = c.decode_json(text)
+    assert got == expected
+    assert repr(got) == repr(expected)  # same types: an int stays an exact int
+
+
+@pytest.mark.parametrize("text", ["NaN", "[1e999]", "[1] x", '{"a":-Infinity}', "[1,]"])
+def test_decode_json_stays_strict(text: str) -> None:
+    with pytest.raises(ProtocolError):
+        c.decode_json(text)
