@@ -281,9 +281,9 @@ class NullExporter:
         return True
 
 
-def production_observer() -> tuple[Any, Any]:
+def production_observer() -> tuple[Any, Any, Any]:
     """The worker's TelemetryObserver, metrics on and spans recorded (see the module),
-    and its tracer provider (to shut down)."""
+    its tracer provider (to shut down) and its metrics."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
@@ -292,7 +292,8 @@ def production_observer() -> tuple[Any, Any]:
 
     provider = TracerProvider()
     provider.add_span_processor(BatchSpanProcessor(NullExporter()))  # type: ignore[arg-type]
-    return TelemetryObserver(Metrics(new_registry()), provider, SystemClock()), provider
+    metrics = Metrics(new_registry())
+    return TelemetryObserver(metrics, provider, SystemClock()), provider, metrics
 
 
 class LoopbackOverrides(Mapping[str, str]):
@@ -423,7 +424,11 @@ def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> B
     )
     if kind == "production-no-telemetry":
         return BenchSender(kind, client, counter)
-    return BenchSender(kind, client, counter, *production_observer())
+    observer, provider, metrics = production_observer()
+    # As app.py wires them: the client's spans and HTTP counters in the same telemetry.
+    client.tracer = observer.tracing.tracer
+    client.request_counter = metrics
+    return BenchSender(kind, client, counter, observer, provider)
 
 
 def load_average() -> str:

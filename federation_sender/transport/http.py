@@ -32,8 +32,14 @@ _CHUNK = 64 * 1024
 async def read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> bytes:
     """The whole body, or :class:`ResponseTooLarge` once it exceeds ``max_bytes``."""
     length = response.content_length
-    if length is not None and length > max_bytes:
-        raise ResponseTooLarge(f"response of {length} bytes exceeds the {max_bytes} byte limit")
+    if length is not None:
+        if length > max_bytes:
+            raise ResponseTooLarge(
+                f"response of {length} bytes exceeds the {max_bytes} byte limit"
+            )
+        # A declared length within the limit: aiohttp reads exactly that much (or fails
+        # on a short body), in one call instead of a loop of chunks.
+        return await response.read()
     chunks: list[bytes] = []
     total = 0
     while True:

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from urllib.parse import quote
 
+from unpaddedbase64 import encode_base64
+
 from federation_sender.clock import Clock, time_ms
 from federation_sender.transport.encoding import (
     PduEncodings,
@@ -30,7 +32,7 @@ from federation_sender.transport.encoding import (
     transaction_body,
 )
 from federation_sender.transport.result import JsonDict, Outcome, Transaction
-from federation_sender.transport.signing import SigningKey, sign_request_bytes
+from federation_sender.transport.signing import SigningKey, XMatrixAuth, format_x_matrix
 
 SEND_PATH = "/_matrix/federation/v1/send/"
 DEFAULT_KEPT_BYTES = 32 * 1024 * 1024
@@ -71,6 +73,7 @@ class RequestBuilder:
         self._origin_json = canonical_json(origin)
         self._key = key
         self._key_id = key.key_id
+        self._dest_params: dict[str, str] = {}
         self._clock = clock
         self.pdus = PduEncodings(pdu_cache_entries)
         self._kept: dict[str, PreparedRequest] = {}
@@ -80,6 +83,17 @@ class RequestBuilder:
         """Bodies encoded (not reused)."""
         self.signatures = 0
         """Signatures computed (not reused)."""
+
+    def _header(self, destination: str, signature: bytes) -> str:
+        # sign_request_bytes' header with the constant parts formatted once.
+        dest = self._dest_params.get(destination)
+        if dest is None:
+            if len(self._dest_params) >= 10_000:
+                self._dest_params.clear()
+            dest = self._dest_params[destination] = format_x_matrix(
+                XMatrixAuth(self._origin, destination, self._key_id, "")
+            ).removesuffix(',sig=""')
+        return f'{dest},sig="{encode_base64(signature)}"'
 
     @property
     def kept(self) -> int:
@@ -103,10 +117,7 @@ class RequestBuilder:
             content=body, destination=txn.destination, method="PUT", origin=self._origin,
             uri=path,
         )
-        auth = sign_request_bytes(
-            key=self._key, origin=self._origin, destination=txn.destination, message=message,
-            key_id=self._key_id,
-        )
+        auth = self._header(txn.destination, self._key.raw.sign(message).signature)
         self.signatures += 1
         prepared = PreparedRequest(
             txn.txn_id, tuple(txn.pdus), tuple(txn.edus), path, body, auth
