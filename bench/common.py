@@ -281,7 +281,7 @@ class NullExporter:
         return True
 
 
-def production_observer() -> tuple[Any, Any, Any]:
+def production_observer(spans: bool = True) -> tuple[Any, Any, Any]:
     """The worker's TelemetryObserver, metrics on and spans recorded (see the module),
     its tracer provider (to shut down) and its metrics."""
     from opentelemetry.sdk.trace import TracerProvider
@@ -290,8 +290,10 @@ def production_observer() -> tuple[Any, Any, Any]:
     from federation_sender.telemetry.metrics import Metrics, new_registry
     from federation_sender.telemetry.queue_observer import TelemetryObserver
 
-    provider = TracerProvider()
-    provider.add_span_processor(BatchSpanProcessor(NullExporter()))  # type: ignore[arg-type]
+    provider: TracerProvider | None = None
+    if spans:
+        provider = TracerProvider()
+        provider.add_span_processor(BatchSpanProcessor(NullExporter()))  # type: ignore[arg-type]
     metrics = Metrics(new_registry())
     return TelemetryObserver(metrics, provider, SystemClock()), provider, metrics
 
@@ -358,8 +360,10 @@ class Deliveries:
 
 
 SENDERS = ("stand-in", "production")
-EXTRA_SENDERS = ("production-no-telemetry",)
-"""The production client without the telemetry observer: what telemetry costs."""
+EXTRA_SENDERS = ("production-default-telemetry", "production-no-telemetry")
+"""The production client with the default telemetry (metrics on, tracing off: the
+``tracing_exporter = "none"`` default), and without any observer: what spans and
+metrics cost."""
 
 
 @dataclass
@@ -424,7 +428,8 @@ def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> B
     )
     if kind == "production-no-telemetry":
         return BenchSender(kind, client, counter)
-    observer, provider, metrics = production_observer()
+    observer, provider, metrics = production_observer(
+        spans=kind != "production-default-telemetry")
     # As app.py wires them: the client's spans and HTTP counters in the same telemetry.
     client.tracer = observer.tracing.tracer
     client.request_counter = metrics
