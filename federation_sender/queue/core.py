@@ -13,18 +13,14 @@ Invariants:
 * ``last_successful_stream_ordering`` only advances to a position below every PDU
   still held in memory (pending, queued halves, quarantine), so a crash never skips a
   PDU that was not delivered: catch-up resumes from there.
-* In catch-up mode no PDU is held in memory (the intake recorded it in
-  ``destination_rooms``), and the position moves only when an episode ends; catch-up
-  mode and the episode in progress are a
-  :class:`~federation_sender.queue.episode.CatchupEpisode`.
+* In catch-up mode (:class:`~federation_sender.queue.episode.CatchupEpisode`) no PDU
+  is held in memory, and the position moves only when an episode ends.
 * Refusals are judged by :class:`~federation_sender.queue.isolation.ItemIsolation`
   (split, quarantine with spaced retries, probe, drop only with successes in between,
   or blame the destination).
-* A 429 pauses the queue briefly (:class:`~federation_sender.queue.backoff.RateLimit`):
-  an overloaded peer is not a failed one. A ``Retry-After`` longer than the first
-  failure interval is a normal failure with at least that interval.
-* Every real success reports ``succeeded``: the store resets the ``destinations`` row's
-  backoff even if another instance wrote it.
+* A 429 pauses the queue briefly (:class:`~federation_sender.queue.backoff.RateLimit`).
+  Every real success reports ``succeeded`` (the store resets the persisted backoff,
+  whoever wrote it).
 """
 
 from __future__ import annotations
@@ -122,10 +118,7 @@ class DestinationCore:
         return eff
 
     def add_pdu(self, item: PduItem) -> None:
-        if self.episode.active:
-            self.episode.skipped(item.stream_ordering)
-        else:
-            self.pending.add_pdu(item)
+        self.add_pdus((item,))
 
     def add_pdus(self, items: Sequence[PduItem]) -> None:
         """Like :meth:`add_pdu` for each item; ``items`` are in stream order."""

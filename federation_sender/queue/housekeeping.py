@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from federation_sender.clock import Clock, time_ms
+from federation_sender.config import QueueSettings
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.store import QueueStore
 
@@ -57,6 +58,14 @@ class Housekeeping:
         self.wakeup_interval_s = wakeup_interval_s
         self.wakeup_rate_per_s = wakeup_rate_per_s
         self.idle_ttl_s = idle_ttl_s
+
+    @classmethod
+    def from_settings(
+        cls, queues: Queues, store: QueueStore, clock: Clock, rng: random.Random,
+        q: QueueSettings,
+    ) -> Housekeeping:
+        return cls(queues, store, clock, rng, wakeup_interval_s=q.wakeup_interval_s,
+                   wakeup_rate_per_s=q.wakeup_rate_per_s, idle_ttl_s=q.idle_queue_ttl_s)
 
     async def wakeup_loop(self) -> None:
         interval = self.wakeup_interval_s

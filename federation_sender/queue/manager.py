@@ -107,15 +107,7 @@ class QueueManager:
         self.federation = FederationStream(
             self.store, instance_name, self.enqueue_edu, self.enqueue_presence
         )
-        self.housekeeping = Housekeeping(
-            self,
-            self.store,
-            clock,
-            rng,
-            wakeup_interval_s=settings.wakeup_interval_s,
-            wakeup_rate_per_s=settings.wakeup_rate_per_s,
-            idle_ttl_s=settings.idle_queue_ttl_s,
-        )
+        self.housekeeping = Housekeeping.from_settings(self, self.store, clock, rng, settings)
 
     # --- lifecycle -----------------------------------------------------------------------
 
