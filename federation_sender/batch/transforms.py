@@ -249,6 +249,61 @@ def _all_destinations(*frames: DataFrame) -> DataFrame:
     return out.distinct()
 
 
+def _attempts_in_order(txn_log: DataFrame) -> DataFrame:
+    """The log with ``ok``, successes so far, the next success's start, and the row
+    numbers that tell runs of catch-up transactions apart (gaps-and-islands)."""
+    ok = (F.col("status") == "success").cast("int")
+    log = txn_log.withColumn("ok", ok)
+    order = Window.partitionBy("destination").orderBy("started_ts", "id")
+    later = order.rowsBetween(1, Window.unboundedFollowing)
+    return (
+        log.withColumn("successes_so_far", F.sum("ok").over(
+            order.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
+        .withColumn("next_success_ts", F.min(F.when(F.col("ok") == 1, F.col("started_ts")))
+                    .over(later))
+        .withColumn("rn_all", F.row_number().over(order))
+        .withColumn("rn_flag", F.row_number().over(
+            Window.partitionBy("destination", "catchup").orderBy("started_ts", "id")))
+    )
+
+
+def _backoff_per_destination(log: DataFrame, horizon_ms: int) -> DataFrame:
+    return (
+        log.filter(F.col("ok") == 0)
+        .groupBy("destination", "successes_so_far")
+        .agg(
+            (F.coalesce(F.first("next_success_ts"), F.lit(horizon_ms))
+             - F.min("started_ts")).alias("ms")
+        )
+        .groupBy("destination")
+        .agg(F.sum("ms").alias("backoff_ms"))
+    )
+
+
+def _catchup_per_destination(log: DataFrame) -> DataFrame:
+    return (
+        log.filter(F.col("catchup"))
+        .groupBy("destination", (F.col("rn_all") - F.col("rn_flag")).alias("island"))
+        .agg(
+            (F.max(F.col("started_ts") + F.col("duration_ms")) - F.min("started_ts")).alias("ms"),
+            F.count(F.lit(1)).alias("n"),
+        )
+        .groupBy("destination")
+        .agg(F.sum("ms").alias("catchup_ms"), F.sum("n").alias("catchup_transactions"))
+    )
+
+
+def _traffic_per_destination(log: DataFrame) -> DataFrame:
+    return log.groupBy("destination").agg(
+        F.count(F.lit(1)).alias("transactions"),
+        F.sum("ok").alias("successes"),
+        F.sum(F.when(F.col("ok") == 1, F.col("pdu_count")).otherwise(0)).alias("pdus_sent"),
+        F.expr("percentile(duration_ms, array(0.5, 0.95, 0.99))").alias("pct"),
+        F.min("started_ts").alias("first_ts"),
+        F.max("started_ts").alias("last_ts"),
+    )
+
+
 def destination_health(
     txn_log: DataFrame,
     destinations: DataFrame,
@@ -268,47 +323,10 @@ def destination_health(
       ``last_successful_stream_ordering`` (0 when caught up), ``outstanding_rooms`` the
       rows catch-up still has to send.
     """
-    ok = (F.col("status") == "success").cast("int")
-    log = txn_log.withColumn("ok", ok)
-    order = Window.partitionBy("destination").orderBy("started_ts", "id")
-    later = order.rowsBetween(1, Window.unboundedFollowing)
-    log = (
-        log.withColumn("successes_so_far", F.sum("ok").over(
-            order.rowsBetween(Window.unboundedPreceding, Window.currentRow)))
-        .withColumn("next_success_ts", F.min(F.when(F.col("ok") == 1, F.col("started_ts")))
-                    .over(later))
-        .withColumn("rn_all", F.row_number().over(order))
-        .withColumn("rn_flag", F.row_number().over(
-            Window.partitionBy("destination", "catchup").orderBy("started_ts", "id")))
-    )
-    backoff = (
-        log.filter(F.col("ok") == 0)
-        .groupBy("destination", "successes_so_far")
-        .agg(
-            (F.coalesce(F.first("next_success_ts"), F.lit(horizon_ms))
-             - F.min("started_ts")).alias("ms")
-        )
-        .groupBy("destination")
-        .agg(F.sum("ms").alias("backoff_ms"))
-    )
-    catchup = (
-        log.filter(F.col("catchup"))
-        .groupBy("destination", (F.col("rn_all") - F.col("rn_flag")).alias("island"))
-        .agg(
-            (F.max(F.col("started_ts") + F.col("duration_ms")) - F.min("started_ts")).alias("ms"),
-            F.count(F.lit(1)).alias("n"),
-        )
-        .groupBy("destination")
-        .agg(F.sum("ms").alias("catchup_ms"), F.sum("n").alias("catchup_transactions"))
-    )
-    traffic = log.groupBy("destination").agg(
-        F.count(F.lit(1)).alias("transactions"),
-        F.sum("ok").alias("successes"),
-        F.sum(F.when(F.col("ok") == 1, F.col("pdu_count")).otherwise(0)).alias("pdus_sent"),
-        F.expr("percentile(duration_ms, array(0.5, 0.95, 0.99))").alias("pct"),
-        F.min("started_ts").alias("first_ts"),
-        F.max("started_ts").alias("last_ts"),
-    )
+    log = _attempts_in_order(txn_log)
+    backoff = _backoff_per_destination(log, horizon_ms)
+    catchup = _catchup_per_destination(log)
+    traffic = _traffic_per_destination(log)
     rooms = destination_rooms.groupBy("destination").agg(
         F.max("stream_ordering").alias("max_stream_ordering")
     )
