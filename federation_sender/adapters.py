@@ -196,6 +196,11 @@ class StorageRoomHosts:
 
         return await self._storage.run(fn)
 
+    async def receipt_hosts(self, room_id: str) -> frozenset[str]:
+        """The current hosts (a partial-state room's servers at join are the Synapse
+        backend's: :class:`federation_sender.synapse.edus.rooms.SynapseRooms`)."""
+        return await self.current_hosts(room_id)
+
     async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
         async def fn(tx: Tx) -> tuple[str, int] | None:
             return await tx.events.sender_and_received_ts(room_id, event_id)

@@ -52,6 +52,11 @@ class RoomHosts(Protocol):
     async def current_hosts(self, room_id: str) -> Collection[str]:
         """Servers with a joined member in the room now (our own included or not)."""
 
+    async def receipt_hosts(self, room_id: str) -> Collection[str]:
+        """Where a receipt goes: the current hosts, and in a partial-state room also
+        the servers in it at our join (Synapse's
+        ``get_current_hosts_in_room_or_partial_state_approximation``)."""
+
     async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
         """Sender and reception time of an event; None if unknown."""
 

@@ -119,7 +119,7 @@ class ReceiptFanout:
 
     async def _send(self, row: ReceiptsRow) -> None:
         me = self._server_name
-        domains = [d for d in await self._hosts.current_hosts(row.room_id) if d != me]
+        domains = [d for d in await self._hosts.receipt_hosts(row.room_id) if d != me]
         if not domains:
             return
         delayed: list[str] = []

@@ -62,6 +62,9 @@ class Rooms:
         self.hosts, self.meta = hosts, meta
 
     async def current_hosts(self, room_id: str) -> Collection[str]:
+        raise AssertionError("receipts go to the receipt hosts")
+
+    async def receipt_hosts(self, room_id: str) -> Collection[str]:
         return self.hosts
 
     async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:

@@ -1,5 +1,6 @@
-"""Presence states, rooms and hosts read from a real Synapse 1.163's tables match what
-main publishes on the presence stream."""
+"""Presence states, rooms, hosts and event metadata read from a real Synapse 1.163's
+tables: what main publishes on the presence stream, and the receipt hosts of a
+partial-state room."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.replication.rows import PresenceRow, parse_row
 from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.edus.rooms import SynapsePresenceSource
+from federation_sender.synapse.edus.rooms import SynapseRooms
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 
@@ -55,7 +56,7 @@ async def test_presence_source_reads_what_main_published(
                      what="alice's presence")
         token, live = [(t, r) for t, r in presence_rows(tap.lines, alice.user_id)
                        if r.state.status_msg == "lunch"][-1]
-    source = SynapsePresenceSource(engine)
+    source = SynapseRooms(engine)
     stored = await source.states_for_users([alice.user_id, "@nobody:nowhere"])
     assert stored == {alice.user_id: live.state}
     assert live.state in await source.startup_states()
@@ -65,3 +66,27 @@ async def test_presence_source_reads_what_main_published(
     fetcher = stream_fetchers(engine, synapse=True)["presence"]
     rows, upto, limited = await fetcher.fetch("master", token - 1, token, 100)
     assert (rows, upto, limited) == ([(token, live)], token, False)
+
+
+async def test_receipt_hosts_and_event_metadata(
+    synapse_deployment: SynapseDeployment, engine: AsyncEngine
+) -> None:
+    d = synapse_deployment
+    alice = d.client.register(f"pr_alice{next(_names)}")
+    room = d.client.create_room(alice)
+    event_id = d.client.send_message(alice, room, "hello")
+    rooms = SynapseRooms(engine)
+    meta = await rooms.event_meta(room, event_id)
+    assert meta is not None and meta.sender == alice.user_id
+    received = int(d.sql(f"SELECT received_ts FROM events WHERE event_id = '{event_id}'"))
+    assert meta.received_ts == received and await rooms.event_meta(room, "$nope") is None
+    assert await rooms.receipt_hosts(room) == {d.server_name}
+    # While a room is partially joined, receipts also go to the servers at our join.
+    d.sql(f"INSERT INTO partial_state_rooms (room_id) VALUES ('{room}')")
+    d.sql(f"INSERT INTO partial_state_rooms_servers VALUES ('{room}', 'far.test')")
+    try:
+        assert await rooms.receipt_hosts(room) == {d.server_name, "far.test"}
+        assert await rooms.current_hosts(room) == {d.server_name}
+    finally:
+        d.sql(f"DELETE FROM partial_state_rooms_servers WHERE room_id = '{room}'")
+        d.sql(f"DELETE FROM partial_state_rooms WHERE room_id = '{room}'")
