@@ -155,18 +155,7 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     engine = create_engine(settings.database.url)
     await upgrade(engine)
     key = load_or_create_signing_key(settings.federation.signing_key_path)
-    rate = max(1.0, args.events / max(1.0, args.duration))
-    scenario = Scenario(
-        server_name=SERVER_NAME,
-        remote_servers=args.destinations,
-        rooms=args.rooms,
-        partial_state_rooms=max(1, args.rooms // 6),
-        servers_per_room=min(8, args.destinations),
-        steps=args.events,
-        rate_per_s=rate,
-        batch_size=10,
-        seed=1,
-    )
+    scenario = _scenario(args)
     names = scenario.remote_server_names
     outage_end = max(10.0, args.duration * 0.6)
     faults = varied_profiles(
@@ -180,7 +169,6 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
         f"worker log in {data / 'worker.log'}",
         file=out,
     )
-    report: DeliveryReport | None = None
     async with (
         RemoteFleet(names, lookup_key=lookup, clock=clock, faults=faults,
                     port_base=port_base + REMOTES_PORT_OFFSET if port_base else 0) as fleet,
@@ -202,48 +190,86 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
         print(f"dashboard: {worker.admin_url}/dashboard (admin token in "
               f"{Path(settings.data_dir) / 'admin.token'})", file=out)
         start = clock.monotonic_s()
-        gen = asyncio.create_task(driver.run(), name="simulator")
-        deadline = start + args.duration + 45.0
-        last_print = -10.0
         try:
-            while True:
-                now = clock.monotonic_s()
-                statuses = {s.destination: s for s in worker.manager.statuses()}
-                if live:
-                    out.write(
-                        "\x1b[H\x1b[2J"
-                        + render(
-                            now - start, driver, fleet, statuses, driver.oracle, worker.admin_url
-                        )
-                        + "\n"
-                    )
-                    out.flush()
-                elif now - last_print >= 5.0:
-                    got, want = delivered_counts(driver.oracle, fleet.records())
-                    busy = sum(1 for s in statuses.values() if s.state.value != "idle")
-                    print(
-                        f"t={now - start:5.1f}s {driver.progress.describe()} | delivered "
-                        f"{got}/{want} | active queues {busy}",
-                        file=out,
-                    )
-                    last_print = now
-                if gen.done():
-                    gen.result()
-                    report = check_delivery(driver.oracle, fleet.records())
-                    if report.ok or now > deadline:
-                        break
-                await clock.sleep(1.0)
+            report = await _watch(worker, driver, fleet, clock, args, live, out)
         finally:
-            if not gen.done():
-                gen.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await gen
             await worker.stop(deadline_s=5.0)
         elapsed = clock.monotonic_s() - start
         records = fleet.records()
     await engine.dispose()
     log_file.close()
-    assert report is not None
+    _print_totals(report, driver, records, elapsed, out)
+    return 0 if report.ok else 1
+
+
+def _scenario(args: argparse.Namespace) -> Scenario:
+    return Scenario(
+        server_name=SERVER_NAME,
+        remote_servers=args.destinations,
+        rooms=args.rooms,
+        partial_state_rooms=max(1, args.rooms // 6),
+        servers_per_room=min(8, args.destinations),
+        steps=args.events,
+        rate_per_s=max(1.0, args.events / max(1.0, args.duration)),
+        batch_size=10,
+        seed=1,
+    )
+
+
+async def _watch(
+    worker: Worker,
+    driver: Driver,
+    fleet: RemoteFleet,
+    clock: Clock,
+    args: argparse.Namespace,
+    live: bool,
+    out: IO[str],
+) -> DeliveryReport:
+    """Run the simulator and show progress until everything expected was delivered (or
+    45 s after the simulator finished); the delivery report."""
+    start = clock.monotonic_s()
+    gen = asyncio.create_task(driver.run(), name="simulator")
+    deadline = start + args.duration + 45.0
+    last_print = -10.0
+    try:
+        while True:
+            now = clock.monotonic_s()
+            statuses = {s.destination: s for s in worker.manager.statuses()}
+            if live:
+                screen = render(
+                    now - start, driver, fleet, statuses, driver.oracle, worker.admin_url
+                )
+                out.write("\x1b[H\x1b[2J" + screen + "\n")
+                out.flush()
+            elif now - last_print >= 5.0:
+                got, want = delivered_counts(driver.oracle, fleet.records())
+                busy = sum(1 for s in statuses.values() if s.state.value != "idle")
+                print(
+                    f"t={now - start:5.1f}s {driver.progress.describe()} | delivered "
+                    f"{got}/{want} | active queues {busy}",
+                    file=out,
+                )
+                last_print = now
+            if gen.done():
+                gen.result()
+                report = check_delivery(driver.oracle, fleet.records())
+                if report.ok or now > deadline:
+                    return report
+            await clock.sleep(1.0)
+    finally:
+        if not gen.done():
+            gen.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await gen
+
+
+def _print_totals(
+    report: DeliveryReport,
+    driver: Driver,
+    records: dict[str, RemoteRecord],
+    elapsed: float,
+    out: IO[str],
+) -> None:
     txns = sum(len(r.txns) for r in records.values())
     got, want = delivered_counts(driver.oracle, records)
     print("", file=out)
@@ -254,7 +280,6 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
         f"by {len(records)} remotes, in {elapsed:.1f}s",
         file=out,
     )
-    return 0 if report.ok else 1
 
 
 def run_demo(settings: Settings, args: argparse.Namespace) -> int:
