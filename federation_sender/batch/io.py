@@ -52,7 +52,7 @@ TABLE_COLUMNS: Mapping[str, tuple[str, ...]] = {
     "destinations": ("destination", "last_successful_stream_ordering"),
     "federation_transaction_log": (
         "id", "destination", "status", "http_status", "started_ts", "duration_ms", "catchup",
-        "pdu_count", "max_stream_ordering", "pdu_event_ids",
+        "pdu_count", "max_stream_ordering", "pdu_event_ids", "error",
     ),
     "partial_state_rooms": ("room_id",),
 }
@@ -230,7 +230,7 @@ class SnapshotSource:
         return self._hwm
 
     def table(self, name: str) -> DataFrame:
-        return self._spark.read.parquet(f"{self._path}/{name}").select(*TABLE_COLUMNS[name])
+        return _present(self._spark.read.parquet(f"{self._path}/{name}"), name)
 
 
 class DataFrameSource:
@@ -245,7 +245,16 @@ class DataFrameSource:
         return self._hwm
 
     def table(self, name: str) -> DataFrame:
-        return self._tables[name].select(*TABLE_COLUMNS[name])
+        return _present(self._tables[name], name)
+
+
+OPTIONAL_COLUMNS = frozenset({"error"})
+"""Read when present: snapshots written before they were read, and hand-made frames."""
+
+
+def _present(df: DataFrame, name: str) -> DataFrame:
+    return df.select(*[c for c in TABLE_COLUMNS[name]
+                       if c not in OPTIONAL_COLUMNS or c in df.columns])
 
 
 def _read_text(spark: SparkSession, path: str) -> str:

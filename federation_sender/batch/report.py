@@ -1,5 +1,11 @@
 """The health report as one self-contained HTML file: a table per destination and
-matplotlib charts embedded as base64 PNGs, so an operator can open or mail one file."""
+matplotlib charts embedded as base64 PNGs, so an operator can open or mail one file.
+
+Made to be read: the table lists the worst destinations first (lowest success rate,
+then most lag, then most failures) with their last error; latency is drawn on a log
+scale (a 30 s timeout beside 20 ms answers); the lag chart is left out when nothing
+lags; the timeline's buckets fit the run (seconds for a demo, hours for a month); every
+figure is rounded to what it means."""
 
 from __future__ import annotations
 
@@ -27,7 +33,33 @@ _COLUMNS = [
     ("catchup_ms", "Catching up"),
     ("lag_stream_positions", "Lag"),
     ("outstanding_rooms", "Rooms behind"),
+    ("last_error", "Last error"),
 ]
+
+_ROUNDING = {"success_rate": 4, "latency_p50_ms": 1, "latency_p95_ms": 1,
+             "latency_p99_ms": 1}
+
+
+def worst_first(health: Any) -> Any:
+    """Lowest success rate first (destinations without traffic last), then most lag,
+    then most failures; ties by name."""
+    return health.sort_values(
+        ["success_rate", "lag_stream_positions", "failures", "destination"],
+        ascending=[True, False, False, True], na_position="last", kind="mergesort")
+
+
+def rounded(health: Any) -> Any:
+    """Figures rounded to what they mean (a rate to 0.01 %, latencies to 0.1 ms)."""
+    return health.round({k: v for k, v in _ROUNDING.items() if k in health.columns})
+
+
+def _bucket_label(bucket_ms: int) -> str:
+    s = bucket_ms // 1000
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if s % size == 0 and s >= size:
+            n = s // size
+            return unit if n == 1 else f"{n} {unit}s"
+    return "second" if s == 1 else f"{s} seconds"
 
 
 def _png(fig: Any) -> str:
@@ -37,8 +69,11 @@ def _png(fig: Any) -> str:
     return base64.b64encode(buf.getvalue()).decode("ascii")
 
 
-def _barh(labels: list[str], series: dict[str, list[float]], title: str, xlabel: str) -> str:
+def _barh(labels: list[str], series: dict[str, list[float]], title: str, xlabel: str,
+          *, log: bool = False) -> str:
     fig, ax = plt.subplots(figsize=(9, max(2.5, 0.3 * len(labels) + 1)))
+    if log:
+        ax.set_xscale("log")
     height = 0.8 / max(1, len(series))
     for i, (name, values) in enumerate(series.items()):
         ax.barh([y + i * height for y in range(len(labels))], values, height=height, label=name)
@@ -51,19 +86,22 @@ def _barh(labels: list[str], series: dict[str, list[float]], title: str, xlabel:
     return _png(fig)
 
 
-def _timeline(hourly: Any) -> str:
+def _timeline(timeline: Any, bucket_ms: int) -> str:
     fig, ax = plt.subplots(figsize=(9, 3))
-    if len(hourly):
-        pivot = hourly.pivot_table(index="hour_ts", columns="status", values="transactions",
-                                   aggfunc="sum", fill_value=0).sort_index()
-        hours: Any = [datetime.fromtimestamp(ms / 1000, UTC) for ms in pivot.index]
-        bottom = [0.0] * len(hours)
+    if len(timeline):
+        pivot = timeline.pivot_table(index="bucket_ts", columns="status",
+                                     values="transactions", aggfunc="sum",
+                                     fill_value=0).sort_index()
+        starts: Any = [datetime.fromtimestamp(ms / 1000, UTC) for ms in pivot.index]
+        bottom = [0.0] * len(starts)
         for status in pivot.columns:
             vals = [float(v) for v in pivot[status]]
-            ax.bar(hours, vals, bottom=bottom, width=1 / 24, label=str(status))
+            # Bars as wide as their bucket (matplotlib dates are in days), left-aligned.
+            ax.bar(starts, vals, bottom=bottom, width=0.9 * bucket_ms / 86_400_000,
+                   align="edge", label=str(status))
             bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
         ax.legend()
-    ax.set_title("Transactions per hour by outcome (UTC)")
+    ax.set_title(f"Transactions per {_bucket_label(bucket_ms)} by outcome (UTC)")
     fig.autofmt_xdate()
     return _png(fig)
 
@@ -75,6 +113,8 @@ def _cell(key: str, v: Any) -> str:
         return f"{100 * float(v):.1f}%"
     if key in ("backoff_ms", "catchup_ms"):
         return f"{float(v) / 1000:,.0f} s"
+    if key == "last_error":
+        return f'<span class="err">{html.escape(str(v))}</span>'
     if isinstance(v, float):
         return f"{v:,.1f}"
     if isinstance(v, int):
@@ -82,10 +122,11 @@ def _cell(key: str, v: Any) -> str:
     return html.escape(str(v))
 
 
-def render_html(health: Any, hourly: Any, generated_at_ms: int) -> str:
-    """``health`` and ``hourly`` are pandas frames of
+def render_html(health: Any, timeline: Any, generated_at_ms: int, *,
+                bucket_ms: int = 3_600_000) -> str:
+    """``health`` and ``timeline`` are pandas frames of
     :func:`~federation_sender.batch.transforms.destination_health` and
-    :func:`~federation_sender.batch.transforms.hourly_outcomes`."""
+    :func:`~federation_sender.batch.transforms.timeline_outcomes` (``bucket_ms``)."""
     busiest = health.sort_values("transactions", ascending=False).head(TOP_N)
     labels = [str(d) for d in busiest["destination"]]
     charts: list[tuple[str, str]] = []
@@ -97,21 +138,27 @@ def render_html(health: Any, hourly: Any, generated_at_ms: int) -> str:
             f"Transactions (busiest {len(labels)})", "transactions")))
         charts.append(("Latency", _barh(
             labels,
-            {p: [float(x) if x == x and x is not None else 0.0 for x in busiest[f"latency_{p}_ms"]]
+            {p: [float(x) if x == x and x is not None else float("nan")
+                 for x in busiest[f"latency_{p}_ms"]]
              for p in ("p50", "p95", "p99")},
-            "Latency percentiles", "ms")))
-        laggiest = health.sort_values("lag_stream_positions", ascending=False).head(TOP_N)
-        charts.append(("Lag", _barh(
-            [str(d) for d in laggiest["destination"]],
-            {"lag": [float(x) for x in laggiest["lag_stream_positions"]]},
-            "Lag behind the events stream", "stream positions")))
-    charts.append(("Timeline", _timeline(hourly)))
+            "Latency percentiles (log scale)", "ms", log=True)))
+        laggiest = health[health["lag_stream_positions"] > 0].sort_values(
+            "lag_stream_positions", ascending=False).head(TOP_N)
+        if len(laggiest):
+            charts.append(("Lag", _barh(
+                [str(d) for d in laggiest["destination"]],
+                {"lag": [float(x) for x in laggiest["lag_stream_positions"]]},
+                "Lag behind the events stream", "stream positions")))
+    charts.append((f"Timeline, per {_bucket_label(bucket_ms)}", _timeline(timeline, bucket_ms)))
 
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in _COLUMNS)
     body = "\n".join(
         "<tr>" + "".join(f"<td>{_cell(k, row[k])}</td>" for k, _ in _COLUMNS) + "</tr>"
-        for row in health.sort_values("destination").to_dict("records")
+        for row in rounded(worst_first(health)).to_dict("records")
     )
+    lagging = int((health["lag_stream_positions"] > 0).sum()) if len(health) else 0
+    lag_note = ("" if lagging else
+                "<p>No destination is behind the events stream: no lag chart.</p>")
     total = int(health["transactions"].sum()) if len(health) else 0
     ok = int(health["successes"].sum()) if len(health) else 0
     when = datetime.fromtimestamp(generated_at_ms / 1000, UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -125,11 +172,13 @@ def render_html(health: Any, hourly: Any, generated_at_ms: int) -> str:
 <html><head><meta charset="utf-8"><title>Federation health report</title>
 <style>body{{font-family:sans-serif;margin:2em}}table{{border-collapse:collapse}}
 td,th{{border:1px solid #ccc;padding:2px 6px;text-align:right}}
-td:first-child{{text-align:left}}</style></head><body>
+td:first-child,td:last-child{{text-align:left}} img{{max-width:100%}}
+.err{{color:#b3261e}}</style></head><body>
 <h1>Federation health report</h1>
 <p>Generated {when}. {len(health)} destinations, {total:,} transactions, {rate} succeeded.</p>
+{lag_note}
 {imgs}
-<h2>Per destination</h2>
+<h2>Per destination, worst first</h2>
 <table><thead><tr>{head}</tr></thead><tbody>
 {body}
 </tbody></table></body></html>

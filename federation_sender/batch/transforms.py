@@ -330,6 +330,16 @@ def destination_health(
     rooms = destination_rooms.groupBy("destination").agg(
         F.max("stream_ordering").alias("max_stream_ordering")
     )
+    # The error text when logged, else the outcome and HTTP status ("transient 502").
+    what = F.concat_ws(" ", F.col("status"), F.col("http_status").cast("string"))
+    if "error" in log.columns:
+        what = F.coalesce(F.col("error"), what)
+    failures = (
+        log.filter(F.col("ok") == 0)
+        .groupBy("destination")
+        .agg(F.max_by(what, F.struct("started_ts", "id")).alias("last_error"),
+             F.max("started_ts").alias("last_error_ts"))
+    )
     pos = destinations.select("destination", "last_successful_stream_ordering")
     outstanding = (
         destination_rooms.join(pos, "destination", "left")
@@ -351,6 +361,7 @@ def destination_health(
         .join(rooms, "destination", "left")
         .join(pos, "destination", "left")
         .join(outstanding, "destination", "left")
+        .join(failures, "destination", "left")
         .select(
             "destination",
             F.coalesce("transactions", F.lit(0)).cast("long").alias("transactions"),
@@ -372,17 +383,41 @@ def destination_health(
             F.coalesce("outstanding_rooms", F.lit(0)).cast("long").alias("outstanding_rooms"),
             "first_ts",
             "last_ts",
+            "last_error",
+            "last_error_ts",
         )
     )
 
 
 def hourly_outcomes(txn_log: DataFrame) -> DataFrame:
-    """Transactions per hour and status across all destinations, for the timeline chart.
-    Columns: ``hour_ts`` (ms, start of the hour), ``status``, ``transactions``."""
-    hour_ms = 3_600_000
+    """Transactions per hour and status across all destinations. Columns: ``hour_ts``
+    (ms, start of the hour), ``status``, ``transactions``."""
+    return timeline_outcomes(txn_log, 3_600_000).withColumnRenamed("bucket_ts", "hour_ts")
+
+
+TIMELINE_BUCKETS_MS = tuple(s * 1000 for s in (
+    1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200,
+    86400, 7 * 86400))
+TIMELINE_MAX_BUCKETS = 60
+
+
+def timeline_bucket_ms(span_ms: int) -> int:
+    """The smallest round bucket that cuts ``span_ms`` into at most
+    :data:`TIMELINE_MAX_BUCKETS` bars: seconds for a demo, hours for a month."""
+    for bucket in TIMELINE_BUCKETS_MS:
+        if span_ms / bucket <= TIMELINE_MAX_BUCKETS:
+            return bucket
+    return TIMELINE_BUCKETS_MS[-1]
+
+
+def timeline_outcomes(txn_log: DataFrame, bucket_ms: int) -> DataFrame:
+    """Transactions per bucket and status across all destinations, for the timeline
+    chart. Columns: ``bucket_ts`` (ms, start of the bucket), ``status``,
+    ``transactions``."""
     return (
         txn_log.groupBy(
-            (F.floor(F.col("started_ts") / hour_ms) * hour_ms).cast("long").alias("hour_ts"),
+            (F.floor(F.col("started_ts") / bucket_ms) * bucket_ms).cast("long")
+            .alias("bucket_ts"),
             "status",
         )
         .agg(F.count(F.lit(1)).alias("transactions"))

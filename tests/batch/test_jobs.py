@@ -189,7 +189,7 @@ def test_health_report(spark: Any, batch_db: str, tmp_path: Path) -> None:
 
 
 def test_usage_errors(spark: Any) -> None:
-    assert run(spark, "sqlite:///x.db", "audit")[0] == 2          # batch jobs need PostgreSQL
+    assert run(spark, "sqlite:///x.db", "audit")[0] == 2          # no such database file
     assert run(spark, "postgresql://u@h/db", "snapshot")[0] == 2  # snapshot needs --output
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import itertools
 import json
 import sqlite3
 import subprocess
@@ -81,3 +82,54 @@ def test_audit_and_backfill_on_sqlite(spark: Any, demo_dir: Path,
     assert status == 0, applied
     status, again = batch(spark, "backfill-destination-rooms", "--dry-run")
     assert sum(again["summary"][p] for p in ("missing", "behind", "ahead", "stale")) == 0
+
+
+def test_the_health_report_read_as_a_picture(spark: Any, demo_dir: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's report in headless Chromium: every chart drawn, no empty lag chart (the
+    demo ends caught up), a timeline in seconds for a run of seconds, the worst
+    destination first with its error, rounded figures."""
+    import os
+
+    import pandas as pd
+    from PIL import Image
+
+    from federation_sender.testing.browser import headless_chromium
+
+    monkeypatch.chdir(demo_dir)
+    report = demo_dir / "report"
+    if not (report / "health.html").exists():
+        assert batch(spark, "health-report", "--output", "report")[0] == 0
+    health = pd.read_csv(report / "health.csv")
+    shots = (Path(__file__).resolve().parents[2] / "docs" / "images"
+             if os.environ.get("FEDERATION_SENDER_DOC_IMAGES") else demo_dir)
+    png = shots / "health-report.png"
+    with headless_chromium(1200, 2400) as d:
+        d.get((report / "health.html").as_uri())
+        drawn = d.execute_script(
+            "return [...document.images].map(i => [i.alt, i.complete && i.naturalWidth > 0])")
+        text = d.find_element("tag name", "body").text
+        first_row = d.execute_script(
+            "return [...document.querySelectorAll('tbody tr:first-child td')]"
+            ".map(td => td.innerText)")
+        d.save_screenshot(str(png))
+    # A demo runs for seconds: buckets of seconds, not one bar for the hour.
+    timeline = pd.read_csv(report / "timeline.csv")
+    starts = sorted(set(timeline["bucket_ts"]))
+    step_ms = min((b - a for a, b in itertools.pairwise(starts)), default=0)
+    assert len(starts) > 1 and step_ms <= 5_000
+    label = "second" if step_ms == 1000 else f"{step_ms // 1000} seconds"
+    assert drawn == [["Transactions", True], ["Latency", True],
+                     [f"Timeline, per {label}", True]]
+    assert "No destination is behind the events stream" in text
+    worst = health.sort_values("success_rate").iloc[0]
+    assert first_row[0] == worst["destination"]
+    if worst["success_rate"] < 1:
+        assert first_row[-1] not in ("", "-")   # its last error
+    # Rounded: a percentage with one decimal, latencies with at most one.
+    assert first_row[2].endswith("%") and len(first_row[2].split(".")[-1]) == 2
+    assert all(len(c.split(".")[-1]) <= 1 for c in first_row[3:6] if "." in c)
+    # Looked at as a picture: a page with content, not a blank or broken render.
+    with Image.open(png) as im:
+        colours = len(im.convert("RGB").resize((200, 400)).getcolors(maxcolors=100_000) or [])
+    assert colours > 50
