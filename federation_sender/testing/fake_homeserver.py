@@ -36,6 +36,8 @@ class Behaviour:
     """Answer 413 to bodies larger than this."""
     reject_event_ids: set[str] = field(default_factory=set)
     reject_edu_types: set[str] = field(default_factory=set)
+    reject_message_ids: set[str] = field(default_factory=set)
+    """Refuse a transaction holding a to-device EDU with one of these ``message_id``s."""
     reject_status: int = 400
 
 
@@ -168,7 +170,7 @@ class FakeHomeserver:
             not self.record
             and b.status == 200
             and b.max_body_bytes is None
-            and not (b.reject_event_ids or b.reject_edu_types)
+            and not (b.reject_event_ids or b.reject_edu_types or b.reject_message_ids)
         ):
             body = json.loads(raw)
             self.txn_counts[dest] += 1
@@ -220,11 +222,14 @@ class FakeHomeserver:
                         max_body_bytes=b.max_body_bytes,
                         reject_event_ids=b.reject_event_ids,
                         reject_edu_types=b.reject_edu_types,
+                        reject_message_ids=b.reject_message_ids,
                         reject_status=b.reject_status,
                     )
             return b.status
         if any(p.get("event_id") in b.reject_event_ids for p in pdus) or any(
-            e.get("edu_type") in b.reject_edu_types for e in edus
+            e.get("edu_type") in b.reject_edu_types
+            or (e.get("content") or {}).get("message_id") in b.reject_message_ids
+            for e in edus
         ):
             return b.reject_status
         return 200
