@@ -160,3 +160,24 @@ def test_presence(ours: OurWorker, network: PeerNetwork, room: Room) -> None:
                lambda c: any(s.get("user_id") == alice.user_id and s.get("status_msg") == status
                              and s.get("presence") == "unavailable" for s in c["push"]),
                "alice's presence")
+
+
+def test_a_receipt_made_while_we_were_down_is_read_back(
+    ours: OurWorker, network: PeerNetwork, room: Room
+) -> None:
+    """Main published it while no sender listened; at reconnect its POSITION shows the
+    gap and the receipts fetcher reads it from receipts_linearized."""
+    d, alice = ours.d, room.alice
+    event_id = d.client.send_message(alice, room.room_id, "read while down")
+    ours.stop()
+    try:
+        path = f"/_matrix/client/v3/rooms/{q(room.room_id)}/receipt/m.read/{q(event_id)}"
+        d.client.call("POST", path, {}, alice.access_token)
+    finally:
+        ours.start()
+
+    def it(c: dict[str, Any]) -> bool:
+        got = c.get(room.room_id, {}).get("m.read", {}).get(alice.user_id, {})
+        return bool(got.get("event_ids") == [event_id])
+
+    everywhere(network, room, "m.receipt", it, "the receipt made while we were down")
