@@ -22,6 +22,7 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.timing import wait_or_timeout
+from federation_sender.telemetry.logging import log_context
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,12 @@ class QueueRegistry:
         return True
 
     async def _run(self, r: DestinationRunner) -> None:
+        # Every line about this queue names its destination, including the ones below
+        # written after the runner's own context ended (failure, lease release).
+        with log_context(destination=r.destination):
+            await self._run_queue(r)
+
+    async def _run_queue(self, r: DestinationRunner) -> None:
         d = r.destination
         clean = False
         leased = False

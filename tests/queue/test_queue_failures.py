@@ -273,3 +273,24 @@ async def test_the_deadline_counts_from_each_attempt_s_start(h: Harness) -> None
     assert st is not None and st.state is DestinationState.BACKING_OFF
     assert st.last_error is not None and "no answer within 30s" in st.last_error
     h.fake.release()
+
+
+async def test_a_crashed_queue_is_logged_with_its_destination(
+        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    from federation_sender.telemetry.logging import ContextFilter
+    from federation_sender.transport.result import SendResult, Transaction
+
+    class Crashing:
+        async def send_transaction(self, txn: Transaction) -> SendResult:
+            raise RuntimeError("a bug in the sender")
+
+    h.sender = Crashing()  # type: ignore[assignment]
+    caplog.handler.addFilter(ContextFilter())
+    caplog.set_level(logging.ERROR, logger="federation_sender.queue")
+    await start_with_room(h)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: any("failed" in r.getMessage() for r in caplog.records),
+                     what="the crash line")
+    (record,) = [r for r in caplog.records if "queue for" in r.getMessage()][:1]
+    assert record.context["destination"] == D  # type: ignore[attr-defined]
