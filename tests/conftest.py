@@ -17,7 +17,12 @@ from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.clock import FakeClock
-from federation_sender.testing.postgres import PostgresCluster, ephemeral_cluster
+from federation_sender.testing.postgres import (
+    PostgresCluster,
+    PostgresMissing,
+    ephemeral_cluster,
+    find_pg_bin,
+)
 from federation_sender.testing.prereq import missing
 from federation_sender.testing.redis_server import RedisServer, ephemeral_redis
 from federation_sender.testing.synapse_config import RedisAddress
@@ -32,6 +37,10 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PostgresCluster]:
+    try:
+        find_pg_bin()
+    except PostgresMissing:
+        missing("PostgreSQL server binaries (Debian package postgresql)")
     with ephemeral_cluster() as cluster:
         yield cluster
 

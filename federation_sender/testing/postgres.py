@@ -2,8 +2,8 @@
 
 Used by the test suite and the benchmarks. PostgreSQL refuses to run as root, so as
 root the cluster is initialised and run as the ``postgres`` system user (created by
-the Debian package). Binaries are found under ``/usr/lib/postgresql/<ver>/bin``; when
-none exist and we are root, ``apt-get install postgresql`` is run first.
+the Debian package). Binaries are found under ``/usr/lib/postgresql/<ver>/bin`` or on
+``PATH``; nothing is installed from here (``scripts/bootstrap.sh test`` does that).
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ def find_pg_bin() -> Path:
     exe = shutil.which("initdb")
     if exe:
         return Path(exe).parent
-    if os.geteuid() == 0:
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        subprocess.run(["apt-get", "update", "-qq"], check=False, env=env)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "postgresql"], check=True, env=env)
-        return find_pg_bin()
-    raise RuntimeError("PostgreSQL binaries not found; install the 'postgresql' package")
+    raise PostgresMissing("PostgreSQL binaries (initdb) not found; install the Debian "
+                          "package postgresql (scripts/bootstrap.sh test does)")
+
+
+class PostgresMissing(RuntimeError):
+    """No PostgreSQL server binaries on this machine."""
 
 
 @dataclass
