@@ -48,7 +48,7 @@ from federation_sender.replication.connection import (
 )
 from federation_sender.replication.reconnect import DEFAULT_BACKOFF, Backoff
 from federation_sender.replication.server import ReplicationWriter
-from federation_sender.replication.transport import ConnectionLost
+from federation_sender.replication.transport import ConnectionLost, cancel_and_wait
 from federation_sender.telemetry.logging import redact_url
 
 logger = logging.getLogger(__name__)
@@ -154,9 +154,7 @@ class RedisSession:
 
     async def close(self) -> None:
         self._closed_reason = self._closed_reason or "closed"
-        self._publisher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._publisher
+        await cancel_and_wait(self._publisher)
         with contextlib.suppress(RedisError, OSError):
             await _aclose(self._pubsub)
         with contextlib.suppress(RedisError, OSError):

@@ -33,7 +33,11 @@ from federation_sender.replication.connection import (
     Role,
 )
 from federation_sender.replication.server import ReplicationWriter
-from federation_sender.replication.transport import ConnectionLost, close_stream_writer
+from federation_sender.replication.transport import (
+    ConnectionLost,
+    cancel_and_wait,
+    close_stream_writer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +129,7 @@ class TcpSession:
 
     async def close(self) -> None:
         self._conn.close()
-        self._timer.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._timer
+        await cancel_and_wait(self._timer)
         await close_stream_writer(self._writer, self._clock)
 
 

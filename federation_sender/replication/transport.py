@@ -68,3 +68,19 @@ async def close_stream_writer(
             waiter.cancel()
         elif not waiter.cancelled():
             waiter.exception()  # consume: a reset peer is expected here
+
+
+async def cancel_and_wait(task: asyncio.Task[None]) -> None:
+    """Cancel a helper task (a session's timer or publisher) and wait for it to end.
+
+    The helper's own CancelledError is absorbed; a cancellation of the *caller* that
+    arrives meanwhile is not (``contextlib.suppress(CancelledError)`` here would swallow
+    it, and a cancelled replication client would carry on reconnecting forever).
+    """
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if current is not None and current.cancelling():
+            raise
