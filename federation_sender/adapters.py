@@ -111,7 +111,12 @@ class WorkerReplicationHandler:
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
     ) -> None:
         self.rows_seen += len(rows)
+        first = stream_name not in self.tokens
         self.tokens[stream_name] = token
+        if first and stream_name in ("to_device", "device_lists"):
+            # Outbox reads are bounded by this token (Synapse backend): queues that read
+            # before it was known found nothing and must look again.
+            self._m.notify_all_outboxes()
         if self._metrics is not None:
             self._metrics.replication_batch(stream_name, len(rows))
             # Rows of the other streams are handled before this call returns; the events

@@ -269,6 +269,13 @@ class QueueManager:
             r.core.poke_outbox()
             r.poke()
 
+    def notify_all_outboxes(self) -> None:
+        """Every live queue reads its outboxes again (an outbox stream's first token
+        arrived: reads before it, bounded by no token, found nothing)."""
+        for r in self.live():
+            r.core.poke_outbox()
+            r.poke()
+
     @property
     def federation_position(self) -> int | None:
         """The federation stream's persisted resume point."""

@@ -42,3 +42,22 @@ async def test_rows_of_one_stream_id_are_never_split(h: Harness) -> None:
     assert (len(rows), upto, limited) == (3, sid, True)
     rows, upto, limited = await fetcher.fetch("master", sid, sid + 5, 2)
     assert (rows, upto, limited) == ([], sid + 5, False)
+
+
+async def test_the_first_outbox_token_makes_live_queues_read_again(h: Harness) -> None:
+    """Beside Synapse, outbox reads stop at the stream's token; a queue that read before
+    the first token arrived found nothing and must read again once it is known."""
+    from federation_sender.adapters import WorkerReplicationHandler
+    from federation_sender.storage.native import NativeBackend
+    from federation_sender.testing.queue_harness import ME
+
+    await h.start()
+    handler = WorkerReplicationHandler(h.m, NativeBackend(h.engine), ME, h.clock)
+    h.m.enqueue_edu("r1.test", "m.warmup", {})  # a live queue that has read its outbox
+    await h.settle()
+    await h.writer.device_list("r1.test", ALICE, "DEV")  # not announced to the queue
+    await handler.on_rows("device_lists", "master", 7, [])  # the first token, no rows
+    await h.settle()
+    assert [e["edu_type"] for e in h.fake.received_edus("r1.test")] == [
+        "m.warmup", "m.device_list_update"]
+    assert handler.tokens == {"device_lists": 7}
