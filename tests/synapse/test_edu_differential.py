@@ -120,6 +120,10 @@ def script(d: SynapseDeployment, net: PeerNetwork, room: Room, run: Run) -> None
     run.phone_keys, _ = e2ee.upload_device_keys(d, phone)
     step(lambda: None, "m.device_list_update", lambda c: c.get("keys") == run.phone_keys,
          "the new device's keys")
+    cs = e2ee.upload_cross_signing(d, alice)
+    for edu_type in ("m.signing_key_update", "org.matrix.signing_key_update"):
+        step(lambda: None, edu_type, lambda c: f"ed25519:{cs.master_pub}" in c.get(
+            "master_key", {}).get("keys", {}), "the cross-signing keys")
 
 
 def begin(d: SynapseDeployment, net: PeerNetwork, room: Room, run: Run) -> None:
@@ -166,6 +170,10 @@ def normalise(run: Run, room: Room, edu: dict[str, Any], prev: dict[str, int]) -
         out["keys"] = ("PHONE_KEYS" if c.get("keys") == run.phone_keys
                        else "KEYS" if "keys" in c else None)
         return t, out | {"prev_id_chained": chained, "mine": c["user_id"] == alice}
+    if t in ("m.signing_key_update", "org.matrix.signing_key_update"):
+        return t, {k: ({kk: ("KEY" if kk in ("keys", "signatures") else vv)
+                        for kk, vv in v.items()} if isinstance(v, dict) else v)
+                   for k, v in c.items()}
     return t, c
 
 
