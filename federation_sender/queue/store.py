@@ -112,15 +112,26 @@ class QueueStore:
                 try:
                     await self.storage.run(functools.partial(_apply, batch=batch))
                 except Exception as e:  # handed to every waiter, which decides
-                    for *_, fut in batch:
-                        if not fut.done():
-                            fut.set_exception(e)
+                    self._fail(batch, e)
                 else:
                     for *_, fut in batch:
                         if not fut.done():
                             fut.set_result(None)
         finally:
             self._flushing = False
+
+    def _fail(self, batch: Sequence[_Pending], exc: Exception) -> None:
+        """A batch failed: so do the writes its destinations queued meanwhile. Committed
+        alone, a later write would record a position past PDUs whose transaction log
+        rows (and prunes, outbox acks) were in the failed batch: delivered, but the
+        audit would count them lost. The runner sees the failure at its next write and
+        restarts in catch-up mode from the position persisted before the failed write."""
+        failed = {p[0] for p in batch}
+        later = [p for p in self._pending if p[0] in failed]
+        self._pending = [p for p in self._pending if p[0] not in failed]
+        for *_, fut in (*batch, *later):
+            if not fut.done():
+                fut.set_exception(exc)
 
     async def read_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int

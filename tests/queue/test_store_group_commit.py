@@ -1,0 +1,74 @@
+"""The group commit of transaction results (``QueueStore``): a destination's write that
+failed is never overtaken by its later writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from federation_sender.model import TxnLogRow
+from federation_sender.queue.steps import Effects
+from federation_sender.queue.store import QueueStore
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.migrate import upgrade
+from federation_sender.storage.native import NativeBackend
+
+D = "remote.test"
+OTHER = "other.test"
+
+
+def log_row(txn_id: str, destination: str, event_id: str, so: int,
+            request_bytes: int = 100) -> TxnLogRow:
+    return TxnLogRow(txn_id, destination, "fed1", 1, 0, request_bytes, "success", 200,
+                     1_000, 5, False, so, (event_id,), None)
+
+
+@pytest.fixture
+async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
+    eng = create_engine(db_url)
+    await upgrade(eng)
+    yield eng
+    await eng.dispose()
+
+
+async def test_a_failed_write_is_not_overtaken_by_the_same_destinations_later_ones(
+    engine: AsyncEngine,
+) -> None:
+    """T1 (event $a, position 10) got its 200, but its write fails (here: a value the
+    column cannot hold; in the chaos run, PostgreSQL down for longer than the retry
+    budget). T2 (event $b, position 20) was submitted while T1's write ran. If T2's write
+    committed, the position would be past $a with no log of $a's delivery: the audit
+    counts $a lost, and catch-up never looks at it again. T2's write must fail with T1's
+    (the queue then restarts in catch-up from the persisted position and resends);
+    another destination's write in the same window still commits."""
+    backend = NativeBackend(engine)
+    store = QueueStore(backend)
+    t1 = store.submit(D, Effects(last_successful=10, succeeded=True),
+                      log_row("t1", D, "$a", 10, request_bytes=2**70), 0)
+    assert t1 is not None
+    await asyncio.sleep(0)  # one step of the flusher: it takes T1's batch and writes it
+    assert store._pending == [] and not store.idle
+    t2 = store.submit(D, Effects(last_successful=20, succeeded=True),
+                      log_row("t2", D, "$b", 20), 0)
+    other = store.submit(OTHER, Effects(last_successful=7, succeeded=True),
+                         log_row("o1", OTHER, "$c", 7), 0)
+    assert t2 is not None and other is not None
+    results = await asyncio.gather(t1, t2, other, return_exceptions=True)
+    assert isinstance(results[0], Exception)
+    assert results[1] is results[0], "T2's write committed without T1's"
+    assert results[2] is None
+    await store.drain()
+
+    async def read(tx):  # type: ignore[no-untyped-def]
+        return (await tx.destinations.get_destination(D),
+                await tx.destinations.get_destination(OTHER),
+                await tx.txlog.recent_transactions(D), await tx.txlog.recent_transactions(OTHER))
+
+    row, other_row, log_d, log_other = await backend.run(read)
+    assert row is None or row.last_successful_stream_ordering is None
+    assert log_d == []
+    assert other_row is not None and other_row.last_successful_stream_ordering == 7
+    assert [r.txn_id for r in log_other] == ["o1"]
