@@ -322,6 +322,8 @@ class Chaos:
             code = await worker.stop()
             assert code == 0, f"worker exit status {code} on SIGTERM"
             self.report.audit = await self._audit()
+            if self.report.audit.get("undelivered_lost"):
+                await self._dump_lost(self.report.audit.get("samples") or {})
         finally:
             sampler.cancel()
             worker.kill()
@@ -465,6 +467,42 @@ class Chaos:
         finally:
             await eng.dispose()
         (self.workdir / "shortfalls.txt").write_text("\n".join(lines))
+
+    async def _dump_lost(self, samples: dict[str, Any]) -> None:
+        """When the audit finds a lost row, write what the database says about it
+        (``lost.txt`` in the run's directory): the destination's position, its row, the
+        room's latest events, the destination's memberships and transaction log."""
+        from sqlalchemy import text
+
+        eng = create_engine(self.pg_url)
+        lines: list[str] = []
+        try:
+            async with eng.connect() as conn:
+                for row in samples.get("undelivered", []):
+                    if row.get("status") != "lost":
+                        continue
+                    lines.append(f"== {row}")
+                    for q in (
+                        "SELECT * FROM destinations WHERE destination=:d",
+                        "SELECT * FROM destination_rooms WHERE destination=:d AND room_id=:r",
+                        "SELECT stream_ordering, event_id, type, state_key, sender, outlier,"
+                        " rejected FROM events WHERE room_id=:r AND stream_ordering >= :s - 40"
+                        " ORDER BY stream_ordering",
+                        "SELECT event_stream_ordering, user_id, membership FROM"
+                        " room_memberships WHERE room_id=:r AND server_name=:d"
+                        " ORDER BY event_stream_ordering",
+                        "SELECT id, txn_id, status, http_status, started_ts, duration_ms,"
+                        " catchup, max_stream_ordering, pdu_event_ids, error FROM"
+                        " federation_transaction_log WHERE destination=:d ORDER BY id",
+                    ):
+                        rows = (await conn.execute(text(q), {
+                            "d": row["destination"], "r": row["room_id"],
+                            "s": row["stream_ordering"]})).all()
+                        lines.append(q)
+                        lines.extend("   " + repr(tuple(r)) for r in rows)
+        finally:
+            await eng.dispose()
+        (self.workdir / "lost.txt").write_text("\n".join(lines))
 
     async def _audit(self) -> dict[str, Any]:
         proc = await asyncio.create_subprocess_exec(
