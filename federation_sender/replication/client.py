@@ -85,6 +85,15 @@ class ReplicationHandler(Protocol):
 
 
 
+def _raise_if_cancelled() -> None:
+    """Re-raise a cancellation that a library swallowed on the way (one that catches
+    CancelledError inside connect or subscribe and raises its own error instead): the
+    task is still marked as cancelling, so stop rather than reconnect forever."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class ReplicationClient:
     def __init__(
         self,
@@ -155,6 +164,7 @@ class ReplicationClient:
         attempt = 0
         while True:
             delivered = await self._run_one_session()
+            _raise_if_cancelled()
             attempt = 0 if delivered else attempt + 1
             await self._clock.sleep(self._backoff.delay_s(attempt, self._rng))
 
