@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -83,10 +84,19 @@ class RedisExternalCache:
 
 @dataclass
 class StateGroupHostsCache:
-    """state group -> its joined hosts; groups are immutable, so entries never go stale."""
+    """state group -> its joined hosts; groups are immutable, so entries never go stale.
+
+    Bounded by the number of groups and by the hosts they hold in total (a group of a
+    room with thousands of servers weighs thousands). Consecutive groups of a room
+    usually have the same hosts (most state changes are not joins of a new server), so
+    an entry equal to the one cached last for another group shares its set, and host
+    names are interned: memory follows distinct sets, not groups."""
 
     max_groups: int = 50_000
+    max_hosts: int = 2_000_000
     _groups: OrderedDict[int, frozenset[str]] = field(default_factory=OrderedDict)
+    _last: frozenset[str] = frozenset()
+    _total_hosts: int = 0
     hits: int = 0
     misses: int = 0
 
@@ -96,11 +106,27 @@ class StateGroupHostsCache:
             self._groups.move_to_end(group)
         return hosts
 
-    def put(self, group: int, hosts: frozenset[str]) -> None:
+    def put(self, group: int, hosts: frozenset[str]) -> frozenset[str]:
+        """Cache ``hosts`` for ``group``; returns the set kept (possibly a shared one)."""
+        if hosts == self._last:
+            hosts = self._last
+        else:
+            hosts = frozenset(map(sys.intern, hosts))
+            self._last = hosts
+        old = self._groups.pop(group, None)
+        if old is not None:
+            self._total_hosts -= len(old)
         self._groups[group] = hosts
-        self._groups.move_to_end(group)
-        while len(self._groups) > self.max_groups:
-            self._groups.popitem(last=False)
+        self._total_hosts += len(hosts)
+        while len(self._groups) > 1 and (
+            len(self._groups) > self.max_groups or self._total_hosts > self.max_hosts
+        ):
+            _, evicted = self._groups.popitem(last=False)
+            self._total_hosts -= len(evicted)
+        return hosts
+
+    def __len__(self) -> int:
+        return len(self._groups)
 
 
 # Each group's membership state: the nearest row per state key along its delta chain.
@@ -154,8 +180,7 @@ async def group_hosts(
             if host:
                 found[int(root)].add(str(host))
         for g, hosts in found.items():
-            out[g] = frozenset(hosts)
-            cache.put(g, out[g])
+            out[g] = cache.put(g, frozenset(hosts))
     return out
 
 

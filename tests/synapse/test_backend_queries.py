@@ -36,7 +36,7 @@ from federation_sender.replication import commands as c
 from federation_sender.synapse.backend import SynapseBackend
 from federation_sender.synapse.config import SynapseConfig
 from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.hosts import RedisExternalCache
+from federation_sender.synapse.hosts import RedisExternalCache, StateGroupHostsCache
 from federation_sender.synapse.wiring import ReplicationSignals
 from federation_sender.synapse.writes import PendingSignals
 from federation_sender.testing.certs import LoopbackCA
@@ -463,3 +463,15 @@ async def test_backend_to_device_bounded_by_the_stream_token_and_deleted_by_id(
 
     await backend.run(ack)
     assert await backend.run(read) == [1]
+
+
+def test_backend_state_group_cache_is_bounded_and_shares_equal_sets() -> None:
+    cache = StateGroupHostsCache(max_groups=100, max_hosts=10)
+    a = cache.put(1, frozenset({"a.example", "b.example"}))
+    b = cache.put(2, frozenset({"a.example", "b.example"}))
+    assert a is b  # consecutive groups with the same hosts share one set
+    cache.put(3, frozenset(f"h{i}.example" for i in range(8)))
+    assert cache.get(1) is None and len(cache) == 2  # 2 + 2 + 8 hosts > 10: oldest out
+    assert cache.get(3) is not None
+    cache.put(4, frozenset(f"x{i}.example" for i in range(20)))  # alone over the bound
+    assert len(cache) == 1 and cache.get(4) is not None
