@@ -23,3 +23,19 @@ def free_port(below: int = 32768) -> int:
                 continue
             return port
     raise RuntimeError("no free port found")
+
+
+def free_port_block(size: int, below: int = 32768) -> int:
+    """A base port with ``size`` free consecutive loopback ports from it, in
+    [20000, ``below``) like :func:`free_port` (``demo --port-base``)."""
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randint(20000, below - size)
+        try:
+            for port in range(base, base + size):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no block of {size} free ports found")

@@ -2,30 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from federation_sender.testing.ports import free_port_block
+
 DESTINATIONS = 8
-
-
-def free_port_block(size: int) -> int:
-    """A base port with ``size`` free consecutive ports above it."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + size > 65000:
-            continue
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise AssertionError("no block of free ports")
 
 
 def test_demo_runs_end_to_end_and_passes_the_delivery_check(tmp_path: Path) -> None:
