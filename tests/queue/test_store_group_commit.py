@@ -5,16 +5,20 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import pytest
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.model import TxnLogRow
 from federation_sender.queue.steps import Effects
 from federation_sender.queue.store import QueueStore
+from federation_sender.storage import destinations as dst
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.storage.native import NativeBackend
+from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 
 D = "remote.test"
 OTHER = "other.test"
@@ -72,3 +76,50 @@ async def test_a_failed_write_is_not_overtaken_by_the_same_destinations_later_on
     assert log_d == []
     assert other_row is not None and other_row.last_successful_stream_ordering == 7
     assert [r.txn_id for r in log_other] == ["o1"]
+
+
+_REFUSE_LOG = {
+    "sqlite": [
+        "CREATE TRIGGER refuse_log BEFORE INSERT ON federation_transaction_log"
+        " BEGIN SELECT RAISE(ABORT, 'transaction log refused'); END",
+    ],
+    "postgresql": [
+        "CREATE FUNCTION refuse_log() RETURNS trigger LANGUAGE plpgsql AS"
+        " $$ BEGIN RAISE EXCEPTION 'transaction log refused'; END $$",
+        "CREATE TRIGGER refuse_log BEFORE INSERT ON federation_transaction_log"
+        " FOR EACH ROW EXECUTE FUNCTION refuse_log()",
+    ],
+}
+
+
+async def test_catchup_episode_position_waits_for_its_transactions_writes(hdb: Harness) -> None:
+    """A catch-up transaction got its 200 but its write failed (the database refuses the
+    log row). The episode then finds no more rows: its end position must not be recorded
+    without that write, past a PDU whose delivery is in no log. The queue fails and, recreated
+    from the database, catches up again from the old position once writes work."""
+    h, w = hdb, hdb.writer
+    # One room per read: after the transaction, the queue reads again (finding nothing)
+    # and ends the episode while the transaction's write is being committed.
+    h.settings = replace(h.settings, catchup_rooms_per_batch=1)
+    await room_with(h, "!a:l", D)
+    base = w.stream_ordering
+    ev = await w.message("!a:l", ALICE)
+    async with h.engine.begin() as conn:
+        await dst.upsert_destination_rooms(conn, [(D, "!a:l", ev.stream_ordering)])
+        await dst.set_last_successful_stream_ordering(conn, D, base)
+        for sql in _REFUSE_LOG[h.engine.dialect.name]:
+            await conn.execute(text(sql))
+    await h.start()
+    await h.m.wake_due_destinations()
+    await h.settle()
+    assert h.fake.received_event_ids(D) == [ev.event_id]  # delivered, but not recorded
+    row = await h.dest_row(D)
+    assert row.last_successful_stream_ordering == base, "position moved without the log"
+    async with h.engine.begin() as conn:
+        await conn.execute(text("DROP TRIGGER refuse_log" + (
+            " ON federation_transaction_log" if h.engine.dialect.name == "postgresql" else "")))
+    await h.m.wake_due_destinations()
+    await h.settle()
+    assert h.fake.received_event_ids(D) == [ev.event_id, ev.event_id]  # resent
+    assert [r.pdu_event_ids for r in await h.txlog(D)] == [f'["{ev.event_id}"]']
+    assert (await h.dest_row(D)).last_successful_stream_ordering == ev.stream_ordering
