@@ -20,6 +20,7 @@ import contextlib
 import gc
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -182,11 +183,7 @@ class Worker:
         key: SigningKey | None = None
         own_client: FederationClient | None = None
         if sender is None:
-            key = (
-                load_synapse_signing_key(settings.federation.signing_key_path)
-                if synapse is not None
-                else load_or_create_signing_key(settings.federation.signing_key_path)
-            )
+            key = _signing_key(settings, synapse)
             sender = own_client = build_federation_client(settings, key, clock)
         registry = new_registry()
         metrics = Metrics(registry)
@@ -203,15 +200,7 @@ class Worker:
             else None,
         )
 
-        async def on_membership_change(live: frozenset[str]) -> None:
-            metrics.shard_membership(len(live), len(shards.held_destinations()))
-            stopped = manager.rebalance()
-            log.info(
-                "shard membership now %s; %d queues handed over", sorted(live), stopped
-            )
-            await manager.wake_due_destinations()
-
-        shards.on_membership_change = on_membership_change
+        shards.on_membership_change = _on_membership_change(shards, manager, metrics)
         metrics.set_snapshot_source(lambda: queue_snapshot(manager))
         return cls(
             settings=settings,
@@ -347,6 +336,29 @@ class Worker:
         await self.resources.aclose()
         self.servers.clear()
         log.info("worker %s stopped", self.settings.instance_name)
+
+
+def _signing_key(settings: Settings, synapse: SynapseConfig | None) -> SigningKey:
+    """Beside Synapse, its key (never generated); standalone, ours (generated once)."""
+    path = settings.federation.signing_key_path
+    return load_synapse_signing_key(path) if synapse is not None else (
+        load_or_create_signing_key(path)
+    )
+
+
+def _on_membership_change(
+    shards: ShardCoordinator, manager: QueueManager, metrics: Metrics
+) -> Callable[[frozenset[str]], Awaitable[None]]:
+    """When the live instances change: hand over the queues this one no longer owns and
+    wake the ones it now does."""
+
+    async def changed(live: frozenset[str]) -> None:
+        metrics.shard_membership(len(live), len(shards.held_destinations()))
+        stopped = manager.rebalance()
+        log.info("shard membership now %s; %d queues handed over", sorted(live), stopped)
+        await manager.wake_due_destinations()
+
+    return changed
 
 
 async def _open_storage(
