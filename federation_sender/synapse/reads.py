@@ -5,9 +5,10 @@ the destination's position whose event still exists (joined with ``events``), ol
 first. A destination's membership history is read from ``room_memberships`` (Synapse
 has no server column: the server is the part of the user id after the first colon),
 ordered by stream position; rows without one (outliers of a room joined over
-federation) are placed at the position they were persisted at, which is how the
-native backend's rule "joined at the event's position" reads on Synapse's tables
-(docs/synapse.md explains where that differs from Synapse's state at the extremity).
+federation) are placed at the position they were persisted at. At each forward
+extremity the history is made exact from the extremity's state group, so whether the
+destination may see an extremity is Synapse's question: was it joined in the state
+after the extremity.
 
 To-device messages (``device_federation_outbox``) are read past a stream id, up to the
 ``to_device`` stream token main last announced (rows at or below it are committed), and,
@@ -60,16 +61,66 @@ async def catchup_rows(
     return [(str(room), int(so)) for room, so in res]
 
 
+# The destination's members in the state after each forward extremity of the rooms.
+_AT_EXTREMITIES = text(
+    """
+    WITH RECURSIVE ext AS (
+        SELECT f.room_id, e.stream_ordering, s.state_group
+        FROM event_forward_extremities f
+        JOIN events e ON e.event_id = f.event_id
+        JOIN event_to_state_groups s ON s.event_id = f.event_id
+        WHERE f.room_id = ANY(CAST(:rooms AS TEXT[])) AND e.stream_ordering IS NOT NULL
+    ), chain(root, sg, depth) AS (
+        SELECT DISTINCT state_group, state_group, 0 FROM ext
+        UNION ALL
+        SELECT c.root, g.prev_state_group, c.depth + 1
+        FROM state_group_edges g JOIN chain c ON g.state_group = c.sg
+    ), members AS (
+        SELECT DISTINCT ON (c.root, s.state_key) c.root, s.state_key, s.event_id
+        FROM state_groups_state s JOIN chain c ON s.state_group = c.sg
+        WHERE s.type = 'm.room.member'
+          AND substring(s.state_key FROM '@[^:]*:(.*)$') = :server
+        ORDER BY c.root, s.state_key, c.depth
+    )
+    SELECT x.room_id, x.stream_ordering, m.state_key, r.membership
+    FROM ext x JOIN members m ON m.root = x.state_group
+    JOIN room_memberships r ON r.event_id = m.event_id
+    """
+)
+
+
 async def server_membership_history(
     conn: AsyncConnection, server_name: str, room_ids: Collection[str]
 ) -> dict[str, list[MembershipRow]]:
+    """The server's membership rows in stream order, made exact at each forward
+    extremity: there, every one of its users gets the membership it has in the state
+    after the extremity (``leave`` when it is not in that state), so "was the server
+    joined at the extremity" is Synapse's question, answered from state groups."""
     out: dict[str, list[MembershipRow]] = {r: [] for r in room_ids}
     if not room_ids:
         return out
-    res = await conn.execute(_SERVER_HISTORY, {"rooms": list(room_ids), "server": server_name})
+    rooms = list(room_ids)
+    res = await conn.execute(_SERVER_HISTORY, {"rooms": rooms, "server": server_name})
     for room, so, user, membership in res:
         out[str(room)].append(MembershipRow(int(so), str(user), server_name, str(membership)))
+    at: dict[tuple[str, int], dict[str, str]] = {}
+    for room, so, user, membership in await conn.execute(
+        _AT_EXTREMITIES, {"rooms": rooms, "server": server_name}
+    ):
+        at.setdefault((str(room), int(so)), {})[str(user)] = str(membership)
+    for (room, so), state in at.items():
+        rows = out[room]
+        users = {r.user_id for r in rows if r.stream_ordering <= so} | set(state)
+        rows.extend(
+            MembershipRow(so, u, server_name, state.get(u, "leave")) for u in sorted(users)
+        )
+        # Stable: at one position the state's rows come after the real ones.
+        rows.sort(key=_position)
     return out
+
+
+def _position(row: MembershipRow) -> int:
+    return row.stream_ordering
 
 
 _TO_DEVICE = text(
