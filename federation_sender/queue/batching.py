@@ -110,24 +110,32 @@ class Batch:
 
     def split(self) -> tuple[Batch, Batch]:
         """Two non-empty halves by item count (PDUs first), order kept. The catch-up
-        position and pruning ride on the second half so they apply only once both
-        halves are through. Requires at least two items."""
+        position rides on the second half. A pruned room's row rides on the last half
+        holding one of the room's PDUs (else on the second): the first half may be
+        quarantined while the second goes through, and a row deleted before its
+        room's event is delivered is never read by catch-up again. Requires at least
+        two items."""
         if self.item_count < 2:
             raise ValueError("cannot split a batch of fewer than two items")
         items: list[PduItem | EduItem] = [*self.pdus, *self.edus]
         mid = len(items) // 2
         first, second = items[:mid], items[mid:]
+        second_rooms = {i.room_id for i in second if isinstance(i, PduItem)}
+        first_rooms = {i.room_id for i in first if isinstance(i, PduItem)} - second_rooms
+        prune_first = tuple(r for r in self.catchup_prune if r[0] in first_rooms)
+        prune_second = tuple(r for r in self.catchup_prune if r[0] not in first_rooms)
 
-        def make(part: list[PduItem | EduItem], last: bool) -> Batch:
+        def make(part: list[PduItem | EduItem], last: bool,
+                 prune: tuple[tuple[str, int], ...]) -> Batch:
             return Batch(
                 pdus=tuple(i for i in part if isinstance(i, PduItem)),
                 edus=tuple(i for i in part if isinstance(i, EduItem)),
                 catchup=self.catchup,
                 catchup_position=self.catchup_position if last else None,
-                catchup_prune=self.catchup_prune if last else (),
+                catchup_prune=prune,
             )
 
-        return make(first, False), make(second, True)
+        return make(first, False, prune_first), make(second, True, prune_second)
 
 
 class _Budget:
