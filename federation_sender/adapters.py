@@ -252,6 +252,7 @@ def live_state(st: DestinationStatus) -> LiveState:
         "in_flight_age_s": st.in_flight_age_s,
         "last_error": st.last_error,
         "next_retry_ts": st.next_retry_ts_ms,
+        "last_success_ts": st.last_success_ts_ms,
         "catching_up": st.catching_up,
     }
 

@@ -57,6 +57,7 @@ def derived_queue_state(row: DestinationRow) -> dict[str, Any]:
         "in_flight_age_s": None,
         "last_error": None,
         "next_retry_ts": next_retry,
+        "last_success_ts": None,
         "catching_up": False,
         "live": False,
     }

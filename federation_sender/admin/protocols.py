@@ -28,7 +28,9 @@ class LiveState(TypedDict):
     """The JSON shape of one destination's live queue state (all keys required).
 
     ``in_flight_age_s`` is seconds since the in-flight transaction's first attempt;
-    ``next_retry_ts`` is Unix milliseconds, like Synapse's ``retry_last_ts``.
+    ``next_retry_ts`` is Unix milliseconds, like Synapse's ``retry_last_ts``;
+    ``last_success_ts`` (Unix ms) is when the queue last delivered a transaction since it
+    was loaded on this instance, else ``None``.
     """
 
     state: QueueStateName
@@ -38,6 +40,7 @@ class LiveState(TypedDict):
     in_flight_age_s: float | None
     last_error: str | None
     next_retry_ts: int | None
+    last_success_ts: int | None
     catching_up: bool
 
 

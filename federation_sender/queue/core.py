@@ -96,6 +96,8 @@ class DestinationCore:
         self.device_list_cursor = -1
         self.outbox_dirty = True
         self.last_error: str | None = None
+        self.last_success_ms: int | None = None
+        """Clock ms of the last answered non-empty transaction (since this queue loaded)."""
         self.stopped = False
 
     @property
@@ -291,6 +293,8 @@ class DestinationCore:
         eff = Effects()
         batch = txn.batch
         if result.outcome is Outcome.SUCCESS:
+            if batch:
+                self.last_success_ms = now_ms
             self._on_success(batch, result, eff)
             return eff
         self.last_error = result.error or result.outcome.value

@@ -28,6 +28,8 @@ class DestinationStatus:
     retry_interval_ms: int
     catching_up: bool
     last_successful_stream_ordering: int | None
+    last_success_ts_ms: int | None = None
+    """Wall-clock ms of the last delivered transaction since the queue loaded, else None."""
 
 
 def live_status(
@@ -52,6 +54,7 @@ def live_status(
         last_successful_stream_ordering=(
             c.last_successful if c.last_successful >= 0 else None
         ),
+        last_success_ts_ms=c.last_success_ms,
     )
 
 

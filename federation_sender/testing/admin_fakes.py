@@ -36,6 +36,7 @@ def live_state(state: QueueStateName = "idle", **fields: Any) -> LiveState:
         "in_flight_age_s": None,
         "last_error": None,
         "next_retry_ts": None,
+        "last_success_ts": None,
         "catching_up": state == "catching_up",
     }
     unknown = set(fields) - set(out)

@@ -128,7 +128,7 @@ async def test_live_state_is_merged(client: TestClient[Any, Any], five: None,
     body = await get(client, LIST + "/beta.org")
     assert body["queue"] == {
         "state": "sending", "pending_pdus": 4, "pending_edus": 2, "in_flight_txn_id": "t1",
-        "in_flight_age_s": 1.5, "last_error": None, "next_retry_ts": None,
+        "in_flight_age_s": 1.5, "last_error": None, "next_retry_ts": None, "last_success_ts": None,
         "catching_up": False, "live": True}
     listed = {d["destination"]: d for d in (await get(client, LIST))["destinations"]}
     assert listed["beta.org"]["queue"]["pending_pdus"] == 4

@@ -294,3 +294,29 @@ async def test_a_crashed_queue_is_logged_with_its_destination(
                      what="the crash line")
     (record,) = [r for r in caplog.records if "queue for" in r.getMessage()][:1]
     assert record.context["destination"] == D  # type: ignore[attr-defined]
+
+
+async def test_the_last_success_time_is_the_clock_of_the_last_answered_transaction(
+    h: Harness,
+) -> None:
+    """The status (and so the admin API and dashboard) gives the last success as a time,
+    not only a stream position; a failure after it leaves it as it was."""
+    from federation_sender.clock import time_ms
+
+    await start_with_room(h)
+    st = h.m.status(D)
+    assert st is None or st.last_success_ts_ms is None
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    delivered_at = time_ms(h.clock)
+    st = h.m.status(D)
+    assert st is not None and st.last_success_ts_ms == delivered_at
+    await h.advance(30)
+    h.fake.behave(D, status=503)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    st = h.m.status(D)
+    assert st is not None and st.state is DestinationState.BACKING_OFF
+    assert st.last_success_ts_ms == delivered_at
