@@ -9,6 +9,9 @@ MSC3706) the answer leaves the membership events out of the state, says
 ``members_omitted`` and names ``servers_in_room``: Synapse then holds the room with
 partial state, and sends the room's events to exactly those servers until it has
 resynced the full state (which these peers never serve: the room stays partial).
+:meth:`HostedRoom.add_member` joins a user of another server, signed by that server;
+its membership stays in the partial answer (as a room hero's does) while its server is
+not named: a server the room's state says is in but that is not one of those named.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ class HostedRoom:
     """(type, state_key) -> event id."""
     latest: str = ""
     depth: int = 0
+    kept: set[str] = field(default_factory=set)
+    """Membership events kept in a partial (``omit_members``) answer."""
 
     @classmethod
     def create(
@@ -62,17 +67,31 @@ class HostedRoom:
         keys = [(t, "") for t in _AUTH_TYPES] + [("m.room.member", sender)]
         return [self.state[k] for k in keys if k in self.state]
 
-    def _add(self, event_type: str, state_key: str, content: dict[str, Any], now_ms: int) -> str:
+    def _add(
+        self, event_type: str, state_key: str, content: dict[str, Any], now_ms: int,
+        sender: tuple[str, SigningKey] | None = None,
+    ) -> str:  # fmt: skip
+        """An event sent by the creator, or by ``sender`` (user id, its server's key)."""
+        user, key = sender or (self.creator, self.key)
+        origin = user.split(":", 1)[1]
         self.depth += 1
         template = {
-            "type": event_type, "room_id": self.room_id, "sender": self.creator,
+            "type": event_type, "room_id": self.room_id, "sender": user,
             "state_key": state_key, "content": content, "depth": self.depth,
             "prev_events": [self.latest] if self.latest else [],
-            "auth_events": self._auth_events(event_type, self.creator),
-            "origin": self.origin, "origin_server_ts": now_ms,
+            "auth_events": self._auth_events(event_type, user),
+            "origin": origin, "origin_server_ts": now_ms,
         }  # fmt: skip
-        eid, event = hash_and_sign(template, self.key, self.origin, ROOM_VERSION)
+        eid, event = hash_and_sign(template, key, origin, ROOM_VERSION)
         self.accept(eid, event)
+        return eid
+
+    def add_member(self, user_id: str, key: SigningKey, now_ms: int) -> str:
+        """``user_id`` (of the server whose key is ``key``) joins; its membership is
+        kept in partial answers, its server is not added to ``servers_in_room``."""
+        eid = self._add("m.room.member", user_id, {"membership": "join"}, now_ms,
+                        (user_id, key))  # fmt: skip
+        self.kept.add(eid)
         return eid
 
     def accept(self, eid: str, event: dict[str, Any]) -> None:
@@ -106,7 +125,9 @@ class HostedRoom:
     def send_join(self, event: dict[str, Any], *, omit_members: bool) -> dict[str, Any]:
         eid = event_id(event, ROOM_VERSION)
         state_ids = [
-            e for (t, _), e in self.state.items() if not (omit_members and t == "m.room.member")
+            e
+            for (t, _), e in self.state.items()
+            if not (omit_members and t == "m.room.member" and e not in self.kept)
         ]
         answer = {
             "event": event,

@@ -232,12 +232,19 @@ class PeerNetwork:
         version = self._room_versions.get(str(pdu.get("room_id")), "12")
         return event_id(pdu, version)
 
-    def host_room(self, peer: FederationPeer, extra_servers: Sequence[str] = ()) -> str:
+    def host_room(
+        self,
+        peer: FederationPeer,
+        extra_servers: Sequence[str] = (),
+        members: Sequence[FederationPeer] = (),
+    ) -> str:
         """Create a room on ``peer``; Synapse's users join it over federation. A joiner
-        that omits members is told ``extra_servers`` are in the room too."""
-        room = HostedRoom.create(
-            peer.server_name, peer.key, time_ms(self._clock), list(extra_servers)
-        )
+        that omits members is told ``extra_servers`` are in the room too; a user of each
+        of ``members`` joins first, kept in that answer but its server not named."""
+        now = time_ms(self._clock)
+        room = HostedRoom.create(peer.server_name, peer.key, now, list(extra_servers))
+        for m in members:
+            room.add_member(m.user_id(), m.key, now)
         with self._cond:
             peer.hosted[room.room_id] = room
             self._room_versions[room.room_id] = HOSTED_ROOM_VERSION

@@ -144,11 +144,12 @@ def test_partial_state_room_goes_to_the_servers_named_at_join(
     own_sender: SynapseDeployment, network: PeerNetwork
 ) -> None:
     """A local user joins a room a peer hosts; the peer omits members and names one more
-    server, so Synapse holds the room with partial state and sends to those two."""
+    server, so Synapse holds the room with partial state and sends to those two, not to
+    a third whose user the state holds but that was not named."""
     d = own_sender
     alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
-    host, named = network.add_peers(2)
-    room_id = network.host_room(host, [named.server_name])
+    host, named, unnamed = network.add_peers(3)
+    room_id = network.host_room(host, [named.server_name], members=[unnamed])
     d.client.join(alice, room_id, via=[host.server_name])
     partial = f"SELECT count(*) FROM partial_state_rooms WHERE room_id = '{room_id}'"
     assert d.sql(partial).strip() == "1"
@@ -156,9 +157,14 @@ def test_partial_state_room_goes_to_the_servers_named_at_join(
         f"SELECT server_name FROM partial_state_rooms_servers WHERE room_id = '{room_id}'"
     ).split()
     assert sorted(servers) == sorted([host.server_name, named.server_name])
+    fence_room = d.client.create_room(alice)
+    network.join(unnamed, fence_room, d.server_name)
     sent = d.client.send_message(alice, room_id, "in a partial-state room")
     network.wait_for(
         lambda: all(sent in p.event_counts(room_id) for p in (host, named)),
         what="the message at both servers",
     )
     assert host.event_counts(room_id)[sent] == named.event_counts(room_id)[sent] == 1
+    fence = d.client.send_message(alice, fence_room, "fence")
+    network.wait_for(lambda: fence in unnamed.event_counts(fence_room), what="the fence")
+    assert unnamed.event_counts(room_id) == {}
