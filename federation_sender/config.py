@@ -117,6 +117,9 @@ class TelemetrySettings:
     metrics_bind: str = "127.0.0.1"
     tracing_exporter: Literal["none", "console", "otlp"] = "none"
     otlp_endpoint: str = "http://127.0.0.1:4318/v1/traces"
+    trace_sample_ratio: float = 1.0
+    """Share of transactions (and replication batches) traced when tracing is on:
+    the root span is sampled with this probability and its children follow it."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -348,6 +351,9 @@ def _validate(s: Settings) -> None:
     ):
         if val <= 0:
             raise ConfigError(key, "a positive number", val)
+    if not 0.0 <= s.telemetry.trace_sample_ratio <= 1.0:
+        raise ConfigError("telemetry.trace_sample_ratio", "a number from 0 to 1",
+                          s.telemetry.trace_sample_ratio)
     if s.database.connect_retry_s < 0:
         raise ConfigError("database.connect_retry_s", "a number >= 0", s.database.connect_retry_s)
     for key, port in (

@@ -48,6 +48,7 @@ def test_yaml_and_env_override(tmp_path: Path) -> None:
         ("database: {url: ''}", "database.url"),
         ("queue: [1, 2]", "queue"),
         ("server_name: 'a:b'", "server_name"),
+        ("telemetry: {trace_sample_ratio: 1.5}", "telemetry.trace_sample_ratio"),
         ("- just a list", "<file>"),
         ("a: [unclosed", "<file>"),
     ],

@@ -7,8 +7,9 @@ explode the series count. Per-destination detail is in the admin API instead.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -156,11 +157,18 @@ class Metrics:
         self._leases_held = Gauge(n.SHARD_LEASES_HELD, "Destination leases held", registry=r)
         self._snapshot = _SnapshotCollector()
         r.register(self._snapshot)
-        for outcome in n.TRANSACTION_OUTCOMES:
-            self._attempts.labels(outcome)  # export zeros so rate() works from the start
-        self._loops.labels(n.EVENT_PROCESSING_NAME)
-        self._loop_rooms.labels(n.EVENT_PROCESSING_NAME)
-        self._http_requests.labels("PUT")
+        # Labelled children resolved once (``labels()`` costs a lock and a tuple per
+        # call): created here, they also export zeros so rate() works from the start.
+        self._by_outcome = {o: (self._attempts.labels(o), self._duration.labels(o))
+                            for o in n.TRANSACTION_OUTCOMES}
+        self._loop = self._loops.labels(n.EVENT_PROCESSING_NAME)
+        self._loop_room = self._loop_rooms.labels(n.EVENT_PROCESSING_NAME)
+        self._lag_ms_child = self._lag_ms.labels(n.EVENT_PROCESSING_NAME)
+        self._position_child = self._positions.labels(n.EVENT_PROCESSING_NAME)
+        self._last_ts_child = self._last_ts.labels(n.EVENT_PROCESSING_NAME)
+        self._requests: dict[str, Counter] = {"PUT": self._http_requests.labels("PUT")}
+        self._responses: dict[tuple[str, int], Counter] = {}
+        self._edus_by_type: dict[str, Counter] = {}
 
     def set_snapshot_source(self, source: Callable[[], QueueSnapshot] | None) -> None:
         """Gauges of whole-queue state come from ``source()`` at each scrape."""
@@ -176,10 +184,11 @@ class Metrics:
     ) -> None:
         """Record one transaction attempt. ``destination`` is accepted for symmetry
         with the span and log line but is not a label (cardinality)."""
-        if outcome not in n.TRANSACTION_OUTCOMES:
+        children = self._by_outcome.get(outcome)
+        if children is None:
             raise ValueError(f"unknown transaction outcome {outcome!r}")
-        self._attempts.labels(outcome).inc()
-        self._duration.labels(outcome).observe(max(0.0, duration_s))
+        children[0].inc()
+        children[1].observe(max(0.0, duration_s))
         if outcome != "success":
             return
         self._sent_txns.inc()
@@ -188,7 +197,8 @@ class Metrics:
         total_edus = 0
         for edu_type, count in edu_counts_by_type.items():
             if count:
-                self._sent_edus_by_type.labels(edu_type).inc(count)
+                _child(self._edus_by_type, self._sent_edus_by_type, edu_type,
+                       (edu_type,)).inc(count)
                 total_edus += count
         if total_edus:
             self._sent_edus.inc(total_edus)
@@ -198,16 +208,17 @@ class Metrics:
         """One fan-out batch: ``events`` read, in ``rooms`` rooms; ``pdus`` of them
         queued for ``pdu_destinations`` (PDU, destination) pairs."""
         self._events_processed.inc(events)
-        self._loops.labels(n.EVENT_PROCESSING_NAME).inc()
-        self._loop_rooms.labels(n.EVENT_PROCESSING_NAME).inc(rooms)
+        self._loop.inc()
+        self._loop_room.inc(rooms)
         self._sent_pdus_count.inc(pdus)
         self._sent_pdus.inc(pdu_destinations)
 
     def http_request(self, method: str) -> None:
-        self._http_requests.labels(method).inc()
+        _child(self._requests, self._http_requests, method, (method,)).inc()
 
     def http_response(self, method: str, code: int) -> None:
-        self._http_responses.labels(method, str(code)).inc()
+        _child(self._responses, self._http_responses, (method, code),
+               (method, str(code))).inc()
 
     def dashboard_counters(self) -> dict[str, float]:
         """Running totals and current lags for the admin dashboard's charts."""
@@ -244,11 +255,11 @@ class Metrics:
         under Synapse's name)."""
         seconds = max(0.0, seconds)
         self._lag_s.set(seconds)
-        self._lag_ms.labels(n.EVENT_PROCESSING_NAME).set(seconds * 1000.0)
+        self._lag_ms_child.set(seconds * 1000.0)
         if position is not None:
-            self._positions.labels(n.EVENT_PROCESSING_NAME).set(position)
+            self._position_child.set(position)
         if last_ts_ms is not None:
-            self._last_ts.labels(n.EVENT_PROCESSING_NAME).set(last_ts_ms)
+            self._last_ts_child.set(last_ts_ms)
 
     def catchup_step(self, outcome: str) -> None:
         self._catchup_steps.labels(outcome).inc()
@@ -256,6 +267,24 @@ class Metrics:
     def shard_membership(self, live_instances: int, leases_held: int) -> None:
         self._live_instances.set(live_instances)
         self._leases_held.set(leases_held)
+
+
+CHILD_CACHE_LIMIT = 256
+"""Labelled children kept per metric (HTTP codes, EDU types: a few dozen in practice);
+past it, a new label set is resolved on each use (correct, only slower)."""
+
+
+_M = TypeVar("_M", Counter, Histogram)
+_K = TypeVar("_K", bound=Hashable)
+
+
+def _child(cache: dict[_K, _M], metric: _M, key: _K, labels: tuple[str, ...]) -> _M:
+    child = cache.get(key)
+    if child is None:
+        child = metric.labels(*labels)
+        if len(cache) < CHILD_CACHE_LIMIT:
+            cache[key] = child
+    return child
 
 
 def metrics_app(registry: CollectorRegistry) -> web.Application:

@@ -12,7 +12,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 
 from opentelemetry import trace
@@ -23,13 +23,15 @@ from federation_sender.clock import Clock
 from federation_sender.queue.destination import DestinationState
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.metrics import Metrics
-from federation_sender.telemetry.tracing import Tracing, TransactionSpan
+from federation_sender.telemetry.tracing import Tracing, TransactionSpan, child_span_dropped
 from federation_sender.transport.result import Outcome
 
 log = logging.getLogger("federation_sender.queue.events")
 
 _attempt: ContextVar[TransactionSpan | None] = ContextVar("federation_sender_attempt",
                                                          default=None)
+
+_NO_SPAN: AbstractContextManager[None] = nullcontext()  # reusable: it holds no state
 
 
 class TelemetryObserver:
@@ -48,11 +50,19 @@ class TelemetryObserver:
         if not self._pokes or token > self._pokes[-1][0]:
             self._pokes.append((token, self._clock.monotonic_s()))
 
-    @contextmanager
     def attempt(self, destination: str, txn_id: str, pdu_count: int, edu_count: int,
-                catchup: bool) -> Iterator[None]:
+                catchup: bool) -> AbstractContextManager[None]:
+        if not self.tracing.enabled:
+            return _NO_SPAN  # nothing to record: no span, no attributes
+        return self._traced_attempt(destination, txn_id, pdu_count, edu_count, catchup)
+
+    @contextmanager
+    def _traced_attempt(self, destination: str, txn_id: str, pdu_count: int,
+                        edu_count: int, catchup: bool) -> Iterator[None]:
+        # The runner has put destination and txn id in the log context already.
         with self.tracing.transaction_attempt(destination, txn_id, pdu_count=pdu_count,
-                                              edu_count=edu_count, catchup=catchup) as span:
+                                              edu_count=edu_count, catchup=catchup,
+                                              set_log_context=False) as span:
             token = _attempt.set(span)
             try:
                 yield
@@ -60,7 +70,10 @@ class TelemetryObserver:
                 _attempt.reset(token)
 
     def persisting(self, destination: str, committed: asyncio.Future[None]) -> None:
-        span = self.tracing.tracer.start_span(
+        tracer = self.tracing.tracer
+        if child_span_dropped(tracer):
+            return
+        span = tracer.start_span(
             n.SPAN_PERSIST, attributes={n.ATTR_DESTINATION: destination})
 
         def done(f: asyncio.Future[None]) -> None:
@@ -72,8 +85,13 @@ class TelemetryObserver:
 
         committed.add_done_callback(done)
 
+    def catchup_step(self, destination: str) -> AbstractContextManager[None]:
+        if not self.tracing.enabled:
+            return _NO_SPAN
+        return self._traced_catchup_step(destination)
+
     @contextmanager
-    def catchup_step(self, destination: str) -> Iterator[None]:
+    def _traced_catchup_step(self, destination: str) -> Iterator[None]:
         with self.tracing.catchup_step(destination):
             yield
 

@@ -16,7 +16,7 @@ inside them carries the destination (and txn id).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -28,6 +28,7 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
+from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 from opentelemetry.trace import Span, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
@@ -48,13 +49,19 @@ def setup_tracing(
     """Build a provider for ``settings.tracing_exporter``: ``none`` gives ``None``;
     ``console`` prints spans as they end; ``otlp`` batches them to
     ``settings.otlp_endpoint`` (OTLP/HTTP protobuf). ``exporter`` overrides the
-    configured one with synchronous export (tests pass an in-memory exporter)."""
+    configured one with synchronous export (tests pass an in-memory exporter).
+
+    Root spans (a transaction attempt, a catch-up step, a replication batch) are
+    sampled with probability ``settings.trace_sample_ratio`` by trace id; their
+    children (discovery, the HTTP request, the result's write) follow the root's
+    decision, so a trace is whole or absent."""
     if exporter is None and settings.tracing_exporter == "none":
         return None
     attrs: dict[str, str] = {"service.name": SERVICE_NAME}
     if instance_name:
         attrs[n.ATTR_SERVICE_INSTANCE] = instance_name
-    provider = TracerProvider(resource=Resource.create(attrs))
+    sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
+    provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif settings.tracing_exporter == "console":
@@ -71,7 +78,21 @@ def setup_tracing(
     return provider
 
 
-@dataclass
+_OK = Status(StatusCode.OK)
+
+
+def child_span_dropped(tracer: trace.Tracer) -> bool:
+    """Whether a span opened now with ``tracer`` would be thrown away: tracing is off
+    (a no-op tracer), or the current span belongs to a trace that was not sampled
+    (its children follow the root's decision). Callers then skip the span and the
+    computing of its attributes altogether."""
+    if isinstance(tracer, trace.NoOpTracer):
+        return True
+    ctx = trace.get_current_span().get_span_context()
+    return ctx.is_valid and not ctx.trace_flags.sampled
+
+
+@dataclass(slots=True)
 class TransactionSpan:
     """Handle for a transaction attempt's span; call :meth:`finish` with the outcome."""
 
@@ -85,7 +106,7 @@ class TransactionSpan:
         if http_status is not None:
             self.span.set_attribute(n.ATTR_HTTP_STATUS, http_status)
         if outcome == "success":
-            self.span.set_status(Status(StatusCode.OK))
+            self.span.set_status(_OK)
         else:
             self.span.set_status(Status(StatusCode.ERROR, error or outcome))
 
@@ -95,6 +116,8 @@ class Tracing:
 
     def __init__(self, provider: TracerProvider | None) -> None:
         self.provider = provider
+        self.enabled = provider is not None
+        """False: no span is ever recorded; the hot paths skip opening any."""
         source: trace.TracerProvider = provider or trace.NoOpTracerProvider()
         self.tracer: trace.Tracer = source.get_tracer("federation_sender")
         """For components that open their own child spans (the federation client)."""
@@ -102,14 +125,17 @@ class Tracing:
 
     @contextmanager
     def transaction_attempt(self, destination: str, txn_id: str, *, pdu_count: int,
-                            edu_count: int, catchup: bool = False
-                            ) -> Iterator[TransactionSpan]:
+                            edu_count: int, catchup: bool = False,
+                            set_log_context: bool = True) -> Iterator[TransactionSpan]:
         """Span one attempt. An exception escaping the block marks outcome ``error``
-        (unless :meth:`TransactionSpan.finish` already set one) and is recorded."""
+        (unless :meth:`TransactionSpan.finish` already set one) and is recorded.
+        ``set_log_context=False``: the caller already put destination and txn id in
+        the log context (the queue runner does)."""
         attrs: dict[str, AttributeValue] = {n.ATTR_DESTINATION: destination, n.ATTR_TXN_ID: txn_id,
                  n.ATTR_PDU_COUNT: pdu_count, n.ATTR_EDU_COUNT: edu_count,
                  n.ATTR_CATCHUP: catchup}
-        with log_context(destination=destination, txn_id=txn_id), \
+        with (log_context(destination=destination, txn_id=txn_id) if set_log_context
+              else nullcontext()), \
                 self._tracer.start_as_current_span(
                     n.SPAN_TRANSACTION, attributes=attrs, record_exception=False,
                     set_status_on_exception=False) as span:

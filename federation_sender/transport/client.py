@@ -44,6 +44,7 @@ import ipaddress
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Protocol
 
@@ -56,6 +57,7 @@ from yarl import URL
 from federation_sender.clock import Clock
 from federation_sender.errors import FederationSenderError
 from federation_sender.telemetry import names
+from federation_sender.telemetry.tracing import child_span_dropped
 from federation_sender.transport.addresses import (
     AddressFilter,
     FilteringResolver,
@@ -81,6 +83,8 @@ logger = logging.getLogger(__name__)
 MAX_PDUS_PER_TXN = 50
 MAX_EDUS_PER_TXN = 100
 __all__ = ["SEND_PATH", "FederationClient", "TransportStats"]
+
+_NO_SPAN: AbstractContextManager[trace.Span] = nullcontext(trace.INVALID_SPAN)
 
 
 @dataclasses.dataclass
@@ -324,9 +328,13 @@ class FederationClient:
         session = self._session
         if session is None:
             raise RuntimeError("FederationClient used before start()")
+        tracer = self.tracer
+        # Tracing off, or this transaction not sampled: open no span at all (and do
+        # not build their attributes); ``INVALID_SPAN`` takes the calls below.
+        untraced = child_span_dropped(tracer)
         try:
-            with self.tracer.start_as_current_span(
-                    names.SPAN_DISCOVERY, attributes={names.ATTR_DESTINATION: destination}):
+            with (_NO_SPAN if untraced else tracer.start_as_current_span(
+                    names.SPAN_DISCOVERY, attributes={names.ATTR_DESTINATION: destination})):
                 resolved = await self.resolve(destination)
         except (FederationSenderError, OSError, ValueError) as e:
             return classify_exception(e)
@@ -335,11 +343,11 @@ class FederationClient:
             try:
                 if self._is_ip_literal(host):  # aiohttp's resolver never sees literals
                     self._filter.check(host)
-                with self.tracer.start_as_current_span(
+                with (_NO_SPAN if untraced else tracer.start_as_current_span(
                         names.SPAN_HTTP_REQUEST, kind=trace.SpanKind.CLIENT,
                         attributes={names.ATTR_HTTP_METHOD: "PUT",
                                     names.ATTR_SERVER_ADDRESS: host,
-                                    names.ATTR_SERVER_PORT: port}) as span:
+                                    names.ATTR_SERVER_PORT: port})) as span:
                     result = await self._put(session, host, port, resolved, prepared)
                     if result.status is not None:
                         span.set_attribute(names.ATTR_HTTP_STATUS, result.status)

@@ -7,6 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.metrics import (
+    CHILD_CACHE_LIMIT,
     Metrics,
     QueueSnapshot,
     new_registry,
@@ -120,3 +121,21 @@ async def test_metrics_server_serves_exposition_and_stops() -> None:
     async with aiohttp.ClientSession() as session:
         with pytest.raises(aiohttp.ClientConnectionError):
             await session.get(server.url + "/metrics")
+
+
+def test_labelled_children_are_cached_up_to_a_bound_and_all_counted() -> None:
+    registry = new_registry(process_metrics=False)
+    m = Metrics(registry)
+    codes = range(100, 100 + CHILD_CACHE_LIMIT + 50)  # more label sets than the cache
+    for _ in range(2):
+        for code in codes:
+            m.http_response("PUT", code)
+        m.transaction_finished("d.test", "success", 1, {"m.typing": 2}, 0.01)
+    assert len(m._responses) == CHILD_CACHE_LIMIT
+    assert all(value(registry, n.HTTP_RESPONSES + "_total", method="PUT", code=str(c)) == 2
+               for c in codes)
+    assert value(registry, n.SENT_EDUS_BY_TYPE + "_total", type="m.typing") == 4
+    assert value(registry, n.TRANSACTION_ATTEMPTS + "_total", outcome="success") == 2
+    assert value(registry, n.TRANSACTION_ATTEMPTS + "_total", outcome="permanent") == 0
+    with pytest.raises(ValueError, match="unknown transaction outcome"):
+        m.transaction_finished("d.test", "bogus", 1, {}, 0.01)

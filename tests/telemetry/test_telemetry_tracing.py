@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import logging
 
 import pytest
@@ -9,7 +10,11 @@ from opentelemetry.trace import StatusCode
 from federation_sender.config import TelemetrySettings
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.logging import current_log_context
-from federation_sender.telemetry.tracing import Tracing, setup_tracing
+from federation_sender.telemetry.metrics import Metrics, new_registry
+from federation_sender.telemetry.queue_observer import TelemetryObserver
+from federation_sender.telemetry.tracing import Tracing, child_span_dropped, setup_tracing
+from federation_sender.testing.clock import FakeClock
+from federation_sender.transport.result import Outcome
 
 
 @pytest.fixture
@@ -96,3 +101,66 @@ def test_log_lines_inside_a_span_carry_the_context(
         span.finish("success")
     (record,) = [r for r in caplog.records if r.getMessage() == "sending"]
     assert record.context == {"destination": "d.org", "txn_id": "t5"}  # type: ignore[attr-defined]
+
+
+def test_child_spans_are_skipped_when_nothing_would_record_them(
+        tracing: Tracing) -> None:
+    assert child_span_dropped(Tracing(None).tracer)  # tracing off: a no-op tracer
+    assert not child_span_dropped(tracing.tracer)  # no parent: a root is sampled
+    with tracing.transaction_attempt("a.org", "t1", pdu_count=1, edu_count=0):
+        assert not child_span_dropped(tracing.tracer)  # a sampled parent
+    unsampled = Tracing(setup_tracing(TelemetrySettings(trace_sample_ratio=0.0),
+                                      exporter=InMemorySpanExporter()))
+    with unsampled.transaction_attempt("a.org", "t2", pdu_count=1, edu_count=0):
+        assert child_span_dropped(unsampled.tracer)  # the root was not sampled
+
+
+def _observed_attempts(observer: TelemetryObserver, count: int) -> None:
+    """The telemetry calls of ``count`` transactions, children opened as the
+    federation client opens them (skipped when ``child_span_dropped``)."""
+
+    async def run() -> None:
+        tracer = observer.tracing.tracer
+        loop = asyncio.get_running_loop()
+        for i in range(count):
+            with observer.attempt("a.org", f"t{i}", 1, 0, False):
+                if not child_span_dropped(tracer):
+                    with tracer.start_as_current_span(n.SPAN_DISCOVERY):
+                        pass
+                committed: asyncio.Future[None] = loop.create_future()
+                observer.persisting("a.org", committed)
+                observer.transaction_sent("a.org", f"t{i}", Outcome.SUCCESS, 200, 1, 0, {},
+                                          10, 0.01, False)
+            committed.set_result(None)
+        await asyncio.sleep(0)
+
+    asyncio.run(run())
+
+
+def test_sampled_traces_are_whole_or_absent() -> None:
+    spans = InMemorySpanExporter()
+    provider = setup_tracing(TelemetrySettings(trace_sample_ratio=0.5), exporter=spans)
+    observer = TelemetryObserver(Metrics(new_registry(process_metrics=False)), provider,
+                                 FakeClock())
+    _observed_attempts(observer, 200)
+    by_trace: dict[int, list[str]] = {}
+    for s in spans.get_finished_spans():
+        assert s.context is not None
+        by_trace.setdefault(s.context.trace_id, []).append(s.name)
+    # About half the roots, each with both children (p of 0 or 200 kept: 2^-199).
+    assert 0 < len(by_trace) < 200
+    assert all(sorted(names) == sorted([n.SPAN_TRANSACTION, n.SPAN_DISCOVERY,
+                                        n.SPAN_PERSIST]) for names in by_trace.values())
+    assert observer.tracing.provider is not None
+    assert observer.tracing.provider.sampler.get_description().startswith("ParentBased")
+
+
+def test_tracing_off_opens_no_span_and_still_counts() -> None:
+    registry = new_registry(process_metrics=False)
+    observer = TelemetryObserver(Metrics(registry), None, FakeClock())
+    assert not observer.tracing.enabled
+    # The same no-op context for every attempt: nothing allocated per transaction.
+    assert observer.attempt("a.org", "t1", 1, 0, False) is observer.attempt(
+        "b.org", "t2", 1, 0, False)
+    _observed_attempts(observer, 3)
+    assert registry.get_sample_value(n.SENT_TRANSACTIONS + "_total") == 3
