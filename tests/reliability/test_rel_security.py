@@ -30,6 +30,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.admin.app import build_admin_app, openapi_document
+from federation_sender.admin.middleware import OPEN_ADMIN_PATHS
 from federation_sender.app import Worker
 from federation_sender.builders import (
     build_federation_client,
@@ -89,12 +90,17 @@ async def test_every_admin_route_refuses_missing_wrong_and_smuggled_tokens(
         storage=NativeBackend(sqlite_engine), token=TOKEN, queues=FakeQueueControl(sqlite_engine),
         clock=FakeClock(),
     )
-    routes = _admin_routes(app)
+    all_routes = _admin_routes(app)
     documented = {
         (m.upper(), p) for p, ops in openapi_document()["paths"].items() for m in ops
         if p.startswith(ADMIN)
     }
-    assert len(routes) == len(documented) >= 6  # no route escapes this test
+    assert len(all_routes) == len(documented) >= 6  # no route escapes this test
+    # The open ones are exactly those the middleware names (server_version, open in
+    # Synapse too); each answers without a token and carries no destination data.
+    open_routes = [(m, p) for m, p in all_routes if p in OPEN_ADMIN_PATHS]
+    assert [p for _, p in open_routes] == sorted(OPEN_ADMIN_PATHS)
+    routes = [r for r in all_routes if r not in open_routes]
     # Unknown routes and methods under the prefix must not reveal themselves either.
     routes += [("GET", ADMIN + "v1/federation/nope"), ("DELETE", ADMIN + "v1/federation/summary"),
                ("PUT", ADMIN + "v2/users/@a:b")]
@@ -120,6 +126,10 @@ async def test_every_admin_route_refuses_missing_wrong_and_smuggled_tokens(
                 assert TOKEN not in json.dumps(body)
             ok = await client.request(method, path, headers={"Authorization": f"Bearer {TOKEN}"})
             assert ok.status != 401
+        for method, path in open_routes:
+            resp = await client.request(method, path)
+            assert resp.status == 200, (method, path)
+            assert set(await resp.json()) == {"server_version"}
 
 
 async def _raw_get(port: int, target: str, extra: bytes = b"") -> tuple[int, bytes]:

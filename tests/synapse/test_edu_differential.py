@@ -177,11 +177,35 @@ def normalise(run: Run, room: Room, edu: dict[str, Any], prev: dict[str, int]) -
     return t, c
 
 
+SIGNING_KEY_TYPES = ("m.signing_key_update", "org.matrix.signing_key_update")
+
+
+def merge_signing_key_updates(edus: list[Any]) -> list[Any]:
+    """One signing-key update per type and user, at its first place: the keys of one
+    upload reach the outbox as one poke per key, and whether a sender reads them in one
+    window or two is timing (both senders split them on a busy machine); a receiver
+    merges the updates either way, so the merged keys are what must agree."""
+    out: list[Any] = []
+    merged: dict[tuple[str, str], dict[str, Any]] = {}
+    for t, c in edus:
+        if t not in SIGNING_KEY_TYPES:
+            out.append((t, c))
+            continue
+        key = (t, c["user_id"])
+        if key in merged:
+            merged[key].update(c)
+        else:
+            merged[key] = dict(c)
+            out.append((t, merged[key]))
+    return out
+
+
 def capture(room: Room, run: Run) -> list[list[Any]]:
     out = []
     for peer in room.peers:
         prev: dict[str, int] = {}
-        out.append([normalise(run, room, e, prev) for e in received(room, run, peer)])
+        out.append(merge_signing_key_updates(
+            [normalise(run, room, e, prev) for e in received(room, run, peer)]))
     return out
 
 
