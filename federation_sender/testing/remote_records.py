@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
@@ -36,13 +36,7 @@ class Behaviour:
 
     def after_times(self) -> Behaviour:
         """What follows once ``times`` ran out: normal status, the same refusals."""
-        return Behaviour(
-            max_body_bytes=self.max_body_bytes,
-            reject_event_ids=self.reject_event_ids,
-            reject_edu_types=self.reject_edu_types,
-            reject_message_ids=self.reject_message_ids,
-            reject_status=self.reject_status,
-        )
+        return replace(self, status=200, times=None, delay_s=0.0, hang=False)
 
 
 @dataclass(frozen=True)
