@@ -281,18 +281,21 @@ class NullExporter:
         return True
 
 
-def production_observer(spans: bool = True) -> tuple[Any, Any, Any]:
-    """The worker's TelemetryObserver, metrics on and spans recorded (see the module),
-    its tracer provider (to shut down) and its metrics."""
+def production_observer(spans: bool = True, sample_ratio: float = 1.0
+                        ) -> tuple[Any, Any, Any]:
+    """The worker's TelemetryObserver, metrics on and spans recorded (see the module;
+    ``sample_ratio``: ``telemetry.trace_sample_ratio``, the worker's sampler), its
+    tracer provider (to shut down) and its metrics."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
     from federation_sender.telemetry.metrics import Metrics, new_registry
     from federation_sender.telemetry.queue_observer import TelemetryObserver
 
     provider: TracerProvider | None = None
     if spans:
-        provider = TracerProvider()
+        provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
         provider.add_span_processor(BatchSpanProcessor(NullExporter()))  # type: ignore[arg-type]
     metrics = Metrics(new_registry())
     return TelemetryObserver(metrics, provider, SystemClock()), provider, metrics
@@ -360,10 +363,12 @@ class Deliveries:
 
 
 SENDERS = ("stand-in", "production")
-EXTRA_SENDERS = ("production-default-telemetry", "production-no-telemetry")
+EXTRA_SENDERS = ("production-default-telemetry", "production-no-telemetry",
+                 "production-sampled")
 """The production client with the default telemetry (metrics on, tracing off: the
-``tracing_exporter = "none"`` default), and without any observer: what spans and
-metrics cost."""
+``tracing_exporter = "none"`` default), without any observer, and with tracing on at
+``telemetry.trace_sample_ratio = 0.1``: what spans and metrics cost."""
+SAMPLED_RATIO = 0.1
 
 
 @dataclass
@@ -429,7 +434,8 @@ def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> B
     if kind == "production-no-telemetry":
         return BenchSender(kind, client, counter)
     observer, provider, metrics = production_observer(
-        spans=kind != "production-default-telemetry")
+        spans=kind != "production-default-telemetry",
+        sample_ratio=SAMPLED_RATIO if kind == "production-sampled" else 1.0)
     # As app.py wires them: the client's spans and HTTP counters in the same telemetry.
     client.tracer = observer.tracing.tracer
     client.request_counter = metrics
