@@ -121,7 +121,8 @@ class TelemetryObserver:
     def state_changed(
         self, destination: str, old: DestinationState, new: DestinationState
     ) -> None:
-        log.debug("destination %s: %s -> %s", destination, old.value, new.value)
+        if log.isEnabledFor(logging.DEBUG):  # twice per transaction: skip the enum reads
+            log.debug("destination %s: %s -> %s", destination, old.value, new.value)
 
     def backoff_changed(self, destination: str, retry_interval_s: float) -> None:
         pass
