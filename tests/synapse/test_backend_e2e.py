@@ -16,14 +16,12 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 import pytest
 import redis
 from backend_support import OurWorker
 
-from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.replication_tap import ReplicationTap, cache_invalidations
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
@@ -43,24 +41,6 @@ class Room:
     joins: list[JoinedRoom]
 
 
-@pytest.fixture(scope="module")
-def ours(
-    synapse_deployment: SynapseDeployment, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OurWorker]:
-    synapse_deployment.stop_federation_sender()
-    worker = OurWorker(synapse_deployment, tmp_path_factory.mktemp("ours"))
-    worker.start()
-    yield worker
-    worker.stop()
-    synapse_deployment.stop_federation_sender()
-
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
-        yield net
 
 
 @pytest.fixture(scope="module")

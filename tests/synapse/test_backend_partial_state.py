@@ -12,35 +12,15 @@ to exactly the servers named at the join.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 
 import pytest
 from backend_support import OurWorker
 
-from federation_sender.testing.certs import LoopbackCA
-from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import PeerNetwork
 
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture(scope="module")
-def ours(
-    synapse_deployment: SynapseDeployment, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OurWorker]:
-    synapse_deployment.stop_federation_sender()
-    worker = OurWorker(synapse_deployment, tmp_path_factory.mktemp("ours-partial"))
-    worker.start()
-    yield worker
-    worker.stop()
-
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
-        yield net
 
 
 def test_backend_partial_state_room_goes_to_the_servers_named_at_join(

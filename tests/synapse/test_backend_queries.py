@@ -15,7 +15,7 @@ import dataclasses
 import json
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -39,7 +39,6 @@ from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.hosts import RedisExternalCache, StateGroupHostsCache
 from federation_sender.synapse.wiring import ReplicationSignals
 from federation_sender.synapse.writes import PendingSignals
-from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
@@ -80,13 +79,6 @@ class Room:
     peers: list[FederationPeer]
     join_ids: list[str]
 
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
-        yield net
 
 
 @pytest.fixture(scope="module")

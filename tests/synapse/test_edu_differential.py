@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import urllib.parse
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from backend_support import OurWorker
 
-from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
@@ -43,13 +42,6 @@ class Room:
     alice: User
     peers: list[FederationPeer]
 
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("edu-diff-peers")) as net:
-        yield net
 
 
 @pytest.fixture(scope="module")

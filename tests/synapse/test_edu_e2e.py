@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import urllib.parse
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from backend_support import OurWorker
 
-from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.synapse_client import User
-from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 from tests.synapse import edu_support as e2ee
 
@@ -30,23 +27,6 @@ class Room:
     peers: list[FederationPeer]
 
 
-@pytest.fixture(scope="module")
-def ours(
-    synapse_deployment: SynapseDeployment, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OurWorker]:
-    synapse_deployment.stop_federation_sender()
-    worker = OurWorker(synapse_deployment, tmp_path_factory.mktemp("ours-edus"))
-    worker.start()
-    yield worker
-    worker.stop()
-
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("edu-e2e-peers")) as net:
-        yield net
 
 
 @pytest.fixture(scope="module")

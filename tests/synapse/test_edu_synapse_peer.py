@@ -23,16 +23,6 @@ pytestmark = pytest.mark.postgres
 WAIT_S = 30.0
 
 
-@pytest.fixture(scope="module")
-def ours(
-    synapse_deployment: SynapseDeployment, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[OurWorker]:
-    synapse_deployment.stop_federation_sender()
-    worker = OurWorker(synapse_deployment, tmp_path_factory.mktemp("ours-peer"))
-    worker.start()
-    yield worker
-    worker.stop()
-
 
 @pytest.fixture(scope="module")
 def peer(loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory

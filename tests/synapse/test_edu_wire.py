@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import json
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,7 +18,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.edus import device_lists as dl
-from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
@@ -34,13 +33,6 @@ class Room:
     alice: User
     peers: list[FederationPeer]
 
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("edu-peers")) as net:
-        yield net
 
 
 @pytest.fixture(scope="module")

@@ -15,26 +15,15 @@ from __future__ import annotations
 
 import uuid
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
-from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.our_sender import OurSender
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 
 Labels = list[Counter[str]]
 
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
-        yield net
 
 
 def label(pdu: dict[str, Any], who: dict[str, str]) -> str:

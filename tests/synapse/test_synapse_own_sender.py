@@ -16,7 +16,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.replication_tap import ReplicationTap, cache_invalidations
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
@@ -39,13 +38,6 @@ def own_sender(synapse_deployment: SynapseDeployment) -> Iterator[SynapseDeploym
     yield synapse_deployment
     synapse_deployment.stop_federation_sender()
 
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
-        yield net
 
 
 @pytest.fixture(scope="module")

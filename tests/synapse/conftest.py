@@ -1,0 +1,38 @@
+"""Module-scoped fixtures the real-Synapse tests share (the Synapse deployment itself is
+session-scoped in tests/conftest.py). A module that needs something else defines its
+own fixture of the same name."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from backend_support import OurWorker
+
+from federation_sender.testing.certs import LoopbackCA
+from federation_sender.testing.synapse_deployment import SynapseDeployment
+from federation_sender.testing.synapse_peer import PeerNetwork
+
+
+@pytest.fixture(scope="module")
+def network(
+    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PeerNetwork]:
+    """Fake remote servers for this module, joining the session's Synapse over
+    federation."""
+    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
+        yield net
+
+
+@pytest.fixture(scope="module")
+def ours(
+    synapse_deployment: SynapseDeployment, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OurWorker]:
+    """Our worker as the deployment's federation sender, Synapse's own stopped; on the
+    way out Synapse's is stopped too in case a test handed over to it."""
+    synapse_deployment.stop_federation_sender()
+    worker = OurWorker(synapse_deployment, tmp_path_factory.mktemp("ours"))
+    worker.start()
+    yield worker
+    worker.stop()
+    synapse_deployment.stop_federation_sender()
