@@ -137,13 +137,16 @@ class SimStore:
         for p in out.events:
             if not p.event.outlier:
                 extremities[p.event.room_id] = p.event.extremities_after
-        await w.insert_rows(conn, schema.events, self._event_rows(out))
-        await w.insert_rows(conn, schema.room_memberships, _member_rows(out))
-        await w.replace_extremities(conn, extremities)
-        await self._partial_state(conn, batch)
         now_ms = time_ms(self.clock)
-        await w.insert_rows(conn, schema.device_federation_outbox, _outbox_rows(out, now_ms))
-        await w.insert_rows(conn, schema.device_lists_outbound_pokes, _poke_rows(out, now_ms))
+        await w.write_main_rows(
+            conn,
+            events=self._event_rows(out),
+            memberships=_member_rows(out),
+            extremities=extremities,
+            to_device=_outbox_rows(out, now_ms),
+            pokes=_poke_rows(out, now_ms),
+        )
+        await self._partial_state(conn, batch)
 
     def _event_rows(self, out: PersistedBatch) -> list[dict[str, Any]]:
         return [

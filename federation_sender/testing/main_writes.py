@@ -3,7 +3,9 @@
 Both stand-ins for the main process use it: the simulator's store
 (:class:`federation_sender.sim.store.SimStore`, whole batches of a simulated world) and
 the queue tests' writer (:class:`federation_sender.testing.queue_writer.HomeserverWriter`,
-one event at a time). Row builders are pure; the two writes are chunked bulk inserts.
+one event at a time). Row builders are pure; :func:`write_main_rows` is the one write
+both make, inside the caller's transaction; they differ only in how they allocate stream
+ids (the simulator reserves them from its publisher, the queue writer counts locally).
 """
 
 from __future__ import annotations
@@ -117,3 +119,22 @@ async def replace_extremities(
         await conn.execute(delete(fx).where(fx.c.room_id.in_(chunk)))
     rows = [{"event_id": e, "room_id": r} for r in rooms for e in extremities[r]]
     await insert_rows(conn, fx, rows)
+
+
+async def write_main_rows(
+    conn: AsyncConnection,
+    *,
+    events: Sequence[Row] = (),
+    memberships: Sequence[Row] = (),
+    extremities: Mapping[str, Sequence[str]] | None = None,
+    to_device: Sequence[Row] = (),
+    pokes: Sequence[Row] = (),
+) -> None:
+    """Everything a batch of the main process writes, in one transaction (the caller's):
+    events, their membership rows, each room's new forward extremities, to-device outbox
+    rows and device-list pokes."""
+    await insert_rows(conn, schema.events, events)
+    await insert_rows(conn, schema.room_memberships, memberships)
+    await replace_extremities(conn, extremities or {})
+    await insert_rows(conn, schema.device_federation_outbox, to_device)
+    await insert_rows(conn, schema.device_lists_outbound_pokes, pokes)

@@ -89,15 +89,13 @@ class HomeserverWriter:
         memberships: Sequence[dict[str, Any]],
         set_extremity: bool,
     ) -> None:
+        last: dict[str, list[str]] = {}
+        if set_extremity:
+            for r in rows:
+                if not r["outlier"]:
+                    last[r["room_id"]] = [r["event_id"]]
         async with self.engine.begin() as conn:
-            await w.insert_rows(conn, s.events, rows)
-            await w.insert_rows(conn, s.room_memberships, memberships)
-            if set_extremity:
-                last: dict[str, list[str]] = {}
-                for r in rows:
-                    if not r["outlier"]:
-                        last[r["room_id"]] = [r["event_id"]]
-                await w.replace_extremities(conn, last)
+            await w.write_main_rows(conn, events=rows, memberships=memberships, extremities=last)
 
     async def membership(
         self, room_id: str, user_id: str, membership: str, sender: str | None = None
@@ -186,7 +184,7 @@ class HomeserverWriter:
         self._outbox_stream += 1
         row = w.outbox_row(destination, self._outbox_stream, 0, content)
         async with self.engine.begin() as conn:
-            await w.insert_rows(conn, s.device_federation_outbox, [row])
+            await w.write_main_rows(conn, to_device=[row])
         return self._outbox_stream
 
     async def device_list(self, destination: str, user_id: str, device_id: str) -> int:
@@ -194,5 +192,5 @@ class HomeserverWriter:
         content = {"deleted": False}
         row = w.poke_row(destination, self._outbox_stream, user_id, device_id, 0, content)
         async with self.engine.begin() as conn:
-            await w.insert_rows(conn, s.device_lists_outbound_pokes, [row])
+            await w.write_main_rows(conn, pokes=[row])
         return self._outbox_stream
