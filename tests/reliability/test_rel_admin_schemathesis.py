@@ -1,7 +1,7 @@
 """schemathesis against the admin API's own OpenAPI document.
 
-The app runs on a real loopback listener (its own event loop in a thread, since
-schemathesis calls synchronously) over a seeded SQLite database and the fake queue
+The app runs on a real loopback listener (in a child process, ``admin_server.py``,
+since schemathesis calls synchronously) over a seeded SQLite database and the fake queue
 control. Every operation is called with generated parameters, with the right token
 (and, separately, without one); all of schemathesis' checks run: no 5xx, status codes,
 content types, headers and bodies as documented, and the methods a route does not
@@ -12,27 +12,20 @@ Default: 60 cases per operation. ``FUZZ_LONG=1``: 2,000.
 
 from __future__ import annotations
 
-import asyncio
 import os
-import threading
+import subprocess
+import sys
 from collections.abc import Iterator
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 import schemathesis
 import schemathesis.checks
-from aiohttp import web
 from hypothesis import HealthCheck, settings
 
-from federation_sender.admin.app import build_admin_app, openapi_document
+from federation_sender.admin.app import openapi_document
 from federation_sender.admin.middleware import OPEN_ADMIN_PATHS
-from federation_sender.storage.engine import create_engine
-from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
-from federation_sender.testing.admin_fakes import FakeQueueControl, seed_destinations
-from federation_sender.testing.clock import FakeClock
 
 TOKEN = "schemathesis-admin-token"
 CASES = 2_000 if os.environ.get("FUZZ_LONG") else 60
@@ -41,48 +34,34 @@ schema = schemathesis.openapi.from_dict(openapi_document())
 
 
 class ServedApp:
-    """The admin app on 127.0.0.1 in a background thread with its own loop."""
+    """The admin app on 127.0.0.1 in a child process (``admin_server.py`` says why)."""
 
     def __init__(self, db: Path) -> None:
         self.db = db
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.port = 0
-        self._runner: web.AppRunner | None = None
-
-    def _run(self, coro: Any) -> Any:
-        fut: Future[Any] = asyncio.run_coroutine_threadsafe(coro, self.loop)
-        return fut.result(60)
-
-    async def _start(self) -> None:
-        self.engine = create_engine(f"sqlite:///{self.db}")
-        await upgrade(self.engine)
-        clock = FakeClock()
-        queues = FakeQueueControl(self.engine)
-        await seed_destinations(self.engine, clock, 30, queues=queues)
-        app = build_admin_app(
-            storage=NativeBackend(self.engine), token=TOKEN, queues=queues, clock=clock,
-        )
-        self._runner = web.AppRunner(app, access_log=None)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", 0)
-        await site.start()
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-
-    async def _stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        await self.engine.dispose()
+        self.proc: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        self.thread.start()
-        self._run(self._start())
+        script = Path(__file__).with_name("admin_server.py")
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), str(self.db), TOKEN],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()  # the port, once it listens (or "" if it died)
+        assert line.strip().isdigit(), f"admin server did not start (exit {self.proc.poll()})"
+        self.port = int(line)
 
     def stop(self) -> None:
-        self._run(self._stop())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        if self.proc is None:
+            return
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()  # the server stops when its stdin closes
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
 
     @property
     def base_url(self) -> str:
