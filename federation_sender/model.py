@@ -14,6 +14,7 @@ them in ``federation_stream_position`` under exactly these two names).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -66,6 +67,15 @@ class DestinationRow:
     retry_interval: int | None
     failure_ts: int | None
     last_successful_stream_ordering: int | None
+
+    @classmethod
+    def from_columns(cls, r: Sequence[object]) -> DestinationRow:
+        """From ``destinations``' five columns in declaration order (either backend)."""
+
+        def opt(v: object) -> int | None:
+            return None if v is None else int(v)  # type: ignore[call-overload]
+
+        return cls(str(r[0]), opt(r[1]), opt(r[2]), opt(r[3]), opt(r[4]))
 
     @property
     def backing_off(self) -> bool:

@@ -102,13 +102,6 @@ async def upsert_destination_rooms(
     )
 
 
-def _drow(r: Sequence[object]) -> DestinationRow:
-    def opt(v: object) -> int | None:
-        return None if v is None else int(v)  # type: ignore[call-overload]
-
-    return DestinationRow(str(r[0]), opt(r[1]), opt(r[2]), opt(r[3]), opt(r[4]))
-
-
 _DCOLS = (
     d.c.destination,
     d.c.retry_last_ts,
@@ -123,7 +116,7 @@ _GET_DESTINATION = select(*_DCOLS).where(d.c.destination == bindparam("dest"))
 
 async def get_destination(conn: AsyncConnection, destination: str) -> DestinationRow | None:
     r = (await conn.execute(_GET_DESTINATION, {"dest": destination})).first()
-    return None if r is None else _drow(tuple(r))
+    return None if r is None else DestinationRow.from_columns(tuple(r))
 
 
 async def get_destinations(
@@ -132,7 +125,7 @@ async def get_destinations(
     if not names:
         return {}
     res = await conn.execute(select(*_DCOLS).where(d.c.destination.in_(list(names))))
-    return {row.destination: row for row in (_drow(tuple(r)) for r in res)}
+    return {row.destination: row for row in map(DestinationRow.from_columns, res)}
 
 
 async def set_retry_timings(

@@ -79,13 +79,6 @@ _INVALIDATE = text(
 )
 
 
-def _dest_row(r: Sequence[object]) -> DestinationRow:
-    def opt(v: object) -> int | None:
-        return None if v is None else int(v)  # type: ignore[call-overload]
-
-    return DestinationRow(str(r[0]), opt(r[1]), opt(r[2]), opt(r[3]), opt(r[4]))
-
-
 _DEST_COLS = (
     destinations.c.destination,
     destinations.c.retry_last_ts,
@@ -101,7 +94,7 @@ async def get_destinations(
     if not names:
         return {}
     res = await conn.execute(select(*_DEST_COLS).where(destinations.c.destination.in_(list(names))))
-    return {row.destination: row for row in map(_dest_row, res)}
+    return {row.destination: row for row in map(DestinationRow.from_columns, res)}
 
 
 async def ensure_destinations(conn: AsyncConnection, names: Collection[str]) -> None:
