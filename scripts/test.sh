@@ -8,11 +8,19 @@ echo "== ruff"; .venv/bin/ruff check federation_sender tests bench migrations
 echo "== mypy"; .venv/bin/mypy
 echo "== pytest"
 set +e
-.venv/bin/pytest "$@"
+# The schemathesis module runs in its own pytest process first. CPython 3.11's AST
+# converter is not safe across threads of one interpreter, and inside the whole run
+# (threads other modules leave behind) Hypothesis's ast.parse failed there with
+# "SystemError: AST constructor recursion depth mismatch" in 3 of 5 runs; alone, never.
+SCHEMATHESIS=tests/reliability/test_rel_admin_schemathesis.py
+.venv/bin/pytest "$@" "$SCHEMATHESIS"
+rc_first=$?
+.venv/bin/pytest "$@" --ignore="$SCHEMATHESIS"
 rc=$?
 set -e
-if [ "$rc" -eq 5 ]; then
+if [ "$rc" -eq 5 ] || [ "$rc_first" -eq 5 ]; then
   echo "test.sh: pytest collected no tests; that is a broken run" >&2
   exit 1
 fi
+if [ "$rc_first" -ne 0 ]; then exit "$rc_first"; fi
 exit "$rc"
