@@ -127,8 +127,11 @@ async def test_to_device_content_is_the_outbox_row(
         network.wait_for(lambda: any(e["content"] == stored[-1]
                                      for e in peer.edus("m.direct_to_device")),
                          what="the to-device EDU from Synapse's worker")
+        # Synapse deletes what was delivered, after it has read the 200: the peer can
+        # record the EDU before the worker's delete commits, so wait for the delete.
+        e2ee.poll(lambda: d.sql(
+            "SELECT count(*) FROM device_federation_outbox WHERE destination = "
+            f"'{peer.server_name}'").strip() == "0",
+            what="Synapse's worker to delete the delivered to-device row")
     finally:
         d.stop_federation_sender()
-    left = d.sql("SELECT count(*) FROM device_federation_outbox WHERE destination = "
-                 f"'{peer.server_name}'").strip()
-    assert left == "0"  # Synapse deletes what was delivered
