@@ -54,6 +54,22 @@ class FederationPeer:
     """Rooms this peer created (see :mod:`federation_sender.testing.peer_rooms`)."""
     send_status: int = 200
     """Answer ``/send`` with this status (200 accepts; anything else refuses)."""
+    event_ids_seen: set[str] = field(default_factory=set, repr=False)
+    """Every distinct event id received (kept as transactions are recorded, so a wait
+    over thousands of events and hundreds of peers does not rescan every transaction)."""
+    _txn_keys: set[tuple[str, str]] = field(default_factory=set, repr=False)
+
+    def record_transaction(self, txn: ReceivedTransaction) -> bool:
+        """Record ``txn`` unless its ``(origin, txn_id)`` was recorded before (a retry,
+        counted in ``retried_transactions``, as Synapse deduplicates); True if new."""
+        key = (txn.origin, txn.txn_id)
+        if key in self._txn_keys:
+            self.retried_transactions += 1
+            return False
+        self._txn_keys.add(key)
+        self.transactions.append(txn)
+        self.event_ids_seen.update(txn.event_ids)
+        return True
 
     def user_id(self, localpart: str = "peer") -> str:
         return f"@{localpart}:{self.server_name}"

@@ -117,7 +117,7 @@ class RequestBuilder:
             content=body, destination=txn.destination, method="PUT", origin=self._origin,
             uri=path,
         )
-        auth = self._header(txn.destination, self._key.raw.sign(message).signature)
+        auth = self._header(txn.destination, self._key.sign_bytes(message))
         self.signatures += 1
         prepared = PreparedRequest(
             txn.txn_id, tuple(txn.pdus), tuple(txn.edus), path, body, auth

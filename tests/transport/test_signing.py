@@ -212,3 +212,19 @@ def test_verify_accepts_keys_decoded_from_published_bytes() -> None:
         )
         == "origin.example"
     )
+
+
+@given(message=st.binary(max_size=4096))
+def test_sign_bytes_is_libsodiums_signature(message: bytes) -> None:
+    # OpenSSL signs the hot path; ed25519 is deterministic, so it must be the very
+    # signature PyNaCl (libsodium, what signedjson uses) gives, and verify with it.
+    key = parse_key_file(f"ed25519 a_fix {SEED_B64}\n")[0]
+    sig = key.sign_bytes(message)
+    assert sig == key.raw.sign(message).signature
+    key.verify_key.verify(message, sig)
+
+
+def test_sign_bytes_matches_on_a_transaction_sized_message() -> None:
+    key = SigningKey.generate()
+    message = os.urandom(64 * 1024)
+    assert key.sign_bytes(message) == key.raw.sign(message).signature
