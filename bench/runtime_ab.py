@@ -12,11 +12,15 @@ the load of other jobs on the machine falls on both alike.
   (``RequestBuilder.prepare``: PDU encodings shared, body assembled, signed over the
   same bytes); and the ed25519 signature alone over such a body, the floor.
 
+``signing``: the event loop thread's CPU per signature at body sizes from 2 to 42 KB,
+signed inline against handed to a signing thread (``run_in_executor``, 50 concurrent
+tasks, as ``RequestBuilder.prepare_async`` does above its ``offload_bytes``).
+
 ``loop``: the fan-out engine phase (``fanout.py``, production sender) with the default
 asyncio event loop against uvloop, both for the sender's process (receivers unchanged),
 with a fresh database per run.
 
-    .venv/bin/python bench/runtime_ab.py [encoders] [loop] [--rounds 4] [--dests 200] \
+    .venv/bin/python bench/runtime_ab.py [encoders] [signing] [loop] [--rounds 4] [--dests 200] \
         [--events 200]
 """
 
@@ -167,16 +171,58 @@ def loop(rounds: int, dests: int, events: int) -> None:
            f"sender ({rounds} interleaved rounds)", rows)
 
 
+def signing(rounds: int) -> None:
+    """Loop-thread CPU per signature: inline against offloaded, interleaved."""
+    import os
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def run() -> list[tuple[str, str]]:
+        pool = ThreadPoolExecutor(1, thread_name_prefix="federation-sign")
+        loop = asyncio.get_running_loop()
+        rows: list[tuple[str, str]] = [("load average (1/5/15 min)", load_average())]
+        n = 1000
+        for size in (2_000, 4_000, 8_000, 16_000, 42_000):
+            msg = os.urandom(size)
+            got: dict[str, list[float]] = {"inline": [], "offloaded": []}
+
+            async def inline(msg: bytes = msg) -> None:
+                for _ in range(n):
+                    KEY.sign_bytes(msg)
+
+            async def offloaded(msg: bytes = msg) -> None:
+                async def one(k: int) -> None:
+                    for _ in range(k):
+                        await loop.run_in_executor(pool, KEY.sign_bytes, msg)
+                await asyncio.gather(*(one(n // 50) for _ in range(50)))
+
+            for r in range(rounds):
+                pair = [("inline", inline), ("offloaded", offloaded)]
+                for name, fn in (pair if r % 2 == 0 else pair[::-1]):
+                    t0 = time.thread_time()
+                    await fn()
+                    got[name].append(1e6 * (time.thread_time() - t0) / n)
+            rows.append((f"{size:,} bytes: loop-thread µs per signature, inline / offloaded",
+                         f"{statistics.median(got['inline']):.1f} / "
+                         f"{statistics.median(got['offloaded']):.1f}"))
+        pool.shutdown()
+        return rows
+
+    report(f"signing on the event loop or the signing thread ({rounds} rounds)",
+           asyncio.run(run()))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("what", nargs="*", default=["encoders", "loop"],
-                    choices=["encoders", "loop"])
+    ap.add_argument("what", nargs="*", default=["encoders", "signing", "loop"],
+                    choices=["encoders", "signing", "loop"])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dests", type=int, default=200)
     ap.add_argument("--events", type=int, default=200)
     a = ap.parse_args()
     if "encoders" in a.what:
         encoders(a.rounds)
+    if "signing" in a.what:
+        signing(a.rounds)
     if "loop" in a.what:
         loop(a.rounds, a.dests, a.events)
 
