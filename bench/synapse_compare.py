@@ -188,7 +188,8 @@ def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: 
     d.start()
     sender = Sender(kind, d, root / f"hs{index}")
     try:
-        with PeerNetwork(ca, root / f"peers{index}", reuse_event_ids=True) as net:
+        with PeerNetwork(ca, root / f"peers{index}", reuse_event_ids=True,
+                         keep_pdus=False) as net:
             peers = net.add_peers(a.dests)
             users = []
             for i in range(a.rooms):

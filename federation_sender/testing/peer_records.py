@@ -78,8 +78,11 @@ class FederationPeer:
         """How many times each event id arrived, over distinct transactions."""
         counts: Counter[str] = Counter()
         for txn in self.transactions:
-            for eid, pdu in zip(txn.event_ids, txn.pdus, strict=True):
-                if room_id is None or pdu.get("room_id") == room_id:
+            if room_id is None:
+                counts.update(txn.event_ids)
+                continue
+            for eid, pdu in zip(txn.event_ids, txn.pdus, strict=True):  # bodies kept
+                if pdu.get("room_id") == room_id:
                     counts[eid] += 1
         return counts
 

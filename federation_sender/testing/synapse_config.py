@@ -177,6 +177,7 @@ def homeserver_config(layout: SynapseLayout) -> dict[str, Any]:
         "rc_message": _UNLIMITED,
         "rc_registration": _UNLIMITED,
         "rc_joins": {"local": _UNLIMITED, "remote": _UNLIMITED},
+        "rc_joins_per_room": _UNLIMITED,
         "rc_login": {"address": _UNLIMITED, "account": _UNLIMITED},
         "rc_invites": {"per_room": _UNLIMITED, "per_user": _UNLIMITED},
     }

@@ -87,12 +87,19 @@ class PeerNetwork:
     """Peers on a background event loop; see the module docstring."""
 
     def __init__(
-        self, ca: LoopbackCA, directory: Path, *, reuse_event_ids: bool = False
+        self,
+        ca: LoopbackCA,
+        directory: Path,
+        *,
+        reuse_event_ids: bool = False,
+        keep_pdus: bool = True,
     ) -> None:
         """``reuse_event_ids``: an event id, once computed, is reused for a PDU of the
         same room with the same content hash, origin_server_ts and prev_events, rather
-        than computed again for every peer that receives it. For benchmarks with
-        hundreds of peers in this one thread; tests compute every id."""
+        than computed again for every peer that receives it. ``keep_pdus=False``: a
+        recorded transaction keeps its event ids, EDUs and arrival time but not the PDU
+        bodies (``pdus`` is empty; a million deliveries would hold gigabytes). Both for
+        benchmarks with hundreds of peers in this one thread; tests keep the defaults."""
         self._certs: CertFiles = ca.issue(directory, ["localhost", "127.0.0.1", "::1"])
         self._client_ssl = ssl.create_default_context(cafile=str(ca.cert_path))
         self._clock = SystemClock()
@@ -104,6 +111,7 @@ class PeerNetwork:
         self._keys: dict[str, dict[str, Any]] = {}
         self._room_versions: dict[str, str] = {}
         self._reuse_event_ids = reuse_event_ids
+        self._keep_pdus = keep_pdus
         self._event_ids: dict[tuple[str, ...], str] = {}
         self.peers: list[FederationPeer] = []
 
@@ -224,7 +232,8 @@ class PeerNetwork:
         pdus = tuple(body.get("pdus", ()))
         ids = tuple(self._event_id(p) for p in pdus)
         txn = ReceivedTransaction(
-            origin, txn_id, pdus, tuple(body.get("edus", ())), ids, self._clock.monotonic_s()
+            origin, txn_id, pdus if self._keep_pdus else (), tuple(body.get("edus", ())), ids,
+            self._clock.monotonic_s(),
         )
 
         self._record(lambda: peer.record_transaction(txn))
