@@ -169,7 +169,7 @@ def build_listeners(
                 "telemetry.metrics_port",
                 s.telemetry.metrics_bind,
                 s.telemetry.metrics_port,
-                metrics_app(registry),
+                metrics_app(registry, s.server_name),
                 None,
             )
         )

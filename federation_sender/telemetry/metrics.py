@@ -287,11 +287,36 @@ def _child(cache: dict[_K, _M], metric: _M, key: _K, labels: tuple[str, ...]) ->
     return child
 
 
-def metrics_app(registry: CollectorRegistry) -> web.Application:
-    """``GET /metrics`` (and Synapse's ``/_synapse/metrics``) in text exposition format."""
+SERVER_NAME_LABEL = "server_name"
+
+
+class ServerNameLabelled:
+    """The registry as scraped: every ``synapse_*`` sample also carries
+    ``server_name="<ours>"``, as Synapse labels its own (so a dashboard or alert that
+    selects by server name finds the worker's series). Added at scrape time: recording
+    stays as cheap as before, and our own ``federation_sender_*`` series are unchanged."""
+
+    def __init__(self, registry: CollectorRegistry, server_name: str) -> None:
+        self._registry = registry
+        self._server_name = server_name
+
+    def collect(self) -> Iterable[Metric]:
+        for family in self._registry.collect():
+            if family.name.startswith("synapse_"):
+                family.samples = [
+                    s._replace(labels={**s.labels, SERVER_NAME_LABEL: self._server_name})
+                    for s in family.samples
+                ]
+            yield family
+
+
+def metrics_app(registry: CollectorRegistry, server_name: str | None = None) -> web.Application:
+    """``GET /metrics`` (and Synapse's ``/_synapse/metrics``) in text exposition format;
+    with ``server_name``, Synapse's series carry it as a label (:class:`ServerNameLabelled`)."""
+    source = registry if server_name is None else ServerNameLabelled(registry, server_name)
 
     async def scrape(request: web.Request) -> web.Response:
-        body = generate_latest(registry)
+        body = generate_latest(source)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application()
@@ -300,7 +325,7 @@ def metrics_app(registry: CollectorRegistry) -> web.Application:
     return app
 
 
-async def start_metrics_server(bind: str, port: int,
-                               registry: CollectorRegistry) -> RunningServer:
+async def start_metrics_server(bind: str, port: int, registry: CollectorRegistry,
+                               server_name: str | None = None) -> RunningServer:
     """Serve the registry; ``await server.stop()`` to stop. ``port=0`` picks a port."""
-    return await start_http_server(metrics_app(registry), bind, port)
+    return await start_http_server(metrics_app(registry, server_name), bind, port)

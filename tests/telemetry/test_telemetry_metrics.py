@@ -139,3 +139,27 @@ def test_labelled_children_are_cached_up_to_a_bound_and_all_counted() -> None:
     assert value(registry, n.TRANSACTION_ATTEMPTS + "_total", outcome="permanent") == 0
     with pytest.raises(ValueError, match="unknown transaction outcome"):
         m.transaction_finished("d.test", "bogus", 1, {}, 0.01)
+
+
+async def test_synapse_series_carry_the_server_name_label_as_synapses_do() -> None:
+    reg = new_registry()
+    m = Metrics(reg)
+    m.set_snapshot_source(lambda: QueueSnapshot(pending_pdus=3))
+    m.transaction_finished("a.org", "success", 1, {"m.typing": 1}, 0.1)
+    server = await start_metrics_server("127.0.0.1", 0, reg, server_name="example.org")
+    try:
+        async with aiohttp.ClientSession() as session, session.get(
+                server.url + "/_synapse/metrics") as resp:
+            text = await resp.text()
+    finally:
+        await server.stop()
+    families = list(text_string_to_metric_families(text))
+    synapse = [s for f in families if f.name.startswith("synapse_") for s in f.samples]
+    own = [s for f in families if f.name.startswith("federation_sender_") for s in f.samples]
+    assert synapse and own
+    assert all(s.labels["server_name"] == "example.org" for s in synapse)
+    assert all("server_name" not in s.labels for s in own)
+    by_type = [s for s in synapse if s.name == n.SENT_EDUS_BY_TYPE + "_total"]
+    assert by_type[0].labels == {"type": "m.typing", "server_name": "example.org"}
+    # The registry itself is unchanged: recording and in-process reads see no new label.
+    assert value(reg, n.SENT_TRANSACTIONS + "_total") == 1
