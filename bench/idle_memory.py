@@ -27,6 +27,7 @@ import gc
 import subprocess
 import sys
 import time
+import tracemalloc
 from dataclasses import replace
 from typing import Any
 
@@ -87,6 +88,7 @@ async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str
         woken = await m.wake_due_destinations()
         gc.collect()
         phase1 = rss_mb()
+        snap1 = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
         t0 = time.perf_counter()
         peak = phase1
         live = 0
@@ -107,6 +109,12 @@ async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str
         # One more look of the trimmer (every 15 s) after the last queues dropped.
         await asyncio.sleep(16)
         after_trim = rss_mb()
+        if snap1 is not None:
+            gc.collect()
+            top = tracemalloc.take_snapshot().compare_to(snap1, "lineno")[:15]
+            print("\n-- retained since phase 1, by allocation site (tracemalloc):")
+            for stat in top:
+                print(f"  {stat}")
         trim_task.cancel()
         await m.stop(5)
         await bs.close()
@@ -130,13 +138,21 @@ def main() -> None:
     ap.add_argument("--senders", nargs="+", default=list(reversed(SENDERS)),
                     choices=[*SENDERS, "instant"])
     ap.add_argument("--sender", help=argparse.SUPPRESS)  # one child's sender
+    ap.add_argument("--tracemalloc", action="store_true",
+                    help="print the allocation sites holding what phase 2 left behind "
+                         "(slower, and adds its own memory to the RSS figures)")
     a = ap.parse_args()
     if a.sender is None:
         for kind in a.senders:
             argv = [sys.executable, __file__, "--db", a.db, "--dests", str(a.dests),
                     "--wave", str(a.wave), "--sender", kind]
+            if a.tracemalloc:
+                argv.append("--tracemalloc")
             subprocess.run(argv, check=True)
         return
+
+    if a.tracemalloc:
+        tracemalloc.start(1)
 
     async def child() -> Any:
         with receivers(1) as urls:
