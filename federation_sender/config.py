@@ -97,6 +97,9 @@ class QueueSettings:
     wakeup_interval_s: float = 60.0
     wakeup_rate_per_s: float = 100.0
     event_batch_size: int = 100
+    coalesce_hold_s: float = 0.5
+    """While the intake is behind, a queue about to send a part-filled transaction waits
+    up to this long for the intake's next hand-over (``queue/coalesce.py``); 0 never waits."""
     idle_queue_ttl_s: float = 60.0
     max_item_failures: int = 3
     """Times one item may be isolated as the cause of a refusal before it is dropped."""
@@ -354,6 +357,8 @@ def _validate(s: Settings) -> None:
     if not 0.0 <= s.telemetry.trace_sample_ratio <= 1.0:
         raise ConfigError("telemetry.trace_sample_ratio", "a number from 0 to 1",
                           s.telemetry.trace_sample_ratio)
+    if q.coalesce_hold_s < 0:
+        raise ConfigError("queue.coalesce_hold_s", "a number >= 0", q.coalesce_hold_s)
     if s.database.connect_retry_s < 0:
         raise ConfigError("database.connect_retry_s", "a number >= 0", s.database.connect_retry_s)
     for key, port in (

@@ -180,6 +180,23 @@ class DestinationCore:
             return paused
         return at
 
+    def would_send_partial_pdus(self, now_ms: int) -> bool:
+        """The next step would be a new transaction of fewer PDUs than one holds, taken
+        from what the intake handed over (no retry in flight, no catch-up, no backoff,
+        nothing held for isolation): worth waiting for the intake's next hand-over
+        when it is behind (:mod:`federation_sender.queue.coalesce`)."""
+        n = len(self.pending.pdus)
+        return (
+            0 < n < self.limits.max_pdus
+            and self.current is None
+            and not self.work
+            and not self.episode.active
+            and not self.stopped
+            and not self.backoff.active_at(now_ms)
+            and not self.rate_limit.active_at(now_ms)
+            and self.isolation.next_ready_ms() is None
+        )
+
     def next_step(self, now_ms: int) -> Step:
         if self.stopped:
             return Idle()

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from federation_sender.clock import Clock
 from federation_sender.model import EVENTS_STREAM, EventRow
 from federation_sender.queue.catchup import is_sendable
+from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.items import PduItem
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.timing import wait_or_timeout
@@ -104,8 +105,10 @@ class EventIntake:
         observer: QueueObserver,
         clock: Clock,
         poll_interval_s: float | None = None,
+        gate: IntakeGate | None = None,
     ) -> None:
         self.storage = storage
+        self.gate = gate
         self.server_name = server_name
         self.instance_name = instance_name
         self.batch_size = batch_size
@@ -145,15 +148,23 @@ class EventIntake:
         if max_stream_ordering > self.target:
             self.target = max_stream_ordering
             self._poked.set()
+            if self.gate is not None:
+                self.gate.behind = True
 
     async def run(self) -> None:
-        while not self.stopping:
-            self._poked.clear()
-            if self.poll_interval_s is not None:
-                await self._poll()
-            while self.position < self.target and not self.stopping:
-                await self.process_batch()
-            await wait_or_timeout(self.clock, self._poked, self.poll_interval_s)
+        try:
+            while not self.stopping:
+                self._poked.clear()
+                if self.poll_interval_s is not None:
+                    await self._poll()
+                while self.position < self.target and not self.stopping:
+                    await self.process_batch()
+                if self.gate is not None:
+                    self.gate.set_behind(self.position < self.target)
+                await wait_or_timeout(self.clock, self._poked, self.poll_interval_s)
+        finally:
+            if self.gate is not None:
+                self.gate.set_behind(False)  # nobody waits for a hand-over that won't come
 
     async def _poll(self) -> None:
         self.notify(await self.storage.run(_max_stream_ordering))
@@ -188,6 +199,8 @@ class EventIntake:
         self._remember(b.new_dests)
         self.position = b.new_position
         n, pdus = self._hand_over(b.fanout, b.fan)
+        if self.gate is not None:
+            self.gate.handed_over()
         rooms = len({e.room_id for e, _ in b.fanout})
         self.observer.events_processed(b.events, b.new_position, n, pdus=pdus, rooms=rooms)
         return n

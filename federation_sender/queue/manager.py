@@ -23,6 +23,7 @@ from federation_sender.config import QueueSettings
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import PduCache
+from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.federation_stream import FederationEdu, FederationStream
@@ -92,6 +93,9 @@ class QueueManager:
         self._pdu_cache = PduCache()
         self._txn_base = _base36(time_ms(clock))
         self._txn_counter = itertools.count(1)
+        self.gate = (
+            IntakeGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
+        )
         self.intake = EventIntake(
             storage,
             server_name,
@@ -102,6 +106,7 @@ class QueueManager:
             self.observer,
             clock,
             poll_interval_s,
+            self.gate,
         )
         self._background: list[asyncio.Task[None]] = []
         self.federation = FederationStream(
@@ -134,6 +139,8 @@ class QueueManager:
         for t in self._background:
             t.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
+        if self.gate is not None:
+            self.gate.close()
         await self.queues.stop_all(deadline_s)
         await self.store.drain()
 
@@ -178,6 +185,7 @@ class QueueManager:
             self.clock,
             self.observer,
             self.runner_config,
+            self.gate,
         )
 
     # --- intake --------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
+from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.observer import QueueObserver, report
@@ -91,8 +92,10 @@ class DestinationRunner:
         clock: Clock,
         observer: QueueObserver,
         config: RunnerConfig,
+        gate: IntakeGate | None = None,
     ) -> None:
         self.core = core
+        self.gate = gate
         self.destination = core.destination
         self.store = store
         self.sender = sender
@@ -247,6 +250,10 @@ class DestinationRunner:
         while not self._stopping:
             self.wake.clear()
             now = time_ms(self.clock)
+            gate = self.gate
+            if gate is not None and gate.behind and c.would_send_partial_pdus(now):
+                await gate.wait_for_hand_over()  # a fuller transaction (coalesce.py)
+                now = time_ms(self.clock)
             step = c.next_step(now)
             if isinstance(step, Send):
                 await self._send(step.txn)

@@ -1,0 +1,72 @@
+"""Fuller transactions while the intake is behind (``queue/coalesce.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from federation_sender.config import QueueSettings
+from federation_sender.queue.coalesce import IntakeGate
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.queue_harness import ALICE, Harness, room_with
+
+
+async def test_a_hand_over_releases_every_waiting_queue_once() -> None:
+    gate = IntakeGate(FakeClock(), max_hold_s=0.5)
+    gate.behind = True
+    waiters = [asyncio.ensure_future(gate.wait_for_hand_over()) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert not any(w.done() for w in waiters)
+    gate.handed_over()
+    await asyncio.gather(*waiters)
+    later = asyncio.ensure_future(gate.wait_for_hand_over())  # waits for the next one
+    await asyncio.sleep(0)
+    assert not later.done()
+    gate.set_behind(False)  # caught up: nobody waits for a hand-over that will not come
+    await later
+    assert gate.holds == 4
+
+
+async def test_a_stalled_intake_holds_a_queue_only_max_hold_s() -> None:
+    clock = FakeClock()
+    gate = IntakeGate(clock, max_hold_s=0.5)
+    gate.behind = True
+    w = asyncio.ensure_future(gate.wait_for_hand_over())
+    for _ in range(3):
+        await asyncio.sleep(0)  # the waiter runs and arms the timer at t = 0
+    await clock.advance_and_settle(0.4)
+    assert not w.done()
+    await clock.advance_and_settle(0.1)
+    assert w.done()
+    gate.close()
+
+
+async def test_queues_wait_for_the_intake_and_send_fuller_transactions(h: Harness) -> None:
+    # One event per intake batch: without the gate, every event would leave alone as
+    # soon as it was handed over while the intake reads the next.
+    h.settings = replace(QueueSettings(), event_batch_size=1, wakeup_interval_s=60.0)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    first = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()  # the queue exists and is idle
+    events = [await h.writer.message("!a:l", ALICE) for _ in range(10)]
+    h.poke()
+    await h.settle()
+    got = h.fake.received_event_ids("r1.test")
+    assert got == [first.event_id] + [e.event_id for e in events]  # all, in order, once
+    sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"][1:]
+    assert sum(sizes) == 10
+    assert h.m.gate is not None and h.m.gate.holds >= 1
+    assert max(sizes) >= 2 and len(sizes) < 10
+
+
+async def test_without_the_gate_nothing_waits(h: Harness) -> None:
+    h.settings = replace(QueueSettings(), coalesce_hold_s=0.0, wakeup_interval_s=60.0)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    assert h.m.gate is None
+    e = await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert h.fake.received_event_ids("r1.test") == [e.event_id]
