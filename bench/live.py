@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import multiprocessing as mp
 import statistics
 import threading
@@ -110,10 +111,8 @@ async def live(fresh_db: Any, kind: str, hold: float, urls: list[str], a: argpar
         await all_written.wait()
         t_written = max(written.values())
         child.join(10)
-        try:
+        with contextlib.suppress(TimeoutError):  # reported as not delivered
             await asyncio.wait_for(bs.counter.done.wait(), a.timeout_s)
-        except TimeoutError:
-            pass
         cpu = time.process_time() - c0
         c = bs.counter
         gate_holds = m.gate.holds if m.gate is not None else 0
