@@ -14,7 +14,11 @@ the load of other jobs on the machine falls on both alike.
 
 ``signing``: the event loop thread's CPU per signature at body sizes from 2 to 42 KB,
 signed inline against handed to a signing thread (``run_in_executor``, 50 concurrent
-tasks, as ``RequestBuilder.prepare_async`` does above its ``offload_bytes``).
+tasks). OpenSSL signs without the GIL, and the loop thread's own CPU falls above 8 KB;
+but handing bodies of 8 KB or more to a signing thread inside the engine made the spike
+slower (32.6-32.9 s against 29.6-29.9 s, process CPU 32.4-32.7 s against 26.9-27.0 s,
+alternating runs): the hand-overs' thread switches cost more than the signatures, so
+the worker signs inline. Kept to show why.
 
 ``loop``: the fan-out engine phase (``fanout.py``, production sender) with the default
 asyncio event loop against uvloop, both for the sender's process (receivers unchanged),

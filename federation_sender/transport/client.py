@@ -223,7 +223,6 @@ class FederationClient:
         )
 
     async def close(self) -> None:
-        self.requests.close()
         if self._discovery is not None:
             await self._discovery.close()
         if self._session is not None:
@@ -278,7 +277,7 @@ class FederationClient:
                 f"{MAX_PDUS_PER_TXN} / {MAX_EDUS_PER_TXN}",
             )
             return self._finish(txn, result, 0, started)
-        prepared = await self.requests.prepare_async(txn)
+        prepared = self.requests.prepare(txn)
         try:
             async with asyncio.timeout(self._attempt_timeout_s):
                 result = await self._attempt(txn.destination, prepared)

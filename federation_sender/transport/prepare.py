@@ -15,20 +15,10 @@ objects and EDUs match reuses it -- body, ``origin_server_ts`` and signature -- 
 retry costs neither an encoding nor a signature, and the remote receives the same bytes
 under the same transaction id. What is kept is bounded in bytes (oldest dropped first);
 a retry whose request was dropped is simply prepared again.
-
-The signature is SHA-512 over the whole body, twice: about 170 µs for a full 50-PDU
-transaction (42 KB). OpenSSL computes it without Python's GIL, so
-:meth:`RequestBuilder.prepare_async` hands a body of ``offload_bytes`` or more to a
-signing thread and the event loop serves other destinations meanwhile (a second core
-signs); a small body is signed inline, where the hand-over would cost more than it saves.
-Measured on the event loop's thread (``bench/runtime_ab.py signing``): the hand-over
-costs about 47 µs, signing 8 KB inline 61 µs and 42 KB 166 µs.
 """
 
 from __future__ import annotations
 
-import asyncio
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import quote
 
@@ -46,7 +36,6 @@ from federation_sender.transport.signing import SigningKey, XMatrixAuth, format_
 
 SEND_PATH = "/_matrix/federation/v1/send/"
 DEFAULT_KEPT_BYTES = 32 * 1024 * 1024
-DEFAULT_OFFLOAD_BYTES = 8 * 1024
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +68,6 @@ class RequestBuilder:
         clock: Clock,
         pdu_cache_entries: int = 8192,
         kept_bytes: int = DEFAULT_KEPT_BYTES,
-        offload_bytes: int = DEFAULT_OFFLOAD_BYTES,
     ) -> None:
         self._origin = origin
         self._origin_json = canonical_json(origin)
@@ -91,14 +79,10 @@ class RequestBuilder:
         self._kept: dict[str, PreparedRequest] = {}
         self._kept_bytes = 0
         self._max_kept_bytes = kept_bytes
-        self._offload_bytes = offload_bytes
-        self._signer: ThreadPoolExecutor | None = None
         self.encodes = 0
         """Bodies encoded (not reused)."""
         self.signatures = 0
         """Signatures computed (not reused)."""
-        self.offloaded = 0
-        """Of those, signatures computed on the signing thread."""
 
     def _header(self, destination: str, signature: bytes) -> str:
         # sign_request_bytes' header with the constant parts formatted once.
@@ -119,36 +103,6 @@ class RequestBuilder:
         prev = self._kept.get(txn.destination)
         if prev is not None and prev.matches(txn):
             return prev
-        path, body, message = self._encode(txn)
-        return self._signed(txn, path, body, self._key.sign_bytes(message))
-
-    async def prepare_async(self, txn: Transaction) -> PreparedRequest:
-        """:meth:`prepare`, with a large body signed on the signing thread."""
-        prev = self._kept.get(txn.destination)
-        if prev is not None and prev.matches(txn):
-            return prev
-        path, body, message = self._encode(txn)
-        if len(message) < self._offload_bytes:
-            signature = self._key.sign_bytes(message)
-        else:
-            if self._signer is None:
-                self._signer = ThreadPoolExecutor(1, thread_name_prefix="federation-sign")
-            signature = await asyncio.get_running_loop().run_in_executor(
-                self._signer, self._key.sign_bytes, message
-            )
-            self.offloaded += 1
-            # Another attempt for this destination cannot have started meanwhile (one
-            # transaction in flight per destination), so nothing kept is overwritten.
-        return self._signed(txn, path, body, signature)
-
-    def close(self) -> None:
-        """Stop the signing thread (a later large body starts a new one)."""
-        if self._signer is not None:
-            self._signer.shutdown(wait=True)
-            self._signer = None
-
-    def _encode(self, txn: Transaction) -> tuple[str, bytes, bytes]:
-        """``(path, body, the bytes to sign)``."""
         # The cache lookup inlined: this runs for every PDU of every transaction.
         pdus = self.pdus
         cache = pdus.entries
@@ -163,12 +117,7 @@ class RequestBuilder:
             content=body, destination=txn.destination, method="PUT", origin=self._origin,
             uri=path,
         )
-        return path, body, message
-
-    def _signed(
-        self, txn: Transaction, path: str, body: bytes, signature: bytes
-    ) -> PreparedRequest:
-        auth = self._header(txn.destination, signature)
+        auth = self._header(txn.destination, self._key.sign_bytes(message))
         self.signatures += 1
         prepared = PreparedRequest(
             txn.txn_id, tuple(txn.pdus), tuple(txn.edus), path, body, auth

@@ -370,36 +370,3 @@ async def test_a_retry_reuses_the_body_and_signature_of_the_same_transaction(
     assert body1 == body2 and body3 != body1
     assert r1.headers["Authorization"] == r2.headers["Authorization"]
     assert json.loads(body1)["pdus"] == pdus
-
-
-async def test_a_large_body_is_signed_off_the_event_loop_and_verifies(
-    certs: CertFiles, our_key: SigningKey, remote: FakeRemote
-) -> None:
-    answers = [500, 200, 200]
-
-    async def handler(request: web.Request) -> web.StreamResponse:
-        verify_request(
-            authorization=request.headers.getall("Authorization"),
-            method=request.method,
-            uri=request.raw_path,
-            our_server_name=request.headers["Host"],
-            content=json.loads(await request.read()),
-            lookup_key=verify_key_lookup({ORIGIN: {our_key.key_id: our_key.verify_key}}),
-        )
-        return web.json_response({"pdus": {}}, status=answers.pop(0))
-
-    remote.handler = handler
-    # 50 PDUs of about 1 KB: a body over the 8 KiB the builder signs inline.
-    big = [{"event_id": f"$e{i}", "type": "m.test", "content": {"b": "x" * 1000}}
-           for i in range(50)]
-    async with make_client(certs, our_key) as client:
-        first = await client.send_transaction(Transaction(remote.name, "t1", big, []))
-        retry = await client.send_transaction(Transaction(remote.name, "t1", big, []))
-        small = await client.send_transaction(Transaction(remote.name, "t2", big[:2], []))
-        assert [r.outcome for r in (first, retry, small)] == [
-            Outcome.TRANSIENT, Outcome.SUCCESS, Outcome.SUCCESS]
-        # Signed once for the retried id, on the signing thread; the small one inline.
-        assert (client.requests.signatures, client.requests.offloaded) == (2, 1)
-    (r1, body1), (r2, body2), _ = remote.requests
-    assert len(body1) > 8 * 1024 and body1 == body2
-    assert r1.headers["Authorization"] == r2.headers["Authorization"]
