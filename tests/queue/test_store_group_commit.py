@@ -4,10 +4,8 @@ failed is never overtaken by its later writes."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from dataclasses import replace
 
-import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -15,8 +13,6 @@ from federation_sender.model import TxnLogRow
 from federation_sender.queue.steps import Effects
 from federation_sender.queue.store import QueueStore
 from federation_sender.storage import destinations as dst
-from federation_sender.storage.engine import create_engine
-from federation_sender.storage.migrate import upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 
@@ -28,14 +24,6 @@ def log_row(txn_id: str, destination: str, event_id: str, so: int,
             request_bytes: int = 100) -> TxnLogRow:
     return TxnLogRow(txn_id, destination, "fed1", 1, 0, request_bytes, "success", 200,
                      1_000, 5, False, so, (event_id,), None)
-
-
-@pytest.fixture
-async def engine(db_url: str) -> AsyncIterator[AsyncEngine]:
-    eng = create_engine(db_url)
-    await upgrade(eng)
-    yield eng
-    await eng.dispose()
 
 
 async def test_a_failed_write_is_not_overtaken_by_the_same_destinations_later_ones(
