@@ -98,7 +98,7 @@ async def get_destinations(
 
 # The multi-row writes are text over ``unnest`` of arrays: one statement whatever the
 # row count, so SQLAlchemy compiles it once. A dialect ``insert().values([...])
-# .on_conflict_do_update()`` cannot be cached and was compiled on every call: 18% of the
+# .on_conflict_do_update()`` cannot be cached and was compiled on every call: 15 % of the
 # worker's event loop in the 415-destination race (``bench/synapse_compare.py``).
 _ENSURE_DESTINATIONS = text(
     "INSERT INTO destinations (destination) SELECT unnest(CAST(:d AS text[]))"
