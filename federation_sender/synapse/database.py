@@ -18,22 +18,27 @@ schema is migrated or checked.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
 from sqlalchemy import event
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.errors import SchemaVersionError
 from federation_sender.storage.engine import create_engine
+from federation_sender.storage.migrate import version_row
 from federation_sender.synapse.schema import check_synapse_schema
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 OWN_SCHEMA = "federation_sender"
 _MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+
+OWN_HEAD = "s0001"
+"""The newest revision of our schema beside Synapse's: a start at head reads the version
+row with plain SQL and never loads alembic (see :mod:`federation_sender.storage.migrate`);
+a test compares it with alembic's head."""
 
 
 def create_synapse_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
@@ -56,20 +61,24 @@ def create_synapse_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
 
 
 def alembic_config() -> Config:
+    from alembic.config import Config
+
     cfg = Config()
     cfg.set_main_option("script_location", str(_MIGRATIONS))
     return cfg
 
 
 def own_head() -> str:
+    """alembic's head, read from the scripts (loads alembic; :data:`OWN_HEAD` does not)."""
+    from alembic.script import ScriptDirectory
+
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head
 
 
 def _own_revision(conn: Connection) -> str | None:
-    ctx = MigrationContext.configure(conn, opts={"version_table_schema": OWN_SCHEMA})
-    return ctx.get_current_revision()
+    return version_row(conn, OWN_SCHEMA)
 
 
 async def own_revision(engine: AsyncEngine) -> str | None:
@@ -87,6 +96,10 @@ async def upgrade_own_schema(engine: AsyncEngine, revision: str = "head") -> Non
     await check_synapse(engine)
 
     def _do(conn: Connection) -> None:
+        if revision in ("head", OWN_HEAD) and _own_revision(conn) == OWN_HEAD:
+            return  # already there: no need to load alembic
+        from alembic import command
+
         cfg = alembic_config()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
@@ -97,7 +110,7 @@ async def upgrade_own_schema(engine: AsyncEngine, revision: str = "head") -> Non
 
 async def check_own_schema(engine: AsyncEngine) -> None:
     current = await own_revision(engine)
-    head = own_head()
+    head = OWN_HEAD
     if current == head:
         return
     if current is None:
@@ -105,6 +118,8 @@ async def check_own_schema(engine: AsyncEngine) -> None:
             f"schema {OWN_SCHEMA} is not initialised; run "
             "`federation-sender migrate --synapse-config homeserver.yaml` first"
         )
+    from alembic.script import ScriptDirectory
+
     known = {s.revision for s in ScriptDirectory.from_config(alembic_config()).walk_revisions()}
     if current in known:
         raise SchemaVersionError(

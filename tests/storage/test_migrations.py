@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import asyncio
+import sys
+
 import pytest
 from sqlalchemy import insert, select, text
 
@@ -7,6 +10,7 @@ from federation_sender.errors import SchemaVersionError
 from federation_sender.storage import schema
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import (
+    HEAD,
     check_schema,
     current_revision,
     downgrade,
@@ -82,3 +86,48 @@ async def test_schema_matches_metadata(db_url: str) -> None:
         assert diff == []
     finally:
         await eng.dispose()
+
+
+def test_head_constant_is_alembics_head() -> None:
+    """``HEAD`` lets a start at head skip alembic: it must name the newest script."""
+    assert head_revision() == HEAD
+
+
+async def test_version_row_refuses_two_heads(db_url: str) -> None:
+    eng = create_engine(db_url)
+    try:
+        await upgrade(eng)
+        async with eng.begin() as conn:
+            await conn.execute(text("INSERT INTO alembic_version VALUES ('0002_branch')"))
+        with pytest.raises(SchemaVersionError, match="2 revisions"):
+            await check_schema(eng)
+    finally:
+        await eng.dispose()
+
+
+async def test_a_start_at_head_never_loads_alembic(sqlite_url: str) -> None:
+    """The worker's start-up path (upgrade, then check) on a database at head reads the
+    version row itself: alembic, mako and pygments stay unloaded (about 11 MB)."""
+    eng = create_engine(sqlite_url)
+    try:
+        await upgrade(eng)
+    finally:
+        await eng.dispose()
+    script = (
+        "import asyncio, sys\n"
+        "from federation_sender.storage.engine import create_engine\n"
+        "from federation_sender.storage.migrate import check_schema, upgrade\n"
+        "import federation_sender.app, federation_sender.cli\n"
+        "async def main():\n"
+        f"    eng = create_engine({sqlite_url!r})\n"
+        "    await upgrade(eng)\n"
+        "    await check_schema(eng)\n"
+        "    await eng.dispose()\n"
+        "asyncio.run(main())\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'alembic', 'mako'}))\n"
+    )
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", script, stdout=asyncio.subprocess.PIPE)
+    out, _ = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0
+    assert out.decode().strip() == "[]"

@@ -21,6 +21,7 @@ from federation_sender.cli import main
 from federation_sender.errors import SchemaVersionError
 from federation_sender.storage.engine import create_engine
 from federation_sender.synapse.database import (
+    OWN_HEAD,
     OWN_SCHEMA,
     check_own_schema,
     check_synapse,
@@ -181,3 +182,9 @@ def test_cli_worker_refuses_with_one_line(
         "federation-sender: Synapse database schema 94 (compat version 95) is newer than "
         "this federation sender supports (94); upgrade federation-sender"
     )
+
+
+def test_own_head_constant_is_alembics_head() -> None:
+    """A start at head skips alembic by comparing with ``OWN_HEAD``: it must name the
+    newest script of our schema beside Synapse's."""
+    assert own_head() == OWN_HEAD
