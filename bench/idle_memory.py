@@ -2,7 +2,9 @@
 production sender.
 
 Phase 1: 100,000 destinations in the database (each with a ``destination_rooms`` row,
-caught up), the worker started, a wake-up sweep run: nothing may be held per destination.
+caught up), written and migrated by the parent process, as the main process writes them
+and an operator migrates once; the worker started on it (its schema check at head leaves
+alembic unloaded), a wake-up sweep run: nothing may be held per destination.
 Phase 2: every destination gets one EDU, a real transaction over loopback HTTP to the
 receiver process, a wave of ``--wave`` destinations at a time, then goes idle; after
 the idle TTL (2 s here) the queues are dropped, and the worker's memory trimmer
@@ -23,9 +25,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import subprocess
 import sys
+import tempfile
 import time
 import tracemalloc
 from dataclasses import replace
@@ -36,8 +40,8 @@ from common import (
     SENDERS,
     BenchSender,
     Deliveries,
+    bench_cluster,
     clock,
-    database,
     dest_name,
     load_average,
     make_sender,
@@ -49,6 +53,8 @@ from common import (
 from federation_sender.config import QueueSettings
 from federation_sender.runtime import MemoryTrimmer
 from federation_sender.storage import destinations as dst
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 
 
@@ -64,14 +70,26 @@ class InstantSender:
         pass
 
 
-async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str]]:
-    async with database(a.db) as engine:
-        names = [dest_name(i) for i in range(a.dests)]
+async def seed(url: str, dests: int) -> None:
+    """Migrate and fill the database, in the parent: the main process writes these rows
+    and an operator migrates once, so neither the inserts' garbage nor alembic's modules
+    belong in the worker's figure."""
+    engine = create_engine(url)
+    try:
+        await upgrade(engine)
+        names = [dest_name(i) for i in range(dests)]
         async with engine.begin() as conn:
             await dst.upsert_destination_rooms(conn, [(n, f"!r{i % 500}:{ME}", 1)
                                                       for i, n in enumerate(names)])
             await dst.set_last_successful_many(conn, [(n, 1) for n in names])
-        del names
+    finally:
+        await engine.dispose()
+
+
+async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str]]:
+    engine = create_engine(a.db_url, pool_size=20)
+    try:
+        await check_schema(engine)  # as the worker starts: at head, alembic stays unloaded
         gc.collect()
         base = rss_mb()
         if a.sender == "instant":
@@ -128,6 +146,8 @@ async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str
             (f"all idle again, after the worker's trim ({trimmer.trims} trims) "
              "(target <= 150)", f"{after_trim:.0f} MB"),
         ]
+    finally:
+        await engine.dispose()
 
 
 def main() -> None:
@@ -138,17 +158,26 @@ def main() -> None:
     ap.add_argument("--senders", nargs="+", default=list(reversed(SENDERS)),
                     choices=[*SENDERS, "instant"])
     ap.add_argument("--sender", help=argparse.SUPPRESS)  # one child's sender
+    ap.add_argument("--db-url", help=argparse.SUPPRESS)  # its database, seeded
     ap.add_argument("--tracemalloc", action="store_true",
                     help="print the allocation sites holding what phase 2 left behind "
                          "(slower, and adds its own memory to the RSS figures)")
     a = ap.parse_args()
     if a.sender is None:
-        for kind in a.senders:
-            argv = [sys.executable, __file__, "--db", a.db, "--dests", str(a.dests),
-                    "--wave", str(a.wave), "--sender", kind]
-            if a.tracemalloc:
-                argv.append("--tracemalloc")
-            subprocess.run(argv, check=True)
+        with contextlib.ExitStack() as stack:
+            if a.db == "postgres":
+                cluster = stack.enter_context(bench_cluster())
+            tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix="fsbench-"))
+            for kind in a.senders:
+                name = f"idle_{kind.replace('-', '_')}"
+                url = (cluster.create_database(name) if a.db == "postgres"
+                       else f"sqlite:///{tmp}/{name}.db")
+                asyncio.run(seed(url, a.dests))
+                argv = [sys.executable, __file__, "--db", a.db, "--dests", str(a.dests),
+                        "--wave", str(a.wave), "--sender", kind, "--db-url", url]
+                if a.tracemalloc:
+                    argv.append("--tracemalloc")
+                subprocess.run(argv, check=True)
         return
 
     if a.tracemalloc:
