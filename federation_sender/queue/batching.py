@@ -14,7 +14,6 @@ destination keeps refusing.
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from dataclasses import dataclass, field
 
 from federation_sender.config import QueueSettings
@@ -158,24 +157,19 @@ def take_batch(pending: PendingItems, limits: Limits) -> Batch:
     budget = _Budget(limits)
     queue = pending.pdus
     n = min(len(queue), limits.max_pdus)
-    if n == len(queue):
-        pdus = list(queue)
-        queue.clear()
-    else:
-        popleft = queue.popleft
-        pdus = [popleft() for _ in range(n)]
+    pdus = queue[:n]
     total = sum([p.size for p in pdus]) + n
     if budget.used + total <= limits.max_bytes:
         # The common case: the next ``max_pdus`` fit the byte budget.
         budget.used += total
         budget.items += n
     else:
-        queue.extendleft(reversed(pdus))
-        pdus = []
-        while queue and len(pdus) < limits.max_pdus and budget.fits(queue[0].size):
-            p = queue.popleft()
-            budget.add(p.size)
-            pdus.append(p)
+        n = 0
+        while n < len(pdus) and budget.fits(pdus[n].size):
+            budget.add(pdus[n].size)
+            n += 1
+        del pdus[n:]
+    del queue[:n]
     edus = take_edus(pending, limits, budget) if pending.has_edus() else []
     # PDUs handed over in stream order end with the highest one.
     top = None if not pdus or pending.unsorted else pdus[-1].stream_ordering
@@ -230,12 +224,14 @@ def take_edus(
     return edus
 
 
-def _drain(q: deque[EduItem], room: int, budget: _Budget, out: list[EduItem]) -> int:
-    while q and room > 0 and budget.fits(q[0].size):
-        e = q.popleft()
-        budget.add(e.size)
-        out.append(e)
+def _drain(q: list[EduItem], room: int, budget: _Budget, out: list[EduItem]) -> int:
+    n = 0
+    while n < len(q) and room > 0 and budget.fits(q[n].size):
+        budget.add(q[n].size)
+        n += 1
         room -= 1
+    out.extend(q[:n])
+    del q[:n]
     return room
 
 

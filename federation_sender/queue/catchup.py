@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -142,7 +141,7 @@ class PduCache:
 
 
 def pack_next(
-    plans: deque[RoomPlan],
+    plans: list[RoomPlan],
     rooms_per_txn: int,
     limits: Limits,
     parse: Callable[[EventRow], PduItem] = pdu_item,
@@ -175,7 +174,7 @@ def pack_next(
         isize = sum(i.size for i in items)
         if rooms and (len(pdus) + len(items) > limits.max_pdus or size + isize > limits.max_bytes):
             break
-        plans.popleft()
+        del plans[0]
         pdus.extend(items)
         size += isize
         rooms += 1

@@ -26,7 +26,6 @@ Invariants:
 from __future__ import annotations
 
 import random
-from collections import deque
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from federation_sender.model import EventRow
@@ -91,7 +90,9 @@ class DestinationCore:
         self.last_successful = -1
         self.max_done = -1
         self.current: FrozenTxn | None = None
-        self.work: deque[Batch] = deque()
+        self.work: list[Batch] = []
+        """Batches to send before new items, next first (a list: a deque allocates
+        760 bytes even empty, with each of thousands of live queues)."""
         self.to_device_cursor = -1
         self.device_list_cursor = -1
         self.outbox_dirty = True
@@ -234,7 +235,7 @@ class DestinationCore:
         if not self.work and self.episode.plans:
             self.work.append(self.episode.next_batch(self.limits, self.parse_pdu))
         if self.work:
-            batch = self.work.popleft()
+            batch = self.work.pop(0)
             if batch.catchup and len(batch.edus) == 0:
                 batch = fill_edus(batch, self.pending, self.limits)
             return batch
@@ -318,7 +319,7 @@ class DestinationCore:
         if result.outcome is Outcome.TOO_LARGE:
             self.current = None
             if batch.item_count >= 2:
-                self.work.extendleft(reversed(batch.split()))
+                self.work[:0] = batch.split()
             else:
                 self._drop(batch, "too_large", eff)
             return eff
@@ -331,9 +332,9 @@ class DestinationCore:
             if verdict is not Verdict.DESTINATION:
                 self.current = None
                 if batch.item_count >= 2:  # SPLIT, or PROBE after many refusals
-                    self.work.extendleft(reversed(batch.split()))
+                    self.work[:0] = batch.split()
                 if verdict is Verdict.PROBE:
-                    self.work.appendleft(Batch((), (), probe=True))
+                    self.work.insert(0, Batch((), (), probe=True))
                 elif verdict is Verdict.DROP:
                     self._drop(batch, "refused", eff)
                 return eff

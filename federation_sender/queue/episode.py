@@ -15,7 +15,6 @@ missed (one more read before the episode ends).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 
 from federation_sender.model import EventRow
@@ -47,7 +46,7 @@ class CatchupEpisode:
     ) -> None:
         self.active = active
         self.last_skipped = -1
-        self.plans: deque[RoomPlan] = deque()
+        self.plans: list[RoomPlan] = []
         self.cursor: tuple[int, str | None] = (-1, None)
         self.room_floor: dict[str, int] = {}
         self.rooms_per_txn = initial_rooms_per_txn

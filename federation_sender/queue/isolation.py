@@ -22,7 +22,6 @@ No clock, no I/O: ``now_ms`` is passed in.
 from __future__ import annotations
 
 import enum
-from collections import deque
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 
@@ -98,7 +97,7 @@ class ItemIsolation:
 
     def __init__(self, max_item_failures: int = 3) -> None:
         self.max_item_failures = max_item_failures
-        self.quarantine: deque[Held] = deque()
+        self.quarantine: list[Held] = []
         self.failures: dict[str | int, tuple[int, int]] = {}
         """failure key -> (refusals of the item alone, ``successes`` at the first one)"""
         self.successes = 0
@@ -183,7 +182,7 @@ class ItemIsolation:
         if n == limit:
             # Nothing else got through meanwhile: ask the destination whether it is up
             # (the caller sends an empty transaction) before blaming the item.
-            self.quarantine.appendleft(Held(batch, now_ms + retry_delay_ms(n)))
+            self.quarantine.insert(0, Held(batch, now_ms + retry_delay_ms(n)))
             return Verdict.PROBE
         return Verdict.DESTINATION
 

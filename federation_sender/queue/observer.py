@@ -25,8 +25,10 @@ class QueueObserver(Protocol):
     def attempt(self, destination: str, txn_id: str, pdu_count: int, edu_count: int,
                 catchup: bool) -> AbstractContextManager[None]:
         """Wraps one attempt, from sending to handing its result to the database
-        (``transaction_sent`` is called inside). Telemetry opens the transaction span
-        here: what runs inside (discovery, the HTTP request) becomes its children."""
+        (``transaction_sent`` is called inside), entered once the attempt holds one of
+        the global transaction slots (not while it waits for one). Telemetry opens the
+        transaction span here: what runs inside (discovery, the HTTP request) becomes
+        its children."""
 
     def persisting(self, destination: str, committed: asyncio.Future[None]) -> None:
         """Inside :meth:`attempt`: the result went to the group commit and

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from types import MappingProxyType
@@ -28,7 +28,7 @@ from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.observer import QueueObserver, report
-from federation_sender.queue.slots import Slots
+from federation_sender.queue.slots import Held, Slots
 from federation_sender.queue.status import DestinationStatus, live_status
 from federation_sender.queue.steps import (
     FrozenTxn,
@@ -39,7 +39,7 @@ from federation_sender.queue.steps import (
     Wait,
 )
 from federation_sender.queue.store import QueueStore, log_row_for
-from federation_sender.queue.timing import AttemptDeadline, wait_or_timeout
+from federation_sender.queue.timing import AttemptDeadline, Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
     Outcome,
@@ -104,7 +104,7 @@ class DestinationRunner:
         self.clock = clock
         self.observer = observer
         self.config = config
-        self.wake = asyncio.Event()
+        self.wake = Wakeup()
         self._deadline = AttemptDeadline(clock, config.attempt_deadline_s)
         self._in_flight_since: float | None = None
         self._loaded = False
@@ -112,7 +112,7 @@ class DestinationRunner:
         self._finished = False
         self._waiting = False
         """Blocked on the wake event or the clock (not reading, sending or writing)."""
-        self._unpersisted: deque[asyncio.Future[None]] = deque()
+        self._unpersisted: list[asyncio.Future[None]] = []
         """Results submitted to the group commit and not yet known to be committed,
         oldest first."""
         self._idle_since: float | None = None
@@ -324,15 +324,24 @@ class DestinationRunner:
             self._stopping = True
             return
         if not batch:
-            await self._send_spanned(txn)
+            await self._send_spanned(txn, None)
             return
-        with log_context(txn_id=txn.txn_id), self.observer.attempt(
-                self.destination, txn.txn_id, len(batch.pdus), len(batch.edus), batch.catchup):
-            await self._send_spanned(txn)
+        # The global transaction slot comes first: while thousands of queues wait for
+        # one of ``max_concurrent_transactions``, none holds an open span or a built
+        # request, and the span measures the attempt rather than the wait.
+        slot = await self.txn_slots.hold()
+        try:
+            with log_context(txn_id=txn.txn_id), self.observer.attempt(
+                    self.destination, txn.txn_id, len(batch.pdus), len(batch.edus),
+                    batch.catchup):
+                await self._send_spanned(txn, slot)
+        finally:
+            slot.release()
 
-    async def _send_spanned(self, txn: FrozenTxn) -> None:
+    async def _send_spanned(self, txn: FrozenTxn, slot: Held | None) -> None:
         """Send (or, for an empty catch-up batch, advance locally), then hand the
-        result to the group commit and report it."""
+        result to the group commit and report it. ``slot``, held for a batch, is
+        given back as soon as the request is answered."""
         c = self.core
         batch = txn.batch
         started_ms = time_ms(self.clock)
@@ -346,7 +355,11 @@ class DestinationRunner:
                 pdus=batch.pdu_json(),
                 edus=batch.edu_json(),
             )
-            result = await self._attempt(request)
+            assert slot is not None
+            try:
+                result = await self._attempt(request)
+            finally:
+                slot.release()  # the commit below needs no slot
         now = time_ms(self.clock)
         was_failing = c.backoff.retry_interval_ms > 0
         eff = c.on_result(txn, result, now)
@@ -381,26 +394,26 @@ class DestinationRunner:
         report(self.observer, self.destination, eff, result, was_failing)
 
     async def _attempt(self, request: Transaction) -> SendResult:
-        """One attempt under a global slot, within the attempt deadline."""
+        """One attempt (under the global slot its caller holds), within the attempt
+        deadline."""
         limit = self.config.attempt_deadline_s
-        async with self.txn_slots:
-            t0 = self.clock.monotonic_s()
-            self._in_flight_since = t0
-            try:
-                async with asyncio.timeout(None) as timeout:
-                    self._deadline.watch(timeout)
-                    try:
-                        result = await self.sender.send_transaction(request)
-                    finally:
-                        self._deadline.unwatch()
-            except TimeoutError:
-                result = SendResult(
-                    Outcome.TRANSIENT,
-                    error=f"no answer within {limit:g}s",
-                    duration_s=self.clock.monotonic_s() - t0,
-                )
-            finally:
-                self._in_flight_since = None
+        t0 = self.clock.monotonic_s()
+        self._in_flight_since = t0
+        try:
+            async with asyncio.timeout(None) as timeout:
+                self._deadline.watch(timeout)
+                try:
+                    result = await self.sender.send_transaction(request)
+                finally:
+                    self._deadline.unwatch()
+        except TimeoutError:
+            result = SendResult(
+                Outcome.TRANSIENT,
+                error=f"no answer within {limit:g}s",
+                duration_s=self.clock.monotonic_s() - t0,
+            )
+        finally:
+            self._in_flight_since = None
         if result.duration_s <= 0:
             result = replace(result, duration_s=self.clock.monotonic_s() - t0)
         return result
@@ -410,4 +423,4 @@ class DestinationRunner:
         here (and fails the queue, whose supervisor restarts it in catch-up mode)."""
         q = self._unpersisted
         while q and (len(q) > keep or q[0].done()):
-            await q.popleft()
+            await q.pop(0)

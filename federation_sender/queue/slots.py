@@ -55,6 +55,13 @@ class Slots:
             raise RuntimeError("Slots released more often than acquired")
         self._free += 1
 
+    async def hold(self) -> Held:
+        """Acquire, returning a handle whose :meth:`Held.release` gives the slot back
+        once, however often it is called (the runner releases it after the request and
+        again, harmlessly, on every way out)."""
+        await self.acquire()
+        return Held(self)
+
     async def __aenter__(self) -> None:
         await self.acquire()
 
@@ -65,3 +72,17 @@ class Slots:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+class Held:
+    """One acquired slot of :class:`Slots`; :meth:`release` is idempotent."""
+
+    __slots__ = ("_slots",)
+
+    def __init__(self, slots: Slots) -> None:
+        self._slots: Slots | None = slots
+
+    def release(self) -> None:
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            slots.release()

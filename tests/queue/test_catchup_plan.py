@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import json
-from collections import deque
 
 from federation_sender.model import EventRow, MembershipRow
 from federation_sender.queue.batching import Limits
@@ -79,7 +78,7 @@ def plan(so: int, n: int, prune: bool = False) -> RoomPlan:
 
 
 def test_pack_respects_rooms_per_txn_pdu_limit_and_positions() -> None:
-    plans = deque([plan(1, 10), plan(2, 10, prune=True), plan(3, 45), plan(4, 0)])
+    plans = [plan(1, 10), plan(2, 10, prune=True), plan(3, 45), plan(4, 0)]
     b1 = pack_next(plans, 2, Limits())
     assert len(b1.pdus) == 20 and b1.catchup_position == 2
     assert b1.catchup_prune == (("!r2", 2),)
@@ -89,7 +88,7 @@ def test_pack_respects_rooms_per_txn_pdu_limit_and_positions() -> None:
 
 
 def test_pack_chunks_a_room_larger_than_a_transaction() -> None:
-    plans = deque([plan(1, 120)])
+    plans = [plan(1, 120)]
     sizes, positions = [], []
     while plans:
         b = pack_next(plans, 1, Limits())

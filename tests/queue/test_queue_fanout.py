@@ -3,12 +3,20 @@
 from __future__ import annotations
 
 import json
+from contextlib import AbstractContextManager
 
 from sqlalchemy import select
 
 from federation_sender.storage import schema as s
 from federation_sender.storage.positions import EVENTS_STREAM
-from federation_sender.testing.queue_harness import ALICE, ME, Harness, eventually, room_with
+from federation_sender.testing.queue_harness import (
+    ALICE,
+    ME,
+    Harness,
+    RecordingObserver,
+    eventually,
+    room_with,
+)
 
 
 async def test_fanout_sends_our_events_to_joined_servers_only(h: Harness) -> None:
@@ -146,6 +154,35 @@ async def test_global_concurrency_limit(h: Harness) -> None:
     h.fake.release()
     await h.settle()
     assert all(len(h.fake.accepted(r)) == 1 for r in remotes)
+
+
+async def test_a_queue_waiting_for_a_slot_has_opened_no_attempt(h: Harness) -> None:
+    """Of eight queues with a transaction, the three holding a global slot have opened
+    their attempt (span, request); the five waiting for one have not, so a spike's
+    thousands of waiting queues hold neither. Each opens its own once it gets a slot."""
+    from dataclasses import replace
+    opened: list[str] = []
+
+    class Counting(RecordingObserver):
+        def attempt(self, destination: str, txn_id: str, pdu_count: int, edu_count: int,
+                    catchup: bool) -> AbstractContextManager[None]:
+            opened.append(destination)
+            return super().attempt(destination, txn_id, pdu_count, edu_count, catchup)
+
+    h.observer = Counting()
+    h.settings = replace(h.settings, max_concurrent_transactions=3)
+    remotes = [f"r{i}.test" for i in range(8)]
+    await room_with(h, "!a:l", *remotes)
+    await h.start()
+    h.fake.behave(None, hang=True)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await eventually(lambda: h.fake.in_progress == 3 and h.m.txn_slots.waiting == 5)
+    assert len(opened) == 3
+    h.fake.behave(None)
+    h.fake.release()
+    await h.settle()
+    assert sorted(opened) == sorted(remotes)
 
 
 async def test_poll_mode_finds_events_without_a_poke(h: Harness) -> None:

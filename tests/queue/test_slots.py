@@ -74,3 +74,19 @@ async def test_release_without_acquire_is_an_error() -> None:
         slots.release()
     with pytest.raises(ValueError):
         Slots(0)
+
+
+async def test_a_held_slot_is_given_back_once() -> None:
+    """The runner releases its slot after the request and again on every way out:
+    the second release must not free a slot someone else holds."""
+    slots = Slots(1)
+    held = await slots.hold()
+    assert slots.in_use == 1
+    held.release()
+    held.release()
+    assert slots.in_use == 0
+    other = await slots.hold()
+    held.release()  # a stale handle: still nothing
+    assert slots.in_use == 1
+    other.release()
+    assert slots.in_use == 0
