@@ -89,7 +89,10 @@ class QueueManager:
         )
         self.txn_slots = Slots(settings.max_concurrent_transactions)
         self.db_slots = Slots(db_concurrency)
-        self.queues = QueueRegistry(self._make_runner, clock, self.observer, leases)
+        # A sender that caches per destination (the federation client) is told when a
+        # queue is dropped; other senders have nothing to forget.
+        self.queues = QueueRegistry(self._make_runner, clock, self.observer, leases,
+                                    getattr(sender, "forget_destination", None))
         self._pdu_cache = PduCache()
         self._txn_base = _base36(time_ms(clock))
         self._txn_counter = itertools.count(1)

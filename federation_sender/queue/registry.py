@@ -46,8 +46,12 @@ class QueueRegistry:
         clock: Clock,
         observer: QueueObserver,
         leases: LeaseGuard | None = None,
+        on_gone: Callable[[str], None] | None = None,
     ) -> None:
         self._make_runner = make_runner
+        self._on_gone = on_gone
+        """Called with a destination whose queue was dropped (the sender lets go of
+        what it cached for it: an idle destination holds nothing)."""
         """(destination, catching_up) -> a new runner"""
         self._clock = clock
         self._observer = observer
@@ -150,6 +154,8 @@ class QueueRegistry:
             del self.runners[d]
             self._tasks.pop(d, None)
             self._observer.queues_changed(len(self.runners))
+            if self._on_gone is not None:
+                self._on_gone(d)
 
     async def stop_all(self, deadline_s: float) -> None:
         """Let in-flight transactions finish within ``deadline_s``, then cancel."""

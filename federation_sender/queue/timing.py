@@ -19,15 +19,15 @@ class Waitable(Protocol):
 class Wakeup:
     """``asyncio.Event``'s set/clear/is_set/wait for a queue's wake-ups, without the
     ``deque`` every Event allocates for its waiters (760 bytes, with each of thousands
-    of live queues): the one future is created when somebody waits. Waiters share it
-    through :func:`asyncio.shield`, so a cancelled waiter (``wait_or_timeout``'s
-    helper task) leaves the others waiting."""
+    of live queues): the waiters' list exists only while somebody waits, and each
+    waiter has its own future, so a cancelled one (``wait_or_timeout``'s helper task)
+    leaves the others waiting."""
 
-    __slots__ = ("_set", "_waiter")
+    __slots__ = ("_set", "_waiters")
 
     def __init__(self) -> None:
         self._set = False
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiters: list[asyncio.Future[None]] | None = None
 
     def is_set(self) -> bool:
         return self._set
@@ -36,9 +36,9 @@ class Wakeup:
         if self._set:
             return
         self._set = True
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+        for fut in self._waiters or ():
+            if not fut.done():
+                fut.set_result(None)
 
     def clear(self) -> None:
         self._set = False
@@ -46,11 +46,18 @@ class Wakeup:
     async def wait(self) -> bool:
         if self._set:
             return True
-        waiter = self._waiter
-        if waiter is None:
-            waiter = self._waiter = asyncio.get_running_loop().create_future()
-        await asyncio.shield(waiter)
-        return True
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        waiters = self._waiters
+        if waiters is None:
+            waiters = self._waiters = []
+        waiters.append(fut)
+        try:
+            await fut
+            return True
+        finally:
+            waiters.remove(fut)
+            if not waiters and self._waiters is waiters:
+                self._waiters = None
 
 
 async def wait_or_timeout(clock: Clock, event: Waitable, timeout_s: float | None) -> bool:

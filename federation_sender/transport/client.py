@@ -262,6 +262,22 @@ class FederationClient:
             raise RuntimeError("FederationClient used before start()")
         return await self._discovery.resolve(destination)
 
+    def forget_destination(self, destination: str) -> None:
+        """The queue engine dropped ``destination``'s idle queue: let go of what is
+        cached for it alone, so memory follows the active destinations (100,000 that
+        sent once keep nothing). Discovery's results stay, under their TTL: a lookup
+        is worth keeping."""
+        self.requests.forget_destination(destination)
+        resolved = self._resolved_overrides.pop(destination, None)
+        if resolved is not None:
+            for host, port in resolved.targets:
+                self._urls.pop((host, port, self._scheme), None)
+                self._literals.pop(host, None)
+
+    def holds(self, destination: str) -> bool:
+        """Whether anything is cached for ``destination`` alone (discovery aside)."""
+        return destination in self._resolved_overrides or self.requests.holds(destination)
+
     def build_request(self, txn: Transaction) -> tuple[str, bytes, str]:
         """``(path, body, Authorization header)`` for a transaction."""
         prepared = self.requests.prepare(txn)

@@ -130,6 +130,14 @@ class RequestBuilder:
         if outcome is not Outcome.TRANSIENT:
             self._forget(destination)
 
+    def forget_destination(self, destination: str) -> None:
+        """The destination's queue was dropped: its kept request and header prefix go."""
+        self._forget(destination)
+        self._dest_params.pop(destination, None)
+
+    def holds(self, destination: str) -> bool:
+        return destination in self._kept or destination in self._dest_params
+
     def _keep(self, destination: str, prepared: PreparedRequest) -> None:
         self._forget(destination)
         self._kept[destination] = prepared

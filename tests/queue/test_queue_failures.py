@@ -252,6 +252,23 @@ async def test_the_last_error_is_kept_through_catch_up_until_a_success(h: Harnes
     assert st is None or st.last_error is None
 
 
+async def test_a_dropped_idle_queue_tells_the_sender_to_forget_it(h: Harness) -> None:
+    """A sender with ``forget_destination`` (the federation client) hears of every
+    queue dropped after its idle TTL, so what it cached for that destination goes."""
+    from dataclasses import replace
+
+    forgotten: list[str] = []
+    h.sender.forget_destination = forgotten.append  # type: ignore[attr-defined]
+    h.settings = replace(h.settings, idle_queue_ttl_s=1.0)
+    await start_with_room(h)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert h.fake.accepted(D) and forgotten == []
+    await h.advance(2)
+    await eventually(lambda: forgotten == [D], what="the idle queue dropped")
+
+
 async def test_the_deadline_counts_from_each_attempt_s_start(h: Harness) -> None:
     """One timer per queue serves consecutive attempts: an attempt that starts after an
     earlier one armed it still gets its full 30 s, and no more."""

@@ -278,6 +278,24 @@ async def test_tls_name_mismatch_is_refused(
     assert remote.requests[0][0].headers["Host"] == "other.test"
 
 
+async def test_forget_destination_lets_go_of_its_cached_state(
+    certs: CertFiles, our_key: SigningKey, remote: FakeRemote
+) -> None:
+    """What a dropped idle queue's destination had cached (its resolved override, the
+    header prefix) goes; a later transaction rebuilds it."""
+    overrides = {"other.test": f"127.0.0.1:{remote.port}", "kept.test": f"127.0.0.1:{remote.port}"}
+    async with make_client(certs, our_key, destination_overrides=overrides) as client:
+        for d in overrides:
+            assert (await client.send_transaction(txn(d))).outcome is Outcome.SUCCESS
+        assert client.holds("other.test") and client.holds("kept.test")
+        client.forget_destination("other.test")
+        assert not client.holds("other.test") and client.holds("kept.test")
+        assert (await client.send_transaction(txn("other.test"))).outcome is Outcome.SUCCESS
+        assert client.holds("other.test")
+    assert [r[0].headers["Host"] for r in remote.requests] == [
+        "other.test", "kept.test", "other.test"]
+
+
 async def test_loopback_is_refused_without_an_allow_list(
     certs: CertFiles, our_key: SigningKey, remote: FakeRemote
 ) -> None:
