@@ -1,9 +1,11 @@
 """Adapts the queue engine's :class:`QueueObserver` hooks to metrics, spans and logs.
 
 A transaction attempt is spanned while it runs (:meth:`TelemetryObserver.attempt`), so
-what runs inside it, the federation client's discovery and HTTP request spans, become
-its children; the database write of its result is a child that ends at the commit,
-after the attempt itself. A catch-up step's span covers reading its plan.
+what runs inside it, the federation client's HTTP request span (and its discovery span
+when discovery looks something up), become its children; the database write of its
+result is a child that ends at the commit, after the attempt itself: the one record of
+how long the group commit kept the result waiting, and of a failed write. A catch-up
+step's span covers reading its plan.
 """
 
 from __future__ import annotations
@@ -73,8 +75,8 @@ class TelemetryObserver:
         tracer = self.tracing.tracer
         if child_span_dropped(tracer):
             return
-        span = tracer.start_span(
-            n.SPAN_PERSIST, attributes={n.ATTR_DESTINATION: destination})
+        # No attributes: its parent, the transaction span, names the destination.
+        span = tracer.start_span(n.SPAN_PERSIST)
 
         def done(f: asyncio.Future[None]) -> None:
             error = None if f.cancelled() else f.exception()

@@ -15,11 +15,12 @@ inside them carries the destination (and txn id).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
+from types import TracebackType
 
-from opentelemetry import trace
+from opentelemetry import context, trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import (
@@ -92,6 +93,35 @@ def child_span_dropped(tracer: trace.Tracer) -> bool:
     return ctx.is_valid and not ctx.trace_flags.sampled
 
 
+class LeafSpan:
+    """A span that ends when its block exits and is never made current: for leaves,
+    which open nothing inside them, so the context attach and detach (and the two
+    generator layers) of ``start_as_current_span`` are saved. An exception escaping the
+    block is recorded and sets the status to ERROR, as ``start_as_current_span`` does."""
+
+    __slots__ = ("span",)
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> Span:
+        return self.span
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        span = self.span
+        if isinstance(exc, Exception):  # not a cancellation: that is no error of the span
+            span.record_exception(exc)
+            span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        span.end()
+
+
+def leaf_span(tracer: trace.Tracer, name: str, kind: trace.SpanKind,
+              attributes: Mapping[str, AttributeValue]) -> LeafSpan:
+    """``with leaf_span(...) as span:`` a child of the current span (see :class:`LeafSpan`)."""
+    return LeafSpan(tracer.start_span(name, kind=kind, attributes=attributes))
+
+
 @dataclass(slots=True)
 class TransactionSpan:
     """Handle for a transaction attempt's span; call :meth:`finish` with the outcome."""
@@ -102,9 +132,9 @@ class TransactionSpan:
     def finish(self, outcome: str, *, http_status: int | None = None,
                error: str | None = None) -> None:
         self.outcome = outcome
-        self.span.set_attribute(n.ATTR_OUTCOME, outcome)
-        if http_status is not None:
-            self.span.set_attribute(n.ATTR_HTTP_STATUS, http_status)
+        # One call: the SDK takes its lock and checks the attributes once.
+        self.span.set_attributes({n.ATTR_OUTCOME: outcome} if http_status is None else
+                                 {n.ATTR_OUTCOME: outcome, n.ATTR_HTTP_STATUS: http_status})
         if outcome == "success":
             self.span.set_status(_OK)
         else:
@@ -135,10 +165,11 @@ class Tracing:
                  n.ATTR_PDU_COUNT: pdu_count, n.ATTR_EDU_COUNT: edu_count,
                  n.ATTR_CATCHUP: catchup}
         with (log_context(destination=destination, txn_id=txn_id) if set_log_context
-              else nullcontext()), \
-                self._tracer.start_as_current_span(
-                    n.SPAN_TRANSACTION, attributes=attrs, record_exception=False,
-                    set_status_on_exception=False) as span:
+              else nullcontext()):
+            # Made current by hand, not with start_as_current_span: its two generator
+            # layers would only wrap what this one does anyway.
+            span = self._tracer.start_span(n.SPAN_TRANSACTION, attributes=attrs)
+            token = context.attach(trace.set_span_in_context(span))
             handle = TransactionSpan(span)
             try:
                 yield handle
@@ -147,6 +178,9 @@ class Tracing:
                 if handle.outcome is None:
                     handle.finish("error", error=type(e).__name__)
                 raise
+            finally:
+                context.detach(token)
+                span.end()
 
     @contextmanager
     def catchup_step(self, destination: str, *, rooms: int = 0) -> Iterator[Span]:

@@ -57,7 +57,7 @@ from yarl import URL
 from federation_sender.clock import Clock
 from federation_sender.errors import FederationSenderError
 from federation_sender.telemetry import names
-from federation_sender.telemetry.tracing import child_span_dropped
+from federation_sender.telemetry.tracing import child_span_dropped, leaf_span
 from federation_sender.transport.addresses import (
     AddressFilter,
     FilteringResolver,
@@ -177,8 +177,8 @@ class FederationClient:
         self.stats = TransportStats()
         self.request_counter: RequestCounter | None = None
         self.tracer: trace.Tracer = trace.NoOpTracer()
-        """Discovery and each HTTP request are spanned with it, as children of the
-        caller's current span (the transaction attempt)."""
+        """Discovery (when it looks anything up) and each HTTP request are spanned
+        with it, as children of the caller's current span (the transaction attempt)."""
 
     @property
     def server_name(self) -> str:
@@ -244,6 +244,12 @@ class FederationClient:
 
     async def resolve(self, destination: str) -> ResolvedServer:
         """Where ``destination`` is reached (override or discovery)."""
+        resolved = self.resolve_cached(destination)
+        return resolved if resolved is not None else await self._lookup(destination)
+
+    def resolve_cached(self, destination: str) -> ResolvedServer | None:
+        """Where ``destination`` is reached, if no lookup is needed to know it (an
+        override, or discovery's fresh cached answers); ``None``: call :meth:`resolve`."""
         resolved = self._resolved_overrides.get(destination)
         if resolved is not None:
             return resolved
@@ -258,6 +264,11 @@ class FederationClient:
                 tls_server_name=target.host,
             )
             return resolved
+        if self._discovery is None:
+            raise RuntimeError("FederationClient used before start()")
+        return self._discovery.cached(destination)
+
+    async def _lookup(self, destination: str) -> ResolvedServer:
         if self._discovery is None:
             raise RuntimeError("FederationClient used before start()")
         return await self._discovery.resolve(destination)
@@ -349,9 +360,14 @@ class FederationClient:
         # not build their attributes); ``INVALID_SPAN`` takes the calls below.
         untraced = child_span_dropped(tracer)
         try:
-            with (_NO_SPAN if untraced else tracer.start_as_current_span(
-                    names.SPAN_DISCOVERY, attributes={names.ATTR_DESTINATION: destination})):
-                resolved = await self.resolve(destination)
+            resolved = self.resolve_cached(destination)
+            if resolved is None:
+                # Spanned only when discovery does work (well-known, SRV): a cached
+                # answer takes microseconds, a span of it only costs.
+                with (_NO_SPAN if untraced else tracer.start_as_current_span(
+                        names.SPAN_DISCOVERY,
+                        attributes={names.ATTR_DESTINATION: destination})):
+                    resolved = await self._lookup(destination)
         except (FederationSenderError, OSError, ValueError) as e:
             return classify_exception(e)
         last_failure: SendResult | None = None
@@ -359,11 +375,10 @@ class FederationClient:
             try:
                 if self._is_ip_literal(host):  # aiohttp's resolver never sees literals
                     self._filter.check(host)
-                with (_NO_SPAN if untraced else tracer.start_as_current_span(
-                        names.SPAN_HTTP_REQUEST, kind=trace.SpanKind.CLIENT,
-                        attributes={names.ATTR_HTTP_METHOD: "PUT",
-                                    names.ATTR_SERVER_ADDRESS: host,
-                                    names.ATTR_SERVER_PORT: port})) as span:
+                with (_NO_SPAN if untraced else leaf_span(
+                        tracer, names.SPAN_HTTP_REQUEST, trace.SpanKind.CLIENT,
+                        {names.ATTR_HTTP_METHOD: "PUT", names.ATTR_SERVER_ADDRESS: host,
+                         names.ATTR_SERVER_PORT: port})) as span:
                     result = await self._put(session, host, port, resolved, prepared)
                     if result.status is not None:
                         span.set_attribute(names.ATTR_HTTP_STATUS, result.status)

@@ -25,6 +25,9 @@ name had a valid one before -- and for a *temporary* failure (connection error, 
 timeout) a still-remembered valid delegation keeps being used. SRV answers are cached
 for their TTL (clamped to 30 s .. 24 h), "no records" for 5 min, and a stale SRV answer
 is used if DNS fails. Both caches are LRUs bounded by entry count.
+:meth:`Discovery.cached` answers synchronously when every step is fresh in them (the
+usual case once a destination has been reached): the client then starts no lookup task
+and records no discovery span.
 
 Concurrency: one lookup per server name at a time. Concurrent :meth:`Discovery.resolve`
 calls for a name share one task; a caller that is cancelled does not cancel the lookup
@@ -66,6 +69,8 @@ WELL_KNOWN_MAX_BYTES = 50 * 1024
 SRV_MIN_CACHE_S = 30.0
 SRV_MAX_CACHE_S = 24 * 3600.0
 SRV_NEGATIVE_CACHE_S = 5 * 60.0
+_SRV_SERVICES = ("_matrix-fed._tcp.", "_matrix._tcp.")
+"""In the order they are asked; the deprecated ``_matrix`` only without ``_matrix-fed``."""
 
 
 class InvalidServerName(RemotePermanentError):
@@ -271,14 +276,44 @@ class Discovery:
             return await self._via_srv(d.host)
         return await self._via_srv(name.host)
 
+    def cached(self, server_name: str) -> ResolvedServer | None:
+        """What :meth:`resolve` would answer now, if that needs no lookup: an IP literal
+        or explicit port, or a well-known answer (or its cached absence) and the SRV
+        answers it leads to, all fresh in the caches. ``None``: a lookup is due (call
+        :meth:`resolve`). Synchronous: no task, no I/O, so the caller skips the lookup's
+        task and its span. Raises :class:`InvalidServerName` as :meth:`resolve` does."""
+        name = parse_server_name(server_name)
+        if name.is_ip or name.port is not None:
+            return _direct(name, server_name)
+        now = self._clock.monotonic_s()
+        fresh, delegated = self._well_known.get(name.host, now)
+        if not fresh:
+            return None
+        host = name.host
+        if delegated is not None:
+            d = parse_server_name(delegated)
+            if d.is_ip or d.port is not None:
+                return _direct(d, delegated)
+            host = d.host
+        for service in _SRV_SERVICES:
+            fresh_srv, answer = self._srv.get(service + host, now)
+            if not fresh_srv or answer is None:
+                return None
+            if answer.records:
+                return self._srv_targets(host, answer)
+        return ResolvedServer(((host, DEFAULT_PORT),), host_header=host, tls_server_name=host)
+
     async def _via_srv(self, host: str) -> ResolvedServer:
-        for service in ("_matrix-fed._tcp.", "_matrix._tcp."):
+        for service in _SRV_SERVICES:
             answer = await self._srv_answer(service + host)
             if answer.records:
-                ordered = order_srv_records(answer.records, self._rng)
-                targets = tuple((r.target, r.port) for r in ordered)
-                return ResolvedServer(targets, host_header=host, tls_server_name=host)
+                return self._srv_targets(host, answer)
         return ResolvedServer(((host, DEFAULT_PORT),), host_header=host, tls_server_name=host)
+
+    def _srv_targets(self, host: str, answer: SrvAnswer) -> ResolvedServer:
+        ordered = order_srv_records(answer.records, self._rng)
+        targets = tuple((r.target, r.port) for r in ordered)
+        return ResolvedServer(targets, host_header=host, tls_server_name=host)
 
     async def _srv_answer(self, name: str) -> SrvAnswer:
         now = self._clock.monotonic_s()

@@ -4,15 +4,21 @@ import asyncio
 import logging
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from federation_sender.config import TelemetrySettings
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.logging import current_log_context
 from federation_sender.telemetry.metrics import Metrics, new_registry
 from federation_sender.telemetry.queue_observer import TelemetryObserver
-from federation_sender.telemetry.tracing import Tracing, child_span_dropped, setup_tracing
+from federation_sender.telemetry.tracing import (
+    Tracing,
+    child_span_dropped,
+    leaf_span,
+    setup_tracing,
+)
 from federation_sender.testing.clock import FakeClock
 from federation_sender.transport.result import Outcome
 
@@ -115,6 +121,60 @@ def test_child_spans_are_skipped_when_nothing_would_record_them(
         assert child_span_dropped(unsampled.tracer)  # the root was not sampled
 
 
+def test_leaf_spans_are_children_never_current_and_record_errors(
+        tracing: Tracing, spans: InMemorySpanExporter) -> None:
+    tracer = tracing.tracer
+    with tracing.transaction_attempt("a.org", "t1", pdu_count=1, edu_count=0) as txn:
+        with leaf_span(tracer, n.SPAN_HTTP_REQUEST, SpanKind.CLIENT,
+                       {n.ATTR_SERVER_PORT: 8448}) as ok:
+            # Not made current: the transaction stays the parent of anything opened here.
+            assert trace.get_current_span() is txn.span
+            ok.set_attribute(n.ATTR_HTTP_STATUS, 200)
+        with pytest.raises(ConnectionRefusedError), \
+                leaf_span(tracer, n.SPAN_HTTP_REQUEST, SpanKind.CLIENT, {}):
+            raise ConnectionRefusedError("refused")
+        txn.finish("transient")
+    first, refused, root = spans.get_finished_spans()
+    assert root.name == n.SPAN_TRANSACTION and root.context is not None
+    assert all(s.parent is not None and s.parent.span_id == root.context.span_id
+               for s in (first, refused))
+    assert first.kind is SpanKind.CLIENT
+    assert dict(first.attributes or {}) == {n.ATTR_SERVER_PORT: 8448, n.ATTR_HTTP_STATUS: 200}
+    assert first.status.status_code is StatusCode.UNSET and not first.events
+    assert refused.status.status_code is StatusCode.ERROR
+    assert refused.status.description == "ConnectionRefusedError: refused"
+    assert [e.name for e in refused.events] == ["exception"]
+
+
+def test_persist_span_is_a_child_ending_at_the_commit(spans: InMemorySpanExporter) -> None:
+    provider = setup_tracing(TelemetrySettings(), exporter=spans)
+    observer = TelemetryObserver(Metrics(new_registry(process_metrics=False)), provider,
+                                 FakeClock())
+
+    async def run() -> None:
+        loop = asyncio.get_running_loop()
+        committed: asyncio.Future[None] = loop.create_future()
+        failed: asyncio.Future[None] = loop.create_future()
+        with observer.attempt("a.org", "t1", 1, 0, False):
+            observer.persisting("a.org", committed)
+        with observer.attempt("a.org", "t2", 1, 0, False):
+            observer.persisting("a.org", failed)
+        assert [s.name for s in spans.get_finished_spans()] == [n.SPAN_TRANSACTION] * 2
+        committed.set_result(None)
+        failed.set_exception(OSError("disk full"))
+        await asyncio.sleep(0)
+        failed.exception()
+
+    asyncio.run(run())
+    txn1, txn2, ok, bad = spans.get_finished_spans()
+    for txn, persist in ((txn1, ok), (txn2, bad)):
+        assert persist.name == n.SPAN_PERSIST and txn.context is not None
+        assert persist.parent is not None and persist.parent.span_id == txn.context.span_id
+        assert not persist.attributes  # the parent names the destination
+    assert ok.status.status_code is StatusCode.UNSET
+    assert bad.status.status_code is StatusCode.ERROR and bad.status.description == "OSError"
+
+
 def _observed_attempts(observer: TelemetryObserver, count: int) -> None:
     """The telemetry calls of ``count`` transactions, children opened as the
     federation client opens them (skipped when ``child_span_dropped``)."""
@@ -125,7 +185,7 @@ def _observed_attempts(observer: TelemetryObserver, count: int) -> None:
         for i in range(count):
             with observer.attempt("a.org", f"t{i}", 1, 0, False):
                 if not child_span_dropped(tracer):
-                    with tracer.start_as_current_span(n.SPAN_DISCOVERY):
+                    with leaf_span(tracer, n.SPAN_HTTP_REQUEST, SpanKind.CLIENT, {}):
                         pass
                 committed: asyncio.Future[None] = loop.create_future()
                 observer.persisting("a.org", committed)
@@ -149,7 +209,7 @@ def test_sampled_traces_are_whole_or_absent() -> None:
         by_trace.setdefault(s.context.trace_id, []).append(s.name)
     # About half the roots, each with both children (p of 0 or 200 kept: 2^-199).
     assert 0 < len(by_trace) < 200
-    assert all(sorted(names) == sorted([n.SPAN_TRANSACTION, n.SPAN_DISCOVERY,
+    assert all(sorted(names) == sorted([n.SPAN_TRANSACTION, n.SPAN_HTTP_REQUEST,
                                         n.SPAN_PERSIST]) for names in by_trace.values())
     assert observer.tracing.provider is not None
     assert observer.tracing.provider.sampler.get_description().startswith("ParentBased")

@@ -13,8 +13,12 @@ import pytest
 from aiohttp import web
 from hypothesis import given
 from hypothesis import strategies as st
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from federation_sender.clock import SystemClock
+from federation_sender.config import TelemetrySettings
+from federation_sender.telemetry import names as n
+from federation_sender.telemetry.tracing import Tracing, setup_tracing
 from federation_sender.testing.certs import CertFiles
 from federation_sender.testing.clock import FakeClock
 from federation_sender.transport.client import FederationClient
@@ -403,3 +407,76 @@ async def test_well_known_redirects_are_followed_https_only(
         await runner.cleanup()
     assert resolved.targets == (("found.test", 1),)
     assert refused.targets == (("wk.test", 8448),)
+
+
+async def test_cached_answers_without_a_lookup_only_while_every_step_is_fresh(
+    fake_clock: FakeClock,
+) -> None:
+    srv = FakeSrv({"_matrix-fed._tcp.delegated.example": [(10, 0, 8002, "t2.example")]})
+    wk = FakeWellKnown()
+    wk.set("wk.example", {"m.server": "delegated.example"}, cache="max-age=3600")
+    wk.set("nostore.example", {"m.server": "delegated.example"}, cache="no-store")
+    d = make_discovery(srv, wk, fake_clock)
+    # No lookup needed at all: an IP literal, an explicit port.
+    assert d.cached("1.2.3.4") == ResolvedServer((("1.2.3.4", 8448),), "1.2.3.4", "1.2.3.4")
+    assert d.cached("h.example:9") == ResolvedServer(
+        (("h.example", 9),), "h.example:9", "h.example")
+    with pytest.raises(InvalidServerName):
+        d.cached("bad name!")
+    # Nothing cached yet: a lookup is due; after it, the same answer without one.
+    assert d.cached("wk.example") is None
+    resolved = await d.resolve("wk.example")
+    assert d.cached("wk.example") == resolved
+    assert d.cached("nothing.example") is None  # a cached failure needs its own lookup
+    await d.resolve("nothing.example")
+    assert d.cached("nothing.example") == ResolvedServer(
+        (("nothing.example", 8448),), "nothing.example", "nothing.example")
+    assert (len(wk.fetches), len(srv.queries)) == (2, 3)  # cached() asked nobody
+    # An answer that may not be stored, or one past its time, is looked up again.
+    await d.resolve("nostore.example")
+    assert d.cached("nostore.example") is None
+    fake_clock.advance(601)  # the SRV answer's 600 s are over, the well-known's hour not
+    assert d.cached("wk.example") is None
+    assert await d.resolve("wk.example") == resolved
+    assert len(wk.fetches) == 3 and srv.queries[-1] == "_matrix-fed._tcp.delegated.example"
+
+
+async def test_discovery_is_spanned_only_when_it_looks_something_up(
+    certs: CertFiles, our_key: SigningKey, dns_server: LoopbackDns, remote: FakeRemote
+) -> None:
+    """remote.test has no well-known (no address at all) and an SRV record: the first
+    transaction looks both up under a discovery span; the next ones use the cache and
+    record only their HTTP request, as does an IP literal, which needs no lookup."""
+    dns_server.add("target.test", "A", "127.0.0.1")
+    dns_server.add("_matrix-fed._tcp.remote.test", "SRV", f"10 0 {remote.port} target.test.")
+    exported = InMemorySpanExporter()
+    tracing = Tracing(setup_tracing(TelemetrySettings(), exporter=exported))
+    sends = ["remote.test", "remote.test", f"127.0.0.1:{remote.port}", "remote.test"]
+    async with FederationClient(
+        server_name="origin.test",
+        signing_key=our_key,
+        clock=SystemClock(),
+        attempt_timeout_s=5.0,
+        tls_extra_ca_file=str(certs.ca_cert),
+        ip_allow_list=LOOPBACK,
+        nameservers=[("127.0.0.1", dns_server.port)],
+    ) as client:
+        client.tracer = tracing.tracer
+        for i, dest in enumerate(sends):
+            with tracing.transaction_attempt(dest, f"t{i}", pdu_count=0, edu_count=0) as txn:
+                result = await client.send_transaction(Transaction(dest, f"t{i}", [], []))
+                txn.finish(result.outcome.value, http_status=result.status)
+            assert result.outcome is Outcome.SUCCESS, result
+    spans = exported.get_finished_spans()
+    roots = [s for s in spans if s.name == n.SPAN_TRANSACTION]
+    assert len(roots) == len(sends)
+    children = [sorted(c.name for c in spans
+                       if c.parent is not None and root.context is not None
+                       and c.parent.span_id == root.context.span_id) for root in roots]
+    assert children == [[n.SPAN_HTTP_REQUEST, n.SPAN_DISCOVERY]] + [[n.SPAN_HTTP_REQUEST]] * 3
+    (discovery,) = [s for s in spans if s.name == n.SPAN_DISCOVERY]
+    assert discovery.attributes == {n.ATTR_DESTINATION: "remote.test"}
+    assert dns_server.count("_matrix-fed._tcp.remote.test", "SRV") == 1
+    http = [s for s in spans if s.name == n.SPAN_HTTP_REQUEST]
+    assert all(s.attributes is not None and s.attributes[n.ATTR_HTTP_STATUS] == 200
+               and s.attributes[n.ATTR_SERVER_PORT] == remote.port for s in http)
