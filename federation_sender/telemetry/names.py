@@ -63,7 +63,8 @@ SPAN_TRANSACTION = "federation.transaction"
 SPAN_CATCHUP_STEP = "federation.catchup_step"
 SPAN_REPLICATION_BATCH = "replication.batch"
 SPAN_DISCOVERY = "federation.discovery"
-"""Child of the transaction: finding where the destination is reached."""
+"""Child of the transaction: finding where the destination is reached, recorded only
+when that looks something up (well-known, SRV); cached answers are not spanned."""
 SPAN_HTTP_REQUEST = "HTTP PUT"
 """Child of the transaction: one PUT /send to one target (OpenTelemetry's HTTP client
 span name is the method)."""

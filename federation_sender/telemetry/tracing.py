@@ -4,10 +4,12 @@ The provider is *not* installed globally: :class:`Tracing` wraps the provider it
 given (or a no-op one), so tests and several workers in one process stay isolated.
 The composition root may still call ``opentelemetry.trace.set_tracer_provider``.
 
-Spans (names in :mod:`.names`): one per transaction attempt (its children: discovery,
-the HTTP request, the database write of its result), per catch-up step (the database
-read of the plan) and per replication batch. Children find their parent through
-OpenTelemetry's context (a contextvar), so the client needs only the tracer. The
+Spans (names in :mod:`.names`): one per transaction attempt (its children: the HTTP
+request, the database write of its result, and discovery when it looks something up),
+per catch-up step (the database read of the plan) and per replication batch. Children
+find their parent through OpenTelemetry's context (a contextvar), so the client needs
+only the tracer; leaves (the HTTP request) are not made current themselves
+(:func:`leaf_span`), which saves the context switch of a span nothing is opened in. The
 transaction and catch-up helpers also enter
 :func:`~federation_sender.telemetry.logging.log_context`, so every log line written
 inside them carries the destination (and txn id).
@@ -54,7 +56,7 @@ def setup_tracing(
 
     Root spans (a transaction attempt, a catch-up step, a replication batch) are
     sampled with probability ``settings.trace_sample_ratio`` by trace id; their
-    children (discovery, the HTTP request, the result's write) follow the root's
+    children (the HTTP request, the result's write, a discovery lookup) follow the root's
     decision, so a trace is whole or absent."""
     if exporter is None and settings.tracing_exporter == "none":
         return None
