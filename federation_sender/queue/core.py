@@ -58,6 +58,14 @@ from federation_sender.transport.result import Outcome, SendResult
 
 
 class DestinationCore:
+    # Slotted: one per live queue, thousands of them in a spike.
+    __slots__ = (
+        "_next_txn_id", "backoff", "current", "destination", "device_list_cursor",
+        "episode", "isolation", "last_error", "last_success_ms", "last_successful",
+        "limits", "max_done", "outbox_dirty", "parse_pdu", "pending", "policy",
+        "rate_limit", "rng", "sm", "stopped", "to_device_cursor", "work",
+    )
+
     def __init__(
         self,
         destination: str,

@@ -40,7 +40,7 @@ from federation_sender.queue.steps import (
 )
 from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import AttemptDeadline, Wakeup, wait_or_timeout
-from federation_sender.telemetry.logging import log_context
+from federation_sender.telemetry.logging import current_log_context, log_context
 from federation_sender.transport.result import (
     Outcome,
     SendResult,
@@ -82,6 +82,14 @@ class RunnerConfig:
 
 
 class DestinationRunner:
+    # Slotted: one per live queue, thousands of them in a spike.
+    __slots__ = (
+        "_deadline", "_evict", "_finished", "_idle_since", "_in_flight_since", "_loaded",
+        "_may_send", "_stopping", "_unpersisted", "_waiting", "clock", "config", "core",
+        "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
+        "wake",
+    )
+
     def __init__(
         self,
         core: DestinationCore,
@@ -186,8 +194,11 @@ class DestinationRunner:
 
     async def run(self) -> None:
         try:
-            with log_context(destination=self.destination):
-                await self._run()
+            if current_log_context().get("destination") == self.destination:
+                await self._run()  # the registry named the destination already
+            else:
+                with log_context(destination=self.destination):
+                    await self._run()
         finally:
             self._deadline.close()
             self._finished = True

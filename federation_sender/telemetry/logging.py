@@ -69,11 +69,12 @@ class LogContext:
     __slots__ = ("_fields", "_token")
 
     def __init__(self, fields: dict[str, Any]) -> None:
-        self._fields = fields
+        self._fields: dict[str, Any] | None = fields
         self._token: Token[Mapping[str, Any]] | None = None
 
     def __enter__(self) -> None:
-        merged = {**_context.get(), **{k: v for k, v in self._fields.items() if v is not None}}
+        fields, self._fields = self._fields or {}, None  # merged below: not kept twice
+        merged = {**_context.get(), **{k: v for k, v in fields.items() if v is not None}}
         self._token = _context.set(MappingProxyType(merged))
 
     def __exit__(self, *exc: object) -> None:
