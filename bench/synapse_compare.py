@@ -90,9 +90,10 @@ def cpu_s(pid: int) -> float:
 class Sender:
     """Starts and stops one sender implementation as instance ``fed1``."""
 
-    def __init__(self, kind: str, d: SynapseDeployment, workdir: Path) -> None:
+    def __init__(self, kind: str, d: SynapseDeployment, workdir: Path,
+                 settings: dict[str, Any] | None = None) -> None:
         self.kind, self.d = kind, d
-        self.ours = OurSender(d, workdir / "ours") if kind == "ours" else None
+        self.ours = OurSender(d, workdir / "ours", settings) if kind == "ours" else None
 
     def start(self) -> int:
         if self.ours is not None:
@@ -186,7 +187,9 @@ def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: 
     d = create_deployment(root / f"hs{index}", ca=ca, cluster=cluster,
                           database_name=f"synapse_{index}", redis=redis)
     d.start()
-    sender = Sender(kind, d, root / f"hs{index}")
+    ours = ({"queue": {"coalesce_hold_s": a.coalesce_hold_s}}
+            if a.coalesce_hold_s is not None else None)
+    sender = Sender(kind, d, root / f"hs{index}", ours)
     try:
         with PeerNetwork(ca, root / f"peers{index}", reuse_event_ids=True,
                          keep_pdus=False) as net:
@@ -244,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         help="backlog mode: do not send one new message after the sender starts",
     )  # fmt: skip
     p.add_argument("--json", type=Path)
+    p.add_argument("--coalesce-hold-s", type=float,
+                   help="our worker's queue.coalesce_hold_s (default: the worker's own)")
     a = p.parse_args(argv)
     results: list[Result] = []
     with (

@@ -263,7 +263,8 @@ class DestinationRunner:
             now = time_ms(self.clock)
             gate = self.gate
             if gate is not None and gate.behind and c.would_send_partial_pdus(now):
-                await gate.wait_for_hand_over()  # a fuller transaction (coalesce.py)
+                # A fuller transaction (coalesce.py).
+                await gate.hold(lambda: c.would_send_partial_pdus(time_ms(self.clock)))
                 now = time_ms(self.clock)
             step = c.next_step(now)
             if isinstance(step, Send):

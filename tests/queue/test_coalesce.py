@@ -70,3 +70,38 @@ async def test_without_the_gate_nothing_waits(h: Harness) -> None:
     h.poke()
     await h.settle()
     assert h.fake.received_event_ids("r1.test") == [e.event_id]
+
+
+async def test_a_hold_lasts_over_hand_overs_until_full_or_max_hold_s() -> None:
+    """Hand-overs that leave the batch part-filled keep the queue waiting, up to
+    ``max_hold_s`` from its first wait; a full batch or a caught-up intake ends it."""
+    clock = FakeClock()
+    gate = IntakeGate(clock, max_hold_s=0.5)
+    gate.behind = True
+    full = False
+    held = asyncio.ensure_future(gate.hold(lambda: not full))
+    await clock.advance_and_settle(0)  # it starts waiting at t = 0
+    for step in range(4):  # hand-overs at 0.1, 0.2, 0.3, 0.4 s: still part-filled
+        await clock.advance_and_settle(0.1)
+        gate.handed_over()
+        await clock.advance_and_settle(0)
+        assert not held.done(), step
+    await clock.advance_and_settle(0.1)
+    gate.handed_over()  # 0.5 s: the hold is over
+    await clock.advance_and_settle(0)
+    assert held.done()
+
+    held = asyncio.ensure_future(gate.hold(lambda: not full))
+    await clock.advance_and_settle(0.1)
+    full = True
+    gate.handed_over()
+    await clock.advance_and_settle(0)
+    assert held.done()
+
+    full = False
+    held = asyncio.ensure_future(gate.hold(lambda: not full))
+    await clock.advance_and_settle(0.1)
+    gate.set_behind(False)
+    await clock.advance_and_settle(0)
+    assert held.done()
+    gate.close()
