@@ -140,26 +140,10 @@ async def test_edu_order_in_one_transaction(h: Harness) -> None:
 
 
 async def test_global_concurrency_limit(h: Harness) -> None:
-    from dataclasses import replace
-    h.settings = replace(h.settings, max_concurrent_transactions=3)
-    remotes = [f"r{i}.test" for i in range(8)]
-    await room_with(h, "!a:l", *remotes)
-    await h.start()
-    h.fake.behave(None, hang=True)
-    await h.writer.message("!a:l", ALICE)
-    h.poke()
-    await eventually(lambda: h.fake.in_progress == 3)
-    assert h.m.oldest_in_flight_age_s() == 0.0
-    h.fake.behave(None)
-    h.fake.release()
-    await h.settle()
-    assert all(len(h.fake.accepted(r)) == 1 for r in remotes)
-
-
-async def test_a_queue_waiting_for_a_slot_has_opened_no_attempt(h: Harness) -> None:
-    """Of eight queues with a transaction, the three holding a global slot have opened
-    their attempt (span, request); the five waiting for one have not, so a spike's
-    thousands of waiting queues hold neither. Each opens its own once it gets a slot."""
+    """Three slots, eight queues with a transaction: three in flight. The three holding
+    a slot have opened their attempt (span, request); the five waiting for one have not,
+    so a spike's thousands of waiting queues hold neither. Each opens its own once it
+    gets a slot."""
     from dataclasses import replace
     opened: list[str] = []
 
@@ -179,9 +163,11 @@ async def test_a_queue_waiting_for_a_slot_has_opened_no_attempt(h: Harness) -> N
     h.poke()
     await eventually(lambda: h.fake.in_progress == 3 and h.m.txn_slots.waiting == 5)
     assert len(opened) == 3
+    assert h.m.oldest_in_flight_age_s() == 0.0
     h.fake.behave(None)
     h.fake.release()
     await h.settle()
+    assert all(len(h.fake.accepted(r)) == 1 for r in remotes)
     assert sorted(opened) == sorted(remotes)
 
 

@@ -7,12 +7,15 @@ import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 
+from federation_sender.clock import SystemClock
 from federation_sender.testing.certs import CertFiles, make_certs
 from federation_sender.testing.clock import FakeClock
+from federation_sender.transport.client import FederationClient
 from federation_sender.transport.signing import SigningKey
 
 from .dns_server import LoopbackDns, start_dns
@@ -27,6 +30,21 @@ TLS_NAMES = [
     "target.test",
 ]
 LOOPBACK = ("127.0.0.0/8", "::1/128")
+ORIGIN = "origin.test"
+
+
+def make_client(certs: CertFiles, key: SigningKey, **overrides: Any) -> FederationClient:
+    """A client of ``ORIGIN`` that trusts the test CA and may reach loopback."""
+    settings: dict[str, Any] = {
+        "server_name": ORIGIN,
+        "signing_key": key,
+        "clock": SystemClock(),
+        "attempt_timeout_s": 5.0,
+        "tls_extra_ca_file": str(certs.ca_cert),
+        "ip_allow_list": LOOPBACK,
+    }
+    settings.update(overrides)
+    return FederationClient(**settings)
 
 
 @pytest.fixture(scope="session")

@@ -10,28 +10,11 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from federation_sender.clock import SystemClock
 from federation_sender.testing.certs import CertFiles
-from federation_sender.transport.client import FederationClient
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import SigningKey, verify_key_lookup, verify_request
 
-from .conftest import LOOPBACK, FakeRemote, RawRemote
-
-ORIGIN = "origin.test"
-
-
-def make_client(certs: CertFiles, key: SigningKey, **overrides: Any) -> FederationClient:
-    settings: dict[str, Any] = {
-        "server_name": ORIGIN,
-        "signing_key": key,
-        "clock": SystemClock(),
-        "attempt_timeout_s": 5.0,
-        "tls_extra_ca_file": str(certs.ca_cert),
-        "ip_allow_list": LOOPBACK,
-    }
-    settings.update(overrides)
-    return FederationClient(**settings)
+from .conftest import ORIGIN, FakeRemote, RawRemote, make_client
 
 
 def txn(destination: str, txn_id: str = "t1", pdus: int = 0, edus: int = 1) -> Transaction:

@@ -36,7 +36,7 @@ from federation_sender.transport.dns import DnsError, DnsLookup, SrvAnswer, SrvR
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import SigningKey
 
-from .conftest import LOOPBACK, FakeRemote
+from .conftest import LOOPBACK, FakeRemote, make_client
 from .dns_server import LoopbackDns
 
 
@@ -338,14 +338,8 @@ async def test_full_discovery_over_dns_well_known_and_srv(
         dns_server.add(name, "A", "127.0.0.1")
     dns_server.add("_matrix-fed._tcp.delegated.test", "SRV", f"10 0 {remote.port} target.test.")
     try:
-        async with FederationClient(
-            server_name="origin.test",
-            signing_key=our_key,
-            clock=SystemClock(),
-            attempt_timeout_s=5.0,
-            tls_extra_ca_file=str(certs.ca_cert),
-            ip_allow_list=LOOPBACK,
-            nameservers=[("127.0.0.1", dns_server.port)],
+        async with make_client(
+            certs, our_key, nameservers=[("127.0.0.1", dns_server.port)],
             well_known_port=wk_port,
         ) as client:
             results = await asyncio.gather(
@@ -452,14 +446,8 @@ async def test_discovery_is_spanned_only_when_it_looks_something_up(
     exported = InMemorySpanExporter()
     tracing = Tracing(setup_tracing(TelemetrySettings(), exporter=exported))
     sends = ["remote.test", "remote.test", f"127.0.0.1:{remote.port}", "remote.test"]
-    async with FederationClient(
-        server_name="origin.test",
-        signing_key=our_key,
-        clock=SystemClock(),
-        attempt_timeout_s=5.0,
-        tls_extra_ca_file=str(certs.ca_cert),
-        ip_allow_list=LOOPBACK,
-        nameservers=[("127.0.0.1", dns_server.port)],
+    async with make_client(
+        certs, our_key, nameservers=[("127.0.0.1", dns_server.port)]
     ) as client:
         client.tracer = tracing.tracer
         for i, dest in enumerate(sends):
