@@ -40,7 +40,7 @@ from federation_sender.queue.steps import (
 )
 from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import AttemptDeadline, Wakeup, wait_or_timeout
-from federation_sender.telemetry.logging import current_log_context, log_context
+from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
     Outcome,
     SendResult,
@@ -193,12 +193,9 @@ class DestinationRunner:
     # --- the loop ------------------------------------------------------------------------
 
     async def run(self) -> None:
+        # The registry, which runs every runner, puts the destination in the log context.
         try:
-            if current_log_context().get("destination") == self.destination:
-                await self._run()  # the registry named the destination already
-            else:
-                with log_context(destination=self.destination):
-                    await self._run()
+            await self._run()
         finally:
             self._deadline.close()
             self._finished = True
