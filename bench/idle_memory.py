@@ -86,6 +86,15 @@ async def seed(url: str, dests: int) -> None:
         await engine.dispose()
 
 
+def pymalloc_stats(a: argparse.Namespace, when: str) -> None:
+    """With ``--pymalloc-stats``: CPython's allocator statistics (its arenas, and the
+    bytes in use in them) on stderr, to tell live objects from arenas kept by a few."""
+    if a.pymalloc_stats:
+        print(f"-- pymalloc {when} (see '# arenas allocated current'):", file=sys.stderr,
+              flush=True)
+        sys._debugmallocstats()
+
+
 async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str]]:
     engine = create_engine(a.db_url, pool_size=20)
     try:
@@ -106,6 +115,7 @@ async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str
         woken = await m.wake_due_destinations()
         gc.collect()
         phase1 = rss_mb()
+        pymalloc_stats(a, "after phase 1")
         snap1 = tracemalloc.take_snapshot() if tracemalloc.is_tracing() else None
         t0 = time.perf_counter()
         peak = phase1
@@ -127,6 +137,7 @@ async def measure(a: argparse.Namespace, urls: list[str]) -> list[tuple[str, str
         # One more look of the trimmer (every 15 s) after the last queues dropped.
         await asyncio.sleep(16)
         after_trim = rss_mb()
+        pymalloc_stats(a, "all idle again, after the trim")
         if snap1 is not None:
             gc.collect()
             top = tracemalloc.take_snapshot().compare_to(snap1, "lineno")[:15]
@@ -159,6 +170,8 @@ def main() -> None:
                     choices=[*SENDERS, "instant"])
     ap.add_argument("--sender", help=argparse.SUPPRESS)  # one child's sender
     ap.add_argument("--db-url", help=argparse.SUPPRESS)  # its database, seeded
+    ap.add_argument("--pymalloc-stats", action="store_true",
+                    help="print sys._debugmallocstats() after phase 1 and at the end")
     ap.add_argument("--tracemalloc", action="store_true",
                     help="print the allocation sites holding what phase 2 left behind "
                          "(slower, and adds its own memory to the RSS figures)")
@@ -177,6 +190,8 @@ def main() -> None:
                         "--wave", str(a.wave), "--sender", kind, "--db-url", url]
                 if a.tracemalloc:
                     argv.append("--tracemalloc")
+                if a.pymalloc_stats:
+                    argv.append("--pymalloc-stats")
                 subprocess.run(argv, check=True)
         return
 
