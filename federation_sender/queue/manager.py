@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import random
+import zlib
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 
 from federation_sender.clock import Clock, time_ms
@@ -94,7 +95,12 @@ class QueueManager:
         self.queues = QueueRegistry(self._make_runner, clock, self.observer, leases,
                                     getattr(sender, "forget_destination", None))
         self._pdu_cache = PduCache()
-        self._txn_base = _base36(time_ms(clock))
+        # The start time alone repeated itself when two instances started in the same
+        # millisecond: after a hand-over the new owner's "base.N" could equal a txn id
+        # the destination had already answered, which it would deduplicate unread.
+        # Instance names are unique among the shard's members.
+        self._txn_base = (f"{_base36(time_ms(clock))}_"
+                          f"{_base36(zlib.crc32(instance_name.encode()))}")
         self._txn_counter = itertools.count(1)
         self.gate = (
             IntakeGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None

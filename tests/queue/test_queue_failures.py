@@ -337,3 +337,21 @@ async def test_the_last_success_time_is_the_clock_of_the_last_answered_transacti
     st = h.m.status(D)
     assert st is not None and st.state is DestinationState.BACKING_OFF
     assert st.last_success_ts_ms == delivered_at
+
+
+async def test_instances_started_in_the_same_millisecond_use_distinct_txn_ids(
+    h: Harness,
+) -> None:
+    """Two instances of one server started at the same instant (the clock does not
+    move here) must not number transactions alike: after a hand-over the new owner's
+    id could equal one the destination already answered, and be deduplicated unread."""
+    import random
+
+    from federation_sender.queue.manager import QueueManager
+    from federation_sender.storage.native import NativeBackend
+
+    first = h.make_manager()
+    second = QueueManager(NativeBackend(h.engine), h.sender, h.settings, "local.test",
+                          "fs2", h.clock, random.Random(1), lambda _d: True)
+    ids = [m._next_txn_id() for m in (first, second)]
+    assert ids[0] != ids[1] and all(i.endswith(".1") for i in ids), ids
