@@ -288,6 +288,7 @@ class Worker:
             clock=self.clock,
             streams=CONSUMED_STREAMS,
             announce=self.signals.announce if self.signals is not None else None,
+            save_interval_s=s.replication.position_save_interval_s,
         )
         if self.signals is not None:
             self.signals.attach(client.send)

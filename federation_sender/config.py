@@ -46,6 +46,9 @@ class ReplicationSettings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     poll_interval_s: float = 1.0
     """With transport ``none``, how often to look for new events in the database."""
+    position_save_interval_s: float = 1.0
+    """How often the streams' positions are saved (0: after every received batch).
+    After a crash the rows since the last save are delivered again."""
 
 
 @dataclass(frozen=True)
@@ -357,6 +360,9 @@ def _validate(s: Settings) -> None:
     if not 0.0 <= s.telemetry.trace_sample_ratio <= 1.0:
         raise ConfigError("telemetry.trace_sample_ratio", "a number from 0 to 1",
                           s.telemetry.trace_sample_ratio)
+    if s.replication.position_save_interval_s < 0:
+        raise ConfigError("replication.position_save_interval_s", "a number >= 0",
+                          s.replication.position_save_interval_s)
     if q.coalesce_hold_s < 0:
         raise ConfigError("queue.coalesce_hold_s", "a number >= 0", q.coalesce_hold_s)
     if s.database.connect_retry_s < 0:

@@ -147,23 +147,39 @@ class MemorySession:
 
     supports_psync = True
 
-    def __init__(self, chunks: Sequence[bytes], clock: Clock) -> None:
+    def __init__(self, chunks: Sequence[bytes], clock: Clock, *, hold_open: bool = False) -> None:
         self._chunks = list(chunks)
         self._conn = ReplicationConnection(Role.CLIENT, clock, keepalive=False)
         self.sent: list[c.Command] = []
+        self._hold_open = hold_open
+        """At the end of the chunks, wait for :meth:`feed` (or :meth:`end`) instead of
+        ending the session."""
+        self._more = asyncio.Event()
+
+    def feed(self, chunk: bytes) -> None:
+        self._chunks.append(chunk)
+        self._more.set()
+
+    def end(self) -> None:
+        self._hold_open = False
+        self._more.set()
 
     def send(self, command: c.Command) -> None:
         self.sent.append(command)
 
     async def receive(self) -> list[c.Command]:
-        while self._chunks:
-            self._conn.receive_data(self._chunks.pop(0))
-            out, error = self._conn.drain_commands()
-            if error is not None:
-                raise error
-            if out:
-                return out
-        raise ConnectionLost("end of recorded input")
+        while True:
+            while self._chunks:
+                self._conn.receive_data(self._chunks.pop(0))
+                out, error = self._conn.drain_commands()
+                if error is not None:
+                    raise error
+                if out:
+                    return out
+            if not self._hold_open:
+                raise ConnectionLost("end of recorded input")
+            self._more.clear()
+            await self._more.wait()
 
     def abort(self, reason: str) -> None:
         self._conn.close(reason)
