@@ -103,6 +103,12 @@ class QueueSettings:
     coalesce_hold_s: float = 0.5
     """While the intake is behind, a queue about to send a part-filled transaction waits
     up to this long for the intake's next hand-over (``queue/coalesce.py``); 0 never waits."""
+    busy_txn_interval_s: float = 1.0
+    """A destination in a steady stream (its last transaction carried at least
+    ``busy_min_pdus`` PDUs without filling up) sends its next part-filled transaction
+    no sooner than this after the last one started; 0 never waits. A quiet destination,
+    a backlog (full transactions), a retry and catch-up never wait."""
+    busy_min_pdus: int = 10
     idle_queue_ttl_s: float = 60.0
     max_item_failures: int = 3
     """Times one item may be isolated as the cause of a refusal before it is dropped."""
@@ -363,6 +369,10 @@ def _validate(s: Settings) -> None:
     if s.replication.position_save_interval_s < 0:
         raise ConfigError("replication.position_save_interval_s", "a number >= 0",
                           s.replication.position_save_interval_s)
+    if q.busy_txn_interval_s < 0:
+        raise ConfigError("queue.busy_txn_interval_s", "a number >= 0", q.busy_txn_interval_s)
+    if q.busy_min_pdus < 1:
+        raise ConfigError("queue.busy_min_pdus", "a positive integer", q.busy_min_pdus)
     if q.coalesce_hold_s < 0:
         raise ConfigError("queue.coalesce_hold_s", "a number >= 0", q.coalesce_hold_s)
     if s.database.connect_retry_s < 0:

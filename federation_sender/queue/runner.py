@@ -65,6 +65,8 @@ class RunnerConfig:
     catchup_rooms_per_batch: int
     catchup_max_gap_events: int
     outbox_read_limit: int
+    busy_interval_s: float = 0.0
+    busy_min_pdus: int = 10
 
     @classmethod
     def from_settings(
@@ -78,14 +80,17 @@ class RunnerConfig:
             catchup_rooms_per_batch=q.catchup_rooms_per_batch,
             catchup_max_gap_events=q.catchup_max_gap_events,
             outbox_read_limit=q.max_edus_per_txn,
+            busy_interval_s=q.busy_txn_interval_s,
+            busy_min_pdus=q.busy_min_pdus,
         )
 
 
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_deadline", "_evict", "_finished", "_idle_since", "_in_flight_since", "_loaded",
-        "_may_send", "_stopping", "_unpersisted", "_waiting", "clock", "config", "core",
+        "_busy_until", "_deadline", "_evict", "_finished", "_holding", "_idle_since",
+        "_in_flight_since", "_loaded", "_may_send", "_stopping", "_unpersisted", "_waiting",
+        "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
         "wake",
     )
@@ -120,6 +125,12 @@ class DestinationRunner:
         self._finished = False
         self._waiting = False
         """Blocked on the wake event or the clock (not reading, sending or writing)."""
+        self._busy_until = 0.0
+        """Monotonic time before which a part-filled transaction waits: the last one
+        was part of a steady stream (``_note_sent``)."""
+        self._holding = False
+        """Waiting for ``_busy_until``: new items do not wake the queue until its
+        batch is full."""
         self._unpersisted: list[asyncio.Future[None]] = []
         """Results submitted to the group commit and not yet known to be committed,
         oldest first."""
@@ -133,6 +144,8 @@ class DestinationRunner:
     # --- what the manager may ask ------------------------------------------------------
 
     def poke(self) -> None:
+        if self._holding and len(self.core.pending.pdus) < self.core.limits.max_pdus:
+            return  # the hold ends by itself (a stop or an eviction sets ``wake``)
         self.wake.set()
 
     def request_stop(self) -> bool:
@@ -263,6 +276,9 @@ class DestinationRunner:
                 # A fuller transaction (coalesce.py).
                 await gate.hold(lambda: c.would_send_partial_pdus(time_ms(self.clock)))
                 now = time_ms(self.clock)
+            elif self._busy_until and c.would_send_partial_pdus(now):
+                await self._hold_busy()
+                now = time_ms(self.clock)
             step = c.next_step(now)
             if isinstance(step, Send):
                 await self._send(step.txn)
@@ -300,6 +316,37 @@ class DestinationRunner:
                 if self._evict and c.is_empty():
                     return
                 self._evict = False
+
+    async def _hold_busy(self) -> None:
+        """A steady stream: wait until ``busy_interval_s`` after the last transaction
+        started (or the batch is full, or the queue is asked to stop), so that at a
+        high rate each transaction carries more PDUs and the per-transaction work
+        (signature, HTTP exchange, result write) is shared by more of them."""
+        left = self._busy_until - self.clock.monotonic_s()
+        self._busy_until = 0.0
+        if left <= 0 or self._stopping:
+            return
+        self._holding = True
+        try:
+            await self._wait(left)
+        finally:
+            self._holding = False
+
+    def _note_sent(self, txn: FrozenTxn) -> None:
+        """A new live transaction that carried ``busy_min_pdus`` or more PDUs without
+        filling up marks a steady stream; anything else (a quiet destination, a backlog
+        sent in full transactions, a retry, catch-up) does not."""
+        interval = self.config.busy_interval_s
+        if not interval:
+            return
+        batch = txn.batch
+        n = len(batch.pdus)
+        busy = (
+            txn.attempts == 0
+            and not batch.catchup
+            and self.config.busy_min_pdus <= n < self.core.limits.max_pdus
+        )
+        self._busy_until = self.clock.monotonic_s() + interval if busy else 0.0
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core
@@ -339,6 +386,7 @@ class DestinationRunner:
         # one of ``max_concurrent_transactions``, none holds an open span or a built
         # request, and the span measures the attempt rather than the wait.
         slot = await self.txn_slots.hold()
+        self._note_sent(txn)
         try:
             with log_context(txn_id=txn.txn_id), self.observer.attempt(
                     self.destination, txn.txn_id, len(batch.pdus), len(batch.edus),

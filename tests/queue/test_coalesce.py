@@ -105,3 +105,63 @@ async def test_a_hold_lasts_over_hand_overs_until_full_or_max_hold_s() -> None:
     await clock.advance_and_settle(0)
     assert held.done()
     gate.close()
+
+
+def _busy(h: Harness, **kw: object) -> None:
+    h.settings = replace(QueueSettings(), coalesce_hold_s=0.0, wakeup_interval_s=60.0,
+                         busy_txn_interval_s=1.0, busy_min_pdus=3, max_pdus_per_txn=5,
+                         **kw)  # type: ignore[arg-type]
+
+
+async def _messages(h: Harness, n: int) -> list[str]:
+    ids = [(await h.writer.message("!a:l", ALICE)).event_id for _ in range(n)]
+    h.poke()
+    await h.settle()
+    return ids
+
+
+async def test_a_steady_stream_sends_at_most_one_part_filled_transaction_per_interval(
+    h: Harness,
+) -> None:
+    _busy(h)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    quiet = await _messages(h, 1)
+    assert h.fake.received_event_ids("r1.test") == quiet  # one PDU: sent at once
+    stream = await _messages(h, 4)
+    assert h.fake.received_event_ids("r1.test") == quiet + stream  # not busy before
+    held = await _messages(h, 2)
+    # The last transaction carried 4 PDUs (>= 3) without filling up: a steady stream.
+    assert h.fake.received_event_ids("r1.test") == quiet + stream
+    assert h.m.status("r1.test").pending_pdus == 2
+    await h.advance(0.5)
+    assert h.fake.received_event_ids("r1.test") == quiet + stream
+    await h.advance(0.5)  # one interval after the last transaction started
+    assert h.fake.received_event_ids("r1.test") == quiet + stream + held
+    # That one carried 2 PDUs: the stream has thinned out, nothing waits any more.
+    after = await _messages(h, 1)
+    assert h.fake.received_event_ids("r1.test") == quiet + stream + held + after
+    sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"]
+    assert sizes[-4:] == [1, 4, 2, 1]
+
+
+async def test_a_full_batch_a_backlog_and_a_stop_do_not_wait_for_the_interval(
+    h: Harness,
+) -> None:
+    _busy(h)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    await _messages(h, 1)
+    stream = await _messages(h, 4)  # busy from here on
+    full = await _messages(h, 5)  # fills a transaction: sent without waiting
+    assert h.fake.received_event_ids("r1.test")[-9:] == stream + full
+    # A full transaction is a backlog, not a stream: the 12 below go as 5, 5, 2 at once.
+    backlog = await _messages(h, 12)
+    assert h.fake.received_event_ids("r1.test")[-12:] == backlog
+    sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"]
+    assert sizes[-5:] == [4, 5, 5, 5, 2]
+    # Busy again, and a stop during the hold ends it at once (the PDUs stay owed).
+    await _messages(h, 4)
+    await _messages(h, 1)
+    assert h.m.status("r1.test").pending_pdus == 1
+    await asyncio.wait_for(h.m.stop(5.0), 5.0)  # real time: the fake clock stands still
