@@ -276,7 +276,8 @@ class DestinationRunner:
                 # A fuller transaction (coalesce.py).
                 await gate.hold(lambda: c.would_send_partial_pdus(time_ms(self.clock)))
                 now = time_ms(self.clock)
-            elif self._busy_until and c.would_send_partial_pdus(now):
+            if self._busy_until and c.would_send_partial_pdus(now):
+                # A steady stream: at most one part-filled transaction per interval.
                 await self._hold_busy()
                 now = time_ms(self.clock)
             step = c.next_step(now)

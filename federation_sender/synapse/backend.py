@@ -192,11 +192,7 @@ class _Destinations:
 
     async def clear_retry_many(self, destinations: Collection[str]) -> None:
         """Only rows backing off are written (each write is an invalidation for main)."""
-        backing_off = [
-            d for d, row in (await self.get_destinations(destinations)).items()
-            if row.retry_interval
-        ]
-        for d in sorted(backing_off):
+        for d in await wr.backing_off(self._c, destinations):
             await wr.set_retry_timings(
                 self._c, self._s, self._b.instance_name, time_ms(self._b.clock), d, None, 0, 0
             )

@@ -96,6 +96,22 @@ async def get_destinations(
     return {row.destination: row for row in map(DestinationRow.from_columns, res)}
 
 
+_BACKING_OFF = text(
+    "SELECT destination FROM destinations"
+    " WHERE destination = ANY(CAST(:d AS text[])) AND retry_interval > 0"
+)
+
+
+async def backing_off(conn: AsyncConnection, names: Collection[str]) -> list[str]:
+    """Of ``names``, those with a backoff recorded, sorted: one array parameter whatever
+    their number (an ``IN`` list binds one parameter per name, and the group commit
+    asks this for every destination it saw succeed)."""
+    if not names:
+        return []
+    res = await conn.execute(_BACKING_OFF, {"d": list(names)})
+    return sorted(str(r[0]) for r in res)
+
+
 # The multi-row writes are text over ``unnest`` of arrays: one statement whatever the
 # row count, so SQLAlchemy compiles it once. A dialect ``insert().values([...])
 # .on_conflict_do_update()`` cannot be cached and was compiled on every call: 15 % of the
