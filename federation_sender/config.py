@@ -104,10 +104,10 @@ class QueueSettings:
     """While the intake is behind, a queue about to send a part-filled transaction waits
     up to this long for the intake's next hand-over (``queue/coalesce.py``); 0 never waits."""
     busy_txn_interval_s: float = 1.0
-    """A destination in a steady stream (its last transaction carried at least
-    ``busy_min_pdus`` PDUs without filling up) sends its next part-filled transaction
-    no sooner than this after the last one started; 0 never waits. A quiet destination,
-    a backlog (full transactions), a retry and catch-up never wait."""
+    """A destination sent ``busy_min_pdus`` PDUs or more within one interval (a steady
+    stream) sends its next part-filled transaction when the interval ends; 0 never
+    waits. A full batch and a stop do not wait; retries and catch-up neither count
+    nor wait; a destination sent fewer PDUs in an interval never waits."""
     busy_min_pdus: int = 10
     idle_queue_ttl_s: float = 60.0
     max_item_failures: int = 3

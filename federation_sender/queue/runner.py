@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
@@ -90,7 +91,7 @@ class DestinationRunner:
     __slots__ = (
         "_busy_until", "_deadline", "_evict", "_finished", "_holding", "_idle_since",
         "_in_flight_since", "_loaded", "_may_send", "_stopping", "_unpersisted", "_waiting",
-        "clock", "config", "core",
+        "_window_pdus", "_window_start", "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
         "wake",
     )
@@ -126,8 +127,10 @@ class DestinationRunner:
         self._waiting = False
         """Blocked on the wake event or the clock (not reading, sending or writing)."""
         self._busy_until = 0.0
-        """Monotonic time before which a part-filled transaction waits: the last one
-        was part of a steady stream (``_note_sent``)."""
+        """Monotonic time before which a part-filled transaction waits: the current
+        interval has seen a steady stream (``_note_sent``)."""
+        self._window_start = -math.inf
+        self._window_pdus = 0
         self._holding = False
         """Waiting for ``_busy_until``: new items do not wake the queue until its
         batch is full."""
@@ -319,10 +322,10 @@ class DestinationRunner:
                 self._evict = False
 
     async def _hold_busy(self) -> None:
-        """A steady stream: wait until ``busy_interval_s`` after the last transaction
-        started (or the batch is full, or the queue is asked to stop), so that at a
-        high rate each transaction carries more PDUs and the per-transaction work
-        (signature, HTTP exchange, result write) is shared by more of them."""
+        """A steady stream: wait for the end of the interval (or a full batch, or a
+        request to stop), so that at a high rate each transaction carries more PDUs
+        and the per-transaction work (signature, HTTP exchange, result write) is
+        shared by more of them."""
         left = self._busy_until - self.clock.monotonic_s()
         self._busy_until = 0.0
         if left <= 0 or self._stopping:
@@ -334,20 +337,21 @@ class DestinationRunner:
             self._holding = False
 
     def _note_sent(self, txn: FrozenTxn) -> None:
-        """A new live transaction that carried ``busy_min_pdus`` or more PDUs without
-        filling up marks a steady stream; anything else (a quiet destination, a backlog
-        sent in full transactions, a retry, catch-up) does not."""
+        """Count the PDUs of a new live transaction in the current interval (one
+        starts with the first send after the last has ended). Once they reach
+        ``busy_min_pdus`` the destination is in a steady stream, and a part-filled
+        transaction waits for the end of the interval. A retry or catch-up neither
+        counts nor waits."""
         interval = self.config.busy_interval_s
-        if not interval:
-            return
         batch = txn.batch
-        n = len(batch.pdus)
-        busy = (
-            txn.attempts == 0
-            and not batch.catchup
-            and self.config.busy_min_pdus <= n < self.core.limits.max_pdus
-        )
-        self._busy_until = self.clock.monotonic_s() + interval if busy else 0.0
+        if not interval or txn.attempts or batch.catchup:
+            return
+        now = self.clock.monotonic_s()
+        if now - self._window_start >= interval:
+            self._window_start, self._window_pdus = now, 0
+        self._window_pdus += len(batch.pdus)
+        busy = self._window_pdus >= self.config.busy_min_pdus
+        self._busy_until = self._window_start + interval if busy else 0.0
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core

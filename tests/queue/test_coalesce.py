@@ -131,23 +131,23 @@ async def test_a_steady_stream_sends_at_most_one_part_filled_transaction_per_int
     stream = await _messages(h, 4)
     assert h.fake.received_event_ids("r1.test") == quiet + stream  # not busy before
     held = await _messages(h, 2)
-    # The last transaction carried 4 PDUs (>= 3) without filling up: a steady stream.
+    # Five PDUs (>= 3) within the interval: a steady stream; the next part-filled
+    # transaction waits for the interval to end.
     assert h.fake.received_event_ids("r1.test") == quiet + stream
-    assert h.m.status("r1.test").pending_pdus == 2
+    status = h.m.status("r1.test")
+    assert status is not None and status.pending_pdus == 2
     await h.advance(0.5)
     assert h.fake.received_event_ids("r1.test") == quiet + stream
-    await h.advance(0.5)  # one interval after the last transaction started
+    await h.advance(0.5)  # one interval after the first of them started
     assert h.fake.received_event_ids("r1.test") == quiet + stream + held
-    # That one carried 2 PDUs: the stream has thinned out, nothing waits any more.
+    # A new interval began with those 2 PDUs: below 3, nothing waits.
     after = await _messages(h, 1)
     assert h.fake.received_event_ids("r1.test") == quiet + stream + held + after
     sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"]
     assert sizes[-4:] == [1, 4, 2, 1]
 
 
-async def test_a_full_batch_a_backlog_and_a_stop_do_not_wait_for_the_interval(
-    h: Harness,
-) -> None:
+async def test_a_full_batch_and_a_stop_do_not_wait_for_the_interval(h: Harness) -> None:
     _busy(h)
     await room_with(h, "!a:l", "r1.test")
     await h.start()
@@ -155,13 +155,15 @@ async def test_a_full_batch_a_backlog_and_a_stop_do_not_wait_for_the_interval(
     stream = await _messages(h, 4)  # busy from here on
     full = await _messages(h, 5)  # fills a transaction: sent without waiting
     assert h.fake.received_event_ids("r1.test")[-9:] == stream + full
-    # A full transaction is a backlog, not a stream: the 12 below go as 5, 5, 2 at once.
-    backlog = await _messages(h, 12)
+    backlog = await _messages(h, 12)  # 5 and 5 at once, the last 2 at the interval's end
+    assert h.fake.received_event_ids("r1.test")[-10:] == backlog[:10]
+    await h.advance(1.0)
     assert h.fake.received_event_ids("r1.test")[-12:] == backlog
     sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"]
     assert sizes[-5:] == [4, 5, 5, 5, 2]
-    # Busy again, and a stop during the hold ends it at once (the PDUs stay owed).
+    # Busy again, and a stop during the hold ends it at once (the PDU stays owed).
     await _messages(h, 4)
     await _messages(h, 1)
-    assert h.m.status("r1.test").pending_pdus == 1
+    status = h.m.status("r1.test")
+    assert status is not None and status.pending_pdus == 1
     await asyncio.wait_for(h.m.stop(5.0), 5.0)  # real time: the fake clock stands still
