@@ -331,6 +331,10 @@ class DestinationRunner:
         if left <= 0 or self._stopping:
             return
         self._holding = True
+        # A poke while the queue held for the intake (the hand-over it waited for) set
+        # the wake-up: it must not end this hold at once. A full batch, a stop and an
+        # eviction set it again.
+        self.wake.clear()
         try:
             await self._wait(left)
         finally:

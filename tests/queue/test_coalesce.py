@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+import pytest
+
 from federation_sender.config import QueueSettings
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.testing.clock import FakeClock
@@ -120,10 +122,15 @@ async def _messages(h: Harness, n: int) -> list[str]:
     return ids
 
 
+@pytest.mark.parametrize("intake_gate", [False, True])
 async def test_a_steady_stream_sends_at_most_one_part_filled_transaction_per_interval(
-    h: Harness,
+    h: Harness, intake_gate: bool
 ) -> None:
+    # With the gate and one event per intake batch, the queue first holds for the
+    # intake's hand-overs, whose pokes must not end the hold for the interval.
     _busy(h)
+    if intake_gate:
+        h.settings = replace(h.settings, coalesce_hold_s=0.5, event_batch_size=1)
     await room_with(h, "!a:l", "r1.test")
     await h.start()
     quiet = await _messages(h, 1)
