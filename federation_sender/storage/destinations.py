@@ -30,6 +30,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.model import DestinationRow
+from federation_sender.storage.pgarray import bigint_array, text_array
 from federation_sender.storage.schema import (
     destination_rooms as dr,
 )
@@ -84,9 +85,9 @@ async def upsert_destination_rooms(
                 " WHERE destination_rooms.stream_ordering < EXCLUDED.stream_ordering"
             ),
             {
-                "d": [k[0] for k, _ in items],
-                "r": [k[1] for k, _ in items],
-                "s": [so for _, so in items],
+                "d": text_array([k[0] for k, _ in items]),
+                "r": text_array([k[1] for k, _ in items]),
+                "s": bigint_array([so for _, so in items]),
             },
         )
         return
@@ -199,7 +200,7 @@ async def set_last_successful_many(
                 " OR destinations.last_successful_stream_ordering"
                 " < EXCLUDED.last_successful_stream_ordering"
             ),
-            {"d": [k for k, _ in items], "s": [v for _, v in items]},
+            {"d": text_array([k for k, _ in items]), "s": bigint_array([v for _, v in items])},
         )
         return
     stmt = sqlite.insert(d)
@@ -311,7 +312,7 @@ async def ensure_destinations(conn: AsyncConnection, names: Collection[str]) -> 
                 "INSERT INTO destinations (destination)"
                 " SELECT unnest(CAST(:d AS text[])) ON CONFLICT DO NOTHING"
             ),
-            {"d": sorted(names)},
+            {"d": text_array(sorted(names))},
         )
         return
     await conn.execute(

@@ -27,6 +27,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.model import DestinationRow
+from federation_sender.storage.pgarray import bigint_array, text_array
 from federation_sender.synapse.schema import (
     destination_rooms,
     destinations,
@@ -103,12 +104,12 @@ _BACKING_OFF = text(
 
 
 async def backing_off(conn: AsyncConnection, names: Collection[str]) -> list[str]:
-    """Of ``names``, those with a backoff recorded, sorted: one array parameter whatever
+    """Of ``names``, those with a backoff recorded, sorted: one array literal whatever
     their number (an ``IN`` list binds one parameter per name, and the group commit
     asks this for every destination it saw succeed)."""
     if not names:
         return []
-    res = await conn.execute(_BACKING_OFF, {"d": list(names)})
+    res = await conn.execute(_BACKING_OFF, {"d": text_array(names)})
     return sorted(str(r[0]) for r in res)
 
 
@@ -138,7 +139,7 @@ _UPSERT_DESTINATION_ROOMS = text(
 
 async def ensure_destinations(conn: AsyncConnection, names: Collection[str]) -> None:
     if names:
-        await conn.execute(_ENSURE_DESTINATIONS, {"d": sorted(names)})
+        await conn.execute(_ENSURE_DESTINATIONS, {"d": text_array(sorted(names))})
 
 
 async def invalidate(
@@ -198,7 +199,8 @@ async def set_last_successful_many(
         best[d] = max(so, best.get(d, so))
     items = sorted(best.items())
     await conn.execute(
-        _SET_LAST_SUCCESSFUL_MANY, {"d": [d for d, _ in items], "s": [so for _, so in items]}
+        _SET_LAST_SUCCESSFUL_MANY,
+        {"d": text_array([d for d, _ in items]), "s": bigint_array([so for _, so in items])},
     )
 
 
@@ -215,9 +217,9 @@ async def upsert_destination_rooms(
     await conn.execute(
         _UPSERT_DESTINATION_ROOMS,
         {
-            "d": [d for (d, _), _ in items],
-            "r": [room for (_, room), _ in items],
-            "s": [so for _, so in items],
+            "d": text_array([d for (d, _), _ in items]),
+            "r": text_array([room for (_, room), _ in items]),
+            "s": bigint_array([so for _, so in items]),
         },
     )
 
