@@ -187,8 +187,9 @@ def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: 
     d = create_deployment(root / f"hs{index}", ca=ca, cluster=cluster,
                           database_name=f"synapse_{index}", redis=redis)
     d.start()
-    ours = ({"queue": {"coalesce_hold_s": a.coalesce_hold_s}}
-            if a.coalesce_hold_s is not None else None)
+    queue = {k: v for k, v in (("coalesce_hold_s", a.coalesce_hold_s),
+                               ("busy_txn_interval_s", a.busy_interval_s)) if v is not None}
+    ours = {"queue": queue} if queue else None
     sender = Sender(kind, d, root / f"hs{index}", ours)
     try:
         with PeerNetwork(ca, root / f"peers{index}", reuse_event_ids=True,
@@ -249,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--coalesce-hold-s", type=float,
                    help="our worker's queue.coalesce_hold_s (default: the worker's own)")
+    p.add_argument("--busy-interval-s", type=float,
+                   help="our worker's queue.busy_txn_interval_s (default: the worker's own)")
     a = p.parse_args(argv)
     results: list[Result] = []
     with (
