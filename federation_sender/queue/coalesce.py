@@ -17,6 +17,11 @@ of new events never holds a queue back for longer than that. A full batch, a ret
 catch-up and EDU-only transactions never wait; nor does anything while the intake is
 caught up (the common case on a quiet server, where this costs nothing).
 
+A caught-up intake holds nothing here; a destination in a steady stream has a second,
+separate hold (``DestinationRunner._hold_busy``: at most one part-filled transaction
+per ``queue.busy_txn_interval_s``), which is what sets the transactions' size at a
+high rate once the intake keeps up.
+
 Waiting for one hand-over only (the first version) was not enough against a real
 Synapse: the intake hands over every few events, so at 415 destinations and about 30
 messages a second transactions carried 9 to 11 PDUs, and the worker, CPU-bound on its
