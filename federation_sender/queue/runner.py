@@ -341,14 +341,15 @@ class DestinationRunner:
             self._holding = False
 
     def _note_sent(self, txn: FrozenTxn) -> None:
-        """Count the PDUs of a new live transaction in the current interval (one
-        starts with the first send after the last has ended). Once they reach
-        ``busy_min_pdus`` the destination is in a steady stream, and a part-filled
-        transaction waits for the end of the interval. A retry or catch-up neither
-        counts nor waits."""
+        """Count the PDUs of a new live transaction that emptied the queue's PDUs (the
+        stream's supply set its size, not the limits) in the current interval (one
+        starts with the first such send after the last interval ended). Once they
+        reach ``busy_min_pdus`` the destination is in a steady stream, and a
+        part-filled transaction waits for the end of the interval. A transaction cut
+        by the limits (a backlog), a retry and catch-up neither count nor wait."""
         interval = self.config.busy_interval_s
         batch = txn.batch
-        if not interval or txn.attempts or batch.catchup:
+        if not interval or txn.attempts or batch.catchup or self.core.pending.pdus:
             return
         now = self.clock.monotonic_s()
         if now - self._window_start >= interval:
@@ -394,8 +395,8 @@ class DestinationRunner:
         # The global transaction slot comes first: while thousands of queues wait for
         # one of ``max_concurrent_transactions``, none holds an open span or a built
         # request, and the span measures the attempt rather than the wait.
+        self._note_sent(txn)  # before any wait: what is pending now is what it left
         slot = await self.txn_slots.hold()
-        self._note_sent(txn)
         try:
             with log_context(txn_id=txn.txn_id), self.observer.attempt(
                     self.destination, txn.txn_id, len(batch.pdus), len(batch.edus),
