@@ -106,8 +106,10 @@ class QueueSettings:
     busy_txn_interval_s: float = 1.0
     """A destination sent ``busy_min_pdus`` PDUs or more within one interval (a steady
     stream) sends its next part-filled transaction when the interval ends; 0 never
-    waits. A full batch and a stop do not wait; retries and catch-up neither count
-    nor wait; a destination sent fewer PDUs in an interval never waits."""
+    waits. Only transactions that took every pending PDU count (one cut by the
+    limits is a backlog); a full batch and a stop end the wait; retries and catch-up
+    neither count nor wait; a destination sent fewer PDUs in an interval never
+    waits. EDUs that arrive during the wait go with that transaction."""
     busy_min_pdus: int = 10
     idle_queue_ttl_s: float = 60.0
     max_item_failures: int = 3

@@ -36,9 +36,9 @@ through :class:`StreamPositions`, which says what to deliver or to fetch.
 Persistence: a position is saved through the store only after the handler has
 returned for its update, so the persisted position only covers finished work.
 With ``save_interval_s`` 0 they are saved after every received batch; otherwise
-at most once per interval, at most that long after the first unsaved update (the
-client then waits for the next batch only until that deadline), and when the
-session ends or the client is stopped. Replaying the unsaved window after a
+at most once per interval, at most that long after the first unsaved update (a
+timer task started by that update saves them: one task per interval, not one per
+line), and when the session ends or the client is stopped. Replaying the unsaved window after a
 crash is what at-least-once delivery already allows (handlers are idempotent),
 and one save per interval instead of one per batch is one database transaction
 less per RDATA line under load. If the session ends in a protocol error the peer
