@@ -31,6 +31,12 @@ def rdata(token: int) -> bytes:
     return f'RDATA to_device master {token} ["@u{token}:hs"]\n'.encode()
 
 
+def live_session(clock: FakeClock) -> MemorySession:
+    """A session at position 0 that stays open for :meth:`MemorySession.feed`."""
+    return MemorySession([b"SERVER hs\nPOSITION to_device master 0 0\n"], clock,
+                         hold_open=True)
+
+
 class FlakyStore(InMemoryPositionStore):
     """A store whose next ``fail_next`` saves raise, as a database that went away."""
 
@@ -76,8 +82,7 @@ async def running(
 async def test_positions_are_saved_once_per_interval_not_once_per_line() -> None:
     clock = FakeClock()
     store = InMemoryPositionStore()
-    session = MemorySession([b"SERVER hs\nPOSITION to_device master 0 0\n"], clock,
-                            hold_open=True)
+    session = live_session(clock)
     async with running([session], store, clock, 1.0) as (_client, handler, _task):
         for token in range(1, 6):
             session.feed(rdata(token))
@@ -104,8 +109,7 @@ async def test_positions_are_saved_once_per_interval_not_once_per_line() -> None
 async def test_interval_zero_saves_after_every_received_batch() -> None:
     clock = FakeClock()
     store = InMemoryPositionStore()
-    session = MemorySession([b"SERVER hs\nPOSITION to_device master 0 0\n"], clock,
-                            hold_open=True)
+    session = live_session(clock)
     async with running([session], store, clock, 0.0) as (_client, handler, _task):
         for token in range(1, 4):
             session.feed(rdata(token))
@@ -119,8 +123,7 @@ async def test_finished_work_is_saved_when_the_session_ends_or_the_client_stops(
 ) -> None:
     clock = FakeClock()
     store = InMemoryPositionStore()
-    session = MemorySession([b"SERVER hs\nPOSITION to_device master 0 0\n"], clock,
-                            hold_open=True)
+    session = live_session(clock)
     async with running([session], store, clock, 3600.0) as (client, handler, task):
         session.feed(rdata(1) + rdata(2))
         await handler.wait_for(lambda: handler.last_token("to_device") == 2)
@@ -144,8 +147,7 @@ async def test_a_failed_save_keeps_the_positions_and_retries_at_the_next_interva
     clock = FakeClock()
     store = FlakyStore()
     store.fail_next = 1
-    session = MemorySession([b"SERVER hs\nPOSITION to_device master 0 0\n"], clock,
-                            hold_open=True)
+    session = live_session(clock)
     async with running([session], store, clock, 1.0) as (client, handler, _task):
         session.feed(rdata(1))
         await handler.wait_for(lambda: handler.last_token("to_device") == 1)
@@ -169,8 +171,7 @@ async def test_a_crash_before_the_save_delivers_the_unsaved_rows_again() -> None
         [c.RdataCommand("to_device", "master", t, [f"@u{t}:hs"]) for t in range(1, 5)]
     )
     store = InMemoryPositionStore()
-    first = MemorySession([b"SERVER hs\nPOSITION to_device master 0 0\n"], clock,
-                          hold_open=True)
+    first = live_session(clock)
     async with running([first], store, clock, 1.0) as (_client, handler, _task):
         first.feed(rdata(1) + rdata(2))
         await handler.wait_for(lambda: handler.last_token("to_device") == 2)
