@@ -66,8 +66,8 @@ class RunnerConfig:
     catchup_rooms_per_batch: int
     catchup_max_gap_events: int
     outbox_read_limit: int
-    busy_interval_s: float = 0.0
-    busy_min_pdus: int = 10
+    busy_interval_s: float
+    busy_min_pdus: int
 
     @classmethod
     def from_settings(

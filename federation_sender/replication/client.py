@@ -140,9 +140,8 @@ class ReplicationClient:
         self._dirty: dict[Key, int] = {}
         self._save_interval_s = save_interval_s
         self._saver: asyncio.Future[None] | None = None
-        self._save_lock = asyncio.Lock()
-        self.saves = 0
-        """Positions written to the store (one per stream and writer per save)."""
+        """The task that saves at the end of the interval; :meth:`_persist_on_exit`
+        ends it before saving, so only one save runs at a time."""
         self._unknown_streams: set[str] = set()
         self.connected = asyncio.Event()
         self.sessions_opened = 0
@@ -358,13 +357,11 @@ class ReplicationClient:
     async def _persist(self) -> None:
         """Save every finished position; one that cancellation or an error leaves
         unsaved stays in ``_dirty`` (a later update of its key replaces it there)."""
-        async with self._save_lock:
-            for key, token in list(self._dirty.items()):
-                await self._store.save(key[0], key[1], token)
-                self.positions.mark_persisted(key[0], key[1], token)
-                self.saves += 1
-                if self._dirty.get(key) == token:
-                    del self._dirty[key]
+        for key, token in list(self._dirty.items()):
+            await self._store.save(key[0], key[1], token)
+            self.positions.mark_persisted(key[0], key[1], token)
+            if self._dirty.get(key) == token:  # not updated while it was saved
+                del self._dirty[key]
 
     async def _persist_on_exit(self) -> None:
         """Save the finished work when a session ends (or the client is stopped); a
