@@ -32,7 +32,8 @@ The peers, the client-API threads and Synapse all share this machine's cores: th
 figures compare the senders under the same conditions, they are not absolute.
 
     .venv/bin/python bench/synapse_compare.py [--senders synapse ours] [--dests 10] \
-        [--rooms 1] [--events 200] [--concurrency 4] [--mode live|backlog] [--json out.json]
+        [--rooms 1] [--events 200] [--concurrency 4] [--mode live|backlog] [--json out.json] \
+        [--busy-interval-s S] [--event-loop asyncio|uvloop]
 """
 
 from __future__ import annotations
@@ -91,9 +92,11 @@ class Sender:
     """Starts and stops one sender implementation as instance ``fed1``."""
 
     def __init__(self, kind: str, d: SynapseDeployment, workdir: Path,
-                 settings: dict[str, Any] | None = None) -> None:
+                 settings: dict[str, Any] | None = None,
+                 worker_args: tuple[str, ...] = ()) -> None:
         self.kind, self.d = kind, d
-        self.ours = OurSender(d, workdir / "ours", settings) if kind == "ours" else None
+        self.ours = (OurSender(d, workdir / "ours", settings, worker_args)
+                     if kind == "ours" else None)
 
     def start(self) -> int:
         if self.ours is not None:
@@ -190,7 +193,8 @@ def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: 
     queue = {k: v for k, v in (("coalesce_hold_s", a.coalesce_hold_s),
                                ("busy_txn_interval_s", a.busy_interval_s)) if v is not None}
     ours = {"queue": queue} if queue else None
-    sender = Sender(kind, d, root / f"hs{index}", ours)
+    loop = ("--event-loop", a.event_loop) if a.event_loop else ()
+    sender = Sender(kind, d, root / f"hs{index}", ours, loop)
     try:
         with PeerNetwork(ca, root / f"peers{index}", reuse_event_ids=True,
                          keep_pdus=False) as net:
@@ -252,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="our worker's queue.coalesce_hold_s (default: the worker's own)")
     p.add_argument("--busy-interval-s", type=float,
                    help="our worker's queue.busy_txn_interval_s (default: the worker's own)")
+    p.add_argument("--event-loop", choices=["asyncio", "uvloop"],
+                   help="our worker's --event-loop (default: the worker's own)")
     a = p.parse_args(argv)
     results: list[Result] = []
     with (

@@ -44,8 +44,12 @@ class OurSender:
         deployment: SynapseDeployment,
         directory: Path,
         settings: dict[str, Any] | None = None,
+        worker_args: tuple[str, ...] = (),
     ) -> None:
+        """``worker_args``: extra options of ``federation-sender worker`` (e.g.
+        ``("--event-loop", "uvloop")``)."""
         self.deployment = deployment
+        self.worker_args = worker_args
         self.directory = directory
         self.admin_port = free_port()
         self.admin_token = "test-admin-token"
@@ -104,7 +108,7 @@ class OurSender:
             self.migrate()
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
-                self._args("worker"), stdout=log, stderr=subprocess.STDOUT,
+                [*self._args("worker"), *self.worker_args], stdout=log, stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL, cwd=self.directory, env=dict(os.environ),
             )  # fmt: skip
         self._wait_ready()
