@@ -127,8 +127,8 @@ class DestinationRunner:
         self._waiting = False
         """Blocked on the wake event or the clock (not reading, sending or writing)."""
         self._busy_until = 0.0
-        """Monotonic time before which a part-filled transaction waits: the current
-        interval has seen a steady stream (``_note_sent``)."""
+        """Monotonic time before which a part-filled transaction waits: one interval
+        after the last send of a steady stream (``_note_sent``)."""
         self._window_start = -math.inf
         self._window_pdus = 0
         self._holding = False
@@ -322,10 +322,10 @@ class DestinationRunner:
                 self._evict = False
 
     async def _hold_busy(self) -> None:
-        """A steady stream: wait for the end of the interval (or a full batch, or a
-        request to stop), so that at a high rate each transaction carries more PDUs
-        and the per-transaction work (signature, HTTP exchange, result write) is
-        shared by more of them."""
+        """A steady stream: wait until one interval after the last send (or a full
+        batch, or a request to stop), so that at a high rate each transaction carries
+        more PDUs and the per-transaction work (signature, HTTP exchange, result
+        write) is shared by more of them."""
         left = self._busy_until - self.clock.monotonic_s()
         self._busy_until = 0.0
         if left <= 0 or self._stopping:
@@ -344,9 +344,11 @@ class DestinationRunner:
         """Count the PDUs of a new live transaction that emptied the queue's PDUs (the
         stream's supply set its size, not the limits) in the current interval (one
         starts with the first such send after the last interval ended). Once they
-        reach ``busy_min_pdus`` the destination is in a steady stream, and a
-        part-filled transaction waits for the end of the interval. A transaction cut
-        by the limits (a backlog), a retry and catch-up neither count nor wait."""
+        reach ``busy_min_pdus`` the destination is in a steady stream, and the next
+        part-filled transaction waits until one interval after this send: a batch
+        that filled early does not leave its successor to go out near empty at the
+        end of the interval. A transaction cut by the limits (a backlog), a retry and
+        catch-up neither count nor wait."""
         interval = self.config.busy_interval_s
         batch = txn.batch
         if not interval or txn.attempts or batch.catchup or self.core.pending.pdus:
@@ -356,7 +358,7 @@ class DestinationRunner:
             self._window_start, self._window_pdus = now, 0
         self._window_pdus += len(batch.pdus)
         busy = self._window_pdus >= self.config.busy_min_pdus
-        self._busy_until = self._window_start + interval if busy else 0.0
+        self._busy_until = now + interval if busy else 0.0
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core

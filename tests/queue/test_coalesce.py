@@ -174,3 +174,23 @@ async def test_a_full_batch_and_a_stop_do_not_wait_for_the_interval(h: Harness) 
     status = h.m.status("r1.test")
     assert status is not None and status.pending_pdus == 1
     await asyncio.wait_for(h.m.stop(5.0), 5.0)  # real time: the fake clock stands still
+
+
+async def test_the_hold_counts_from_the_last_send_not_the_interval_start(h: Harness) -> None:
+    # A batch that filled late in an interval: what follows it waits a whole interval
+    # from that send (and can fill too), not only until the old interval's end.
+    _busy(h)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    await _messages(h, 1)
+    await _messages(h, 4)  # busy from here on (t = 0)
+    await h.advance(0.6)
+    full = await _messages(h, 5)  # a full batch at t = 0.6: sent at once
+    assert h.fake.received_event_ids("r1.test")[-5:] == full
+    held = await _messages(h, 2)
+    await h.advance(0.4)  # t = 1.0, the end of the interval that began at 0
+    assert h.fake.received_event_ids("r1.test")[-5:] == full
+    await h.advance(0.6)  # t = 1.6: one interval after the full batch
+    assert h.fake.received_event_ids("r1.test")[-7:] == full + held
+    sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"]
+    assert sizes[-3:] == [4, 5, 2]
