@@ -194,3 +194,25 @@ async def test_the_hold_counts_from_the_last_send_not_the_interval_start(h: Harn
     assert h.fake.received_event_ids("r1.test")[-7:] == full + held
     sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"]
     assert sizes[-3:] == [4, 5, 2]
+
+
+async def test_in_a_steady_stream_an_overfilled_batch_leaves_its_remainder_waiting(
+    h: Harness,
+) -> None:
+    # One hand-over brings more than a transaction holds: the full one leaves at once,
+    # and the remainder waits like any part-filled transaction of the stream instead
+    # of going out near empty right behind it.
+    _busy(h)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    await _messages(h, 1)
+    await _messages(h, 4)  # busy from here on (t = 0)
+    await h.advance(0.5)
+    burst = await _messages(h, 7)  # during the hold: 5 go at once, 2 are left
+    assert h.fake.received_event_ids("r1.test")[-5:] == burst[:5]
+    await h.advance(0.9)
+    assert h.fake.received_event_ids("r1.test")[-5:] == burst[:5]
+    await h.advance(0.1)  # one interval after the full batch
+    assert h.fake.received_event_ids("r1.test")[-7:] == burst
+    sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"]
+    assert sizes[-3:] == [4, 5, 2]
