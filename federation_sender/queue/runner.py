@@ -90,8 +90,8 @@ class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
         "_busy_until", "_deadline", "_evict", "_finished", "_holding", "_idle_since",
-        "_in_flight_since", "_loaded", "_may_send", "_steady", "_stopping", "_unpersisted",
-        "_waiting",
+        "_in_flight_since", "_loaded", "_may_send", "_steady_until", "_stopping",
+        "_unpersisted", "_waiting",
         "_window_pdus", "_window_start", "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
         "wake",
@@ -132,8 +132,9 @@ class DestinationRunner:
         after the last send of a steady stream (``_note_sent``)."""
         self._window_start = -math.inf
         self._window_pdus = 0
-        self._steady = False
-        """The last counted send found a steady stream (``_note_sent``)."""
+        self._steady_until = 0.0
+        """Monotonic time until which the destination counts as in a steady stream:
+        one interval after its last send in one (``_note_sent``)."""
         self._holding = False
         """Waiting for ``_busy_until``: new items do not wake the queue until its
         batch is full."""
@@ -351,22 +352,26 @@ class DestinationRunner:
         part-filled transaction waits until one interval after this send: a batch
         that filled early does not leave its successor to go out near empty at the
         end of the interval. A transaction cut by the limits counts nothing (a
-        backlog does not make a stream), but in a steady stream what it left waits
-        like the rest: a hand-over that overfilled a held batch does not send its
-        remainder at once. Retries and catch-up neither count nor wait."""
+        backlog does not make a stream), but within one interval of the stream's
+        last send what it left waits like the rest: a hand-over that overfilled a
+        held batch does not send its remainder at once (a burst after a quiet spell
+        does). Retries and catch-up neither count nor wait."""
         interval = self.config.busy_interval_s
         batch = txn.batch
         if not interval or txn.attempts or batch.catchup:
             return
         now = self.clock.monotonic_s()
         if self.core.pending.pdus:
-            self._busy_until = now + interval if self._steady else 0.0
+            if now < self._steady_until:
+                self._steady_until = self._busy_until = now + interval
+            else:
+                self._busy_until = 0.0
             return
         if now - self._window_start >= interval:
             self._window_start, self._window_pdus = now, 0
         self._window_pdus += len(batch.pdus)
-        self._steady = busy = self._window_pdus >= self.config.busy_min_pdus
-        self._busy_until = now + interval if busy else 0.0
+        busy = self._window_pdus >= self.config.busy_min_pdus
+        self._steady_until = self._busy_until = now + interval if busy else 0.0
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core

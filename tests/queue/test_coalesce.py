@@ -216,3 +216,14 @@ async def test_in_a_steady_stream_an_overfilled_batch_leaves_its_remainder_waiti
     assert h.fake.received_event_ids("r1.test")[-7:] == burst
     sizes = [n for d, _o, _s, n, _e in h.observer.sent if d == "r1.test"]
     assert sizes[-3:] == [4, 5, 2]
+
+
+async def test_a_burst_after_a_quiet_spell_sends_its_tail_at_once(h: Harness) -> None:
+    _busy(h)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    await _messages(h, 1)
+    await _messages(h, 4)  # a steady stream at t = 0, then nothing
+    await h.advance(10.0)
+    late = await _messages(h, 7)  # a backlog, not the stream's: 5 and 2 at once
+    assert h.fake.received_event_ids("r1.test")[-7:] == late
