@@ -355,11 +355,12 @@ class DestinationRunner:
         backlog does not make a stream), but within one interval of the stream's
         last send what it left waits like the rest: a hand-over that overfilled a
         held batch does not send its remainder at once (a burst after a quiet spell
-        does). Retries and catch-up neither count nor wait."""
+        does). Retries, catch-up and EDU-only transactions neither count nor
+        wait."""
         interval = self.config.busy_interval_s
         batch = txn.batch
-        if not interval or txn.attempts or batch.catchup:
-            return
+        if not interval or txn.attempts or batch.catchup or not batch.pdus:
+            return  # an EDU-only transaction does not move the stream's clock
         now = self.clock.monotonic_s()
         if self.core.pending.pdus:
             if now < self._steady_until:

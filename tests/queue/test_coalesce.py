@@ -227,3 +227,19 @@ async def test_a_burst_after_a_quiet_spell_sends_its_tail_at_once(h: Harness) ->
     await h.advance(10.0)
     late = await _messages(h, 7)  # a backlog, not the stream's: 5 and 2 at once
     assert h.fake.received_event_ids("r1.test")[-7:] == late
+
+
+async def test_an_edu_only_transaction_does_not_move_the_streams_clock(h: Harness) -> None:
+    _busy(h)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    await _messages(h, 1)
+    stream = await _messages(h, 4)  # busy from here on (t = 0)
+    await h.advance(0.6)
+    h.m.enqueue_edu("r1.test", "m.typing", {"room_id": "!a:l"}, key="!a:l")
+    await h.settle()
+    edus = [e for d, _o, _s, _n, e in h.observer.sent if d == "r1.test"]
+    assert edus[-1] == 1  # an EDU-only transaction: nothing held it
+    held = await _messages(h, 2)
+    await h.advance(0.4)  # t = 1.0: one interval after the stream's last PDUs
+    assert h.fake.received_event_ids("r1.test")[-6:] == stream + held
