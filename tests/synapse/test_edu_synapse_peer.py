@@ -40,8 +40,8 @@ def q(s: str) -> str:
 class Syncer:
     """Bob's /sync on the destination Synapse, long-polled until a condition holds."""
 
-    def __init__(self, d: SynapseDeployment, user: User) -> None:
-        self.d, self.user = d, user
+    def __init__(self, d: SynapseDeployment, user: User, sender: OurWorker) -> None:
+        self.d, self.user, self.sender = d, user, sender
         self.since = d.client.sync(user)["next_batch"]
 
     def until(self, found: Callable[[dict[str, Any]], bool], what: str) -> None:
@@ -51,7 +51,12 @@ class Syncer:
             self.since = body["next_batch"]
             if found(body):
                 return
-        raise AssertionError(f"{what}: not seen by the destination's user within {WAIT_S} s")
+        # Seen once under the whole suite's load (typing), never alone: say what our
+        # worker did, which its log (gone with the test's directory) would have told.
+        raise AssertionError(
+            f"{what}: not seen by the destination's user within {WAIT_S} s; our worker's "
+            f"log ends:\n{self.sender.log_tail()}"
+        )
 
 
 def ephemeral(body: dict[str, Any], room_id: str, event_type: str) -> list[dict[str, Any]]:
@@ -67,7 +72,7 @@ def test_a_real_synapse_sees_our_edus(
     room_id = d.client.create_room(alice)
     bob = peer.client.register(f"bob_{uuid.uuid4().hex[:8]}")
     peer.client.join(bob, room_id, via=[d.server_name])
-    bob_sync = Syncer(peer, bob)
+    bob_sync = Syncer(peer, bob, ours)
 
     typing = f"/_matrix/client/v3/rooms/{q(room_id)}/typing/{q(alice.user_id)}"
     d.client.call("PUT", typing, {"typing": True, "timeout": 30000}, alice.access_token)
