@@ -122,6 +122,17 @@ async def _messages(h: Harness, n: int) -> list[str]:
     return ids
 
 
+async def _steady_stream(h: Harness) -> list[str]:
+    """A started harness whose one destination (r1.test) is in a steady stream at the
+    clock's start: one quiet PDU, then four (>= 3 within the interval); returns those
+    four."""
+    _busy(h)
+    await room_with(h, "!a:l", "r1.test")
+    await h.start()
+    await _messages(h, 1)
+    return await _messages(h, 4)
+
+
 @pytest.mark.parametrize("intake_gate", [False, True])
 async def test_a_steady_stream_sends_at_most_one_part_filled_transaction_per_interval(
     h: Harness, intake_gate: bool
@@ -155,11 +166,7 @@ async def test_a_steady_stream_sends_at_most_one_part_filled_transaction_per_int
 
 
 async def test_a_full_batch_and_a_stop_do_not_wait_for_the_interval(h: Harness) -> None:
-    _busy(h)
-    await room_with(h, "!a:l", "r1.test")
-    await h.start()
-    await _messages(h, 1)
-    stream = await _messages(h, 4)  # busy from here on
+    stream = await _steady_stream(h)
     full = await _messages(h, 5)  # fills a transaction: sent without waiting
     assert h.fake.received_event_ids("r1.test")[-9:] == stream + full
     backlog = await _messages(h, 12)  # 5 and 5 at once, the last 2 at the interval's end
@@ -179,11 +186,7 @@ async def test_a_full_batch_and_a_stop_do_not_wait_for_the_interval(h: Harness) 
 async def test_the_hold_counts_from_the_last_send_not_the_interval_start(h: Harness) -> None:
     # A batch that filled late in an interval: what follows it waits a whole interval
     # from that send (and can fill too), not only until the old interval's end.
-    _busy(h)
-    await room_with(h, "!a:l", "r1.test")
-    await h.start()
-    await _messages(h, 1)
-    await _messages(h, 4)  # busy from here on (t = 0)
+    await _steady_stream(h)  # t = 0
     await h.advance(0.6)
     full = await _messages(h, 5)  # a full batch at t = 0.6: sent at once
     assert h.fake.received_event_ids("r1.test")[-5:] == full
@@ -202,11 +205,7 @@ async def test_in_a_steady_stream_an_overfilled_batch_leaves_its_remainder_waiti
     # One hand-over brings more than a transaction holds: the full one leaves at once,
     # and the remainder waits like any part-filled transaction of the stream instead
     # of going out near empty right behind it.
-    _busy(h)
-    await room_with(h, "!a:l", "r1.test")
-    await h.start()
-    await _messages(h, 1)
-    await _messages(h, 4)  # busy from here on (t = 0)
+    await _steady_stream(h)  # t = 0
     await h.advance(0.5)
     burst = await _messages(h, 7)  # during the hold: 5 go at once, 2 are left
     assert h.fake.received_event_ids("r1.test")[-5:] == burst[:5]
@@ -219,22 +218,14 @@ async def test_in_a_steady_stream_an_overfilled_batch_leaves_its_remainder_waiti
 
 
 async def test_a_burst_after_a_quiet_spell_sends_its_tail_at_once(h: Harness) -> None:
-    _busy(h)
-    await room_with(h, "!a:l", "r1.test")
-    await h.start()
-    await _messages(h, 1)
-    await _messages(h, 4)  # a steady stream at t = 0, then nothing
+    await _steady_stream(h)  # t = 0, then nothing
     await h.advance(10.0)
     late = await _messages(h, 7)  # a backlog, not the stream's: 5 and 2 at once
     assert h.fake.received_event_ids("r1.test")[-7:] == late
 
 
 async def test_an_edu_only_transaction_does_not_move_the_streams_clock(h: Harness) -> None:
-    _busy(h)
-    await room_with(h, "!a:l", "r1.test")
-    await h.start()
-    await _messages(h, 1)
-    stream = await _messages(h, 4)  # busy from here on (t = 0)
+    stream = await _steady_stream(h)  # t = 0
     await h.advance(0.6)
     h.m.enqueue_edu("r1.test", "m.typing", {"room_id": "!a:l"}, key="!a:l")
     await h.settle()
