@@ -108,9 +108,9 @@ class QueueSettings:
     stream) sends its next part-filled transaction one interval after its last one;
     0 never waits. Only transactions that took every pending PDU count (one cut by
     the limits is a backlog, though in a stream what it leaves waits too); a full
-    batch and a stop end the wait; retries and catch-up neither count nor wait; a
-    destination sent fewer PDUs in an interval never waits. EDUs that arrive during
-    the wait go with that transaction."""
+    batch and a stop end the wait; retries, catch-up and EDU-only transactions
+    neither count nor wait; a destination sent fewer PDUs in an interval never
+    waits. EDUs that arrive during the wait go with that transaction."""
     busy_min_pdus: int = 20
     idle_queue_ttl_s: float = 60.0
     max_item_failures: int = 3
