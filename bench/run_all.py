@@ -12,7 +12,7 @@ and roughly how fast, and the "vs target" column is left blank where the size di
 Not run here: ``batch.py`` (needs Spark and minutes per size: ``--batch`` adds it at
 100,000 events), ``chaos.py`` (a long fault-injection test, not a benchmark figure),
 and the diagnostics behind the fan-out figures (``fanout_diagnostics.py``,
-``txlog_insert.py``, ``profile_fanout.py``).
+``txlog_insert.py``, ``profile_fanout.py``, ``http_floor.py``).
 """
 
 from __future__ import annotations
