@@ -89,7 +89,7 @@ class RunnerConfig:
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_busy_until", "_deadline", "_evict", "_finished", "_holding", "_idle_since",
+        "_deadline", "_evict", "_finished", "_holding", "_idle_since",
         "_in_flight_since", "_loaded", "_may_send", "_steady_until", "_stopping",
         "_unpersisted", "_waiting",
         "_window_pdus", "_window_start", "clock", "config", "core",
@@ -127,16 +127,14 @@ class DestinationRunner:
         self._finished = False
         self._waiting = False
         """Blocked on the wake event or the clock (not reading, sending or writing)."""
-        self._busy_until = 0.0
-        """Monotonic time before which a part-filled transaction waits: one interval
-        after the last send of a steady stream (``_note_sent``)."""
         self._window_start = -math.inf
         self._window_pdus = 0
         self._steady_until = 0.0
-        """Monotonic time until which the destination counts as in a steady stream:
-        one interval after its last send in one (``_note_sent``)."""
+        """Monotonic time until which the destination counts as in a steady stream,
+        one interval after its last send in one (``_note_sent``); 0.0 when it is not.
+        Before then a part-filled transaction waits."""
         self._holding = False
-        """Waiting for ``_busy_until``: new items do not wake the queue until its
+        """Waiting for ``_steady_until``: new items do not wake the queue until its
         batch is full."""
         self._unpersisted: list[asyncio.Future[None]] = []
         """Results submitted to the group commit and not yet known to be committed,
@@ -283,7 +281,7 @@ class DestinationRunner:
                 # A fuller transaction (coalesce.py).
                 await gate.hold(lambda: c.would_send_partial_pdus(time_ms(self.clock)))
                 now = time_ms(self.clock)
-            if self._busy_until and c.would_send_partial_pdus(now):
+            if self._steady_until and c.would_send_partial_pdus(now):
                 # A steady stream: at most one part-filled transaction per interval.
                 await self._hold_busy()
                 now = time_ms(self.clock)
@@ -330,9 +328,11 @@ class DestinationRunner:
         batch, or a request to stop), so that at a high rate each transaction carries
         more PDUs and the per-transaction work (signature, HTTP exchange, result
         write) is shared by more of them."""
-        left = self._busy_until - self.clock.monotonic_s()
-        self._busy_until = 0.0
-        if left <= 0 or self._stopping:
+        left = self._steady_until - self.clock.monotonic_s()
+        if left <= 0:
+            self._steady_until = 0.0
+            return
+        if self._stopping:
             return
         self._holding = True
         # A poke while the queue held for the intake (the hand-over it waited for) set
@@ -364,15 +364,13 @@ class DestinationRunner:
         now = self.clock.monotonic_s()
         if self.core.pending.pdus:
             if now < self._steady_until:
-                self._steady_until = self._busy_until = now + interval
-            else:
-                self._busy_until = 0.0
+                self._steady_until = now + interval
             return
         if now - self._window_start >= interval:
             self._window_start, self._window_pdus = now, 0
         self._window_pdus += len(batch.pdus)
         busy = self._window_pdus >= self.config.busy_min_pdus
-        self._steady_until = self._busy_until = now + interval if busy else 0.0
+        self._steady_until = now + interval if busy else 0.0
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core
