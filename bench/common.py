@@ -364,10 +364,12 @@ class Deliveries:
 
 SENDERS = ("stand-in", "production")
 EXTRA_SENDERS = ("production-default-telemetry", "production-no-telemetry",
-                 "production-sampled")
+                 "production-sampled", "production-aiohttp")
 """The production client with the default telemetry (metrics on, tracing off: the
 ``tracing_exporter = "none"`` default), without any observer, and with tracing on at
-``telemetry.trace_sample_ratio = 0.1``: what spans and metrics cost."""
+``telemetry.trace_sample_ratio = 0.1``: what spans and metrics cost. And the production
+client over aiohttp (``federation.http_client = "aiohttp"``) instead of the built-in
+HTTP/1.1 pool, telemetry as ``production``."""
 SAMPLED_RATIO = 0.1
 
 
@@ -430,6 +432,7 @@ def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> B
         ip_allow_list=("127.0.0.0/8",),
         destination_overrides=LoopbackOverrides(urls),
         plain_http=True,
+        http_client="aiohttp" if kind == "production-aiohttp" else "builtin",
     )
     if kind == "production-no-telemetry":
         return BenchSender(kind, client, counter)

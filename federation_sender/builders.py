@@ -95,6 +95,7 @@ def build_federation_client(settings: Settings, key: SigningKey, clock: Clock) -
         ip_deny_list=f.ip_deny_list,
         destination_overrides=f.destination_overrides or None,
         plain_http=not f.use_tls,
+        http_client=f.http_client,
     )
 
 

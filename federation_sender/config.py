@@ -67,6 +67,8 @@ class FederationSettings:
     max_response_bytes: int = 1_048_576
     pool_total: int = 1000
     pool_per_host: int = 4
+    http_client: Literal["builtin", "aiohttp"] = "builtin"
+    """``/send`` over the built-in HTTP/1.1 client (transport/h1.py) or aiohttp."""
     destination_overrides: dict[str, str] = field(default_factory=dict)
     """destination -> ``host:port`` to connect to instead of discovery (tests, demo)."""
     use_tls: bool = True

@@ -50,6 +50,28 @@ class ResponseTooLarge(RemoteTransientError):
     """The response body exceeded the configured limit."""
 
 
+class InvalidResponse(RemoteTransientError):
+    """The peer's bytes are not an HTTP/1.x response we accept (transport/h1.py)."""
+
+
+class Disconnected(RemoteTransientError):
+    """The connection ended before the response was complete (transport/h1.py)."""
+
+    def __init__(self, message: str, *, started: bool) -> None:
+        super().__init__(message)
+        self.started = started
+        """Whether any byte of a response had arrived."""
+
+
+class CouldNotConnect(RemoteTransientError):
+    """No connection to one target (transport/h1.py); ``cause``: the last address's
+    failure, which is what gets classified."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(f"could not connect: {type(cause).__name__}: {cause}")
+        self.cause = cause
+
+
 def sanitise(text: str, limit: int = MAX_ERROR_CHARS) -> str:
     cleaned = "".join(c if c.isprintable() else "?" for c in text)
     return cleaned if len(cleaned) <= limit else cleaned[: limit - 1] + "…"
@@ -142,6 +164,8 @@ def classify_exception(exc: BaseException) -> SendResult:
         exc.os_error, AddressRefusedError | DnsError
     ):
         exc = exc.os_error  # aiohttp's wrapper hides the reason we care about
+    if isinstance(exc, CouldNotConnect):
+        exc = exc.cause
     if isinstance(exc, InvalidServerName):
         return SendResult(Outcome.PERMANENT, error=sanitise(str(exc)))
     if isinstance(exc, AddressRefusedError | DnsError):
@@ -152,6 +176,10 @@ def classify_exception(exc: BaseException) -> SendResult:
         return SendResult(Outcome.TRANSIENT, error="timed out")
     if isinstance(exc, aiohttp.ClientSSLError | ssl.SSLError):
         return SendResult(Outcome.TRANSIENT, error=f"TLS failure: {sanitise(str(exc))}")
+    if isinstance(exc, InvalidResponse):
+        return SendResult(Outcome.TRANSIENT, error=f"invalid HTTP response: {exc.message}")
+    if isinstance(exc, Disconnected):
+        return SendResult(Outcome.TRANSIENT, error=exc.message)
     if isinstance(exc, aiohttp.ClientPayloadError):
         return SendResult(Outcome.TRANSIENT, error="connection broken while reading the body")
     if isinstance(exc, aiohttp.ServerDisconnectedError):

@@ -46,7 +46,7 @@ import ssl
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
-from typing import Protocol
+from typing import Literal, Protocol
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -64,6 +64,7 @@ from federation_sender.transport.addresses import (
     IPNetwork,
 )
 from federation_sender.transport.classify import (
+    CouldNotConnect,
     classify_exception,
     classify_response,
 )
@@ -73,6 +74,7 @@ from federation_sender.transport.discovery import (
     parse_server_name,
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
+from federation_sender.transport.h1 import Http1Pool, request_head
 from federation_sender.transport.http import WellKnownClient, make_ssl_context, read_limited
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
 from federation_sender.transport.result import Outcome, SendResult, Transaction
@@ -129,6 +131,7 @@ class FederationClient:
         destination_overrides: Mapping[str, str] | None = None,
         user_agent: str = "federation-sender",
         plain_http: bool = False,
+        http_client: Literal["builtin", "aiohttp"] = "builtin",
     ) -> None:
         """Settings are explicit; the test-only ones are marked.
 
@@ -140,6 +143,9 @@ class FederationClient:
         ``tls_verify=False`` (tests only) disables certificate verification.
         ``plain_http=True`` (tests and the demo only) speaks HTTP without TLS, to
         loopback fake homeservers.
+        ``http_client``: ``/send`` over the built-in HTTP/1.1 pool
+        (:mod:`federation_sender.transport.h1`) or over aiohttp (well-known discovery
+        always uses aiohttp).
 
         Length: one assignment per setting and per cache (over the house limit of 60
         lines on purpose); grouping them into helper objects would only move the list.
@@ -152,6 +158,7 @@ class FederationClient:
         # The hard deadline is asyncio.timeout() around the whole attempt; aiohttp
         # only bounds connecting, so a slow connect can fall through to the next target.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
+        self._connect_timeout_s = connect_timeout_s
         self._well_known_timeout_s = well_known_timeout_s
         self._max_connections = max_connections
         self._max_per_host = max_connections_per_host
@@ -168,6 +175,8 @@ class FederationClient:
             destination_overrides if destination_overrides is not None else {}
         )
         self._user_agent = user_agent
+        self._http_client = http_client
+        self._h1: Http1Pool | None = None
         self._session: aiohttp.ClientSession | None = None
         self._discovery: Discovery | None = None
         self._resolved_overrides: dict[str, ResolvedServer] = {}
@@ -191,15 +200,10 @@ class FederationClient:
     async def start(self) -> None:
         if self._session is not None:
             return
-        inner: AbstractResolver = (
-            DnsPythonResolver(self._dns)
-            if self._explicit_nameservers
-            else aiohttp.resolver.DefaultResolver()
-        )
         connector = aiohttp.TCPConnector(
             limit=self._max_connections,
             limit_per_host=self._max_per_host,
-            resolver=FilteringResolver(inner, self._filter),
+            resolver=self._resolver(),
             socket_factory=self._filter.socket_factory,
             ssl=self._ssl,
         )
@@ -221,14 +225,38 @@ class FederationClient:
         self._discovery = Discovery(
             srv_lookup=self._dns, fetch_well_known=well_known.fetch, clock=self._clock
         )
+        if self._http_client == "builtin":
+            tls: ssl.SSLContext | None = None
+            if self._scheme == "https":
+                tls = self._ssl if isinstance(self._ssl, ssl.SSLContext) else _unverified()
+            self._h1 = Http1Pool(
+                address_filter=self._filter,
+                resolver=self._resolver(),
+                ssl_context=tls,
+                connect_timeout_s=self._connect_timeout_s,
+                max_connections=self._max_connections,
+                max_per_host=self._max_per_host,
+                max_response_bytes=self._max_response_bytes,
+            )
+
+    def _resolver(self) -> FilteringResolver:
+        inner: AbstractResolver = (
+            DnsPythonResolver(self._dns)
+            if self._explicit_nameservers
+            else aiohttp.resolver.DefaultResolver()
+        )
+        return FilteringResolver(inner, self._filter)
 
     async def close(self) -> None:
         if self._discovery is not None:
             await self._discovery.close()
+        if self._h1 is not None:
+            await self._h1.close()
         if self._session is not None:
             await self._session.close()
         self._session = None
         self._discovery = None
+        self._h1 = None
 
     async def __aenter__(self) -> FederationClient:
         await self.start()
@@ -373,19 +401,26 @@ class FederationClient:
         last_failure: SendResult | None = None
         for host, port in resolved.targets:
             try:
-                if self._is_ip_literal(host):  # aiohttp's resolver never sees literals
-                    self._filter.check(host)
                 with (_NO_SPAN if untraced else leaf_span(
                         tracer, names.SPAN_HTTP_REQUEST, trace.SpanKind.CLIENT,
                         {names.ATTR_HTTP_METHOD: "PUT", names.ATTR_SERVER_ADDRESS: host,
                          names.ATTR_SERVER_PORT: port})) as span:
-                    result = await self._put(session, host, port, resolved, prepared)
+                    if self._h1 is not None:
+                        result = await self._put_h1(self._h1, host, port, resolved, prepared)
+                    else:
+                        if self._is_ip_literal(host):  # aiohttp's resolver never sees these
+                            self._filter.check(host)
+                        result = await self._put(session, host, port, resolved, prepared)
                     if result.status is not None:
                         span.set_attribute(names.ATTR_HTTP_STATUS, result.status)
                         if result.status >= 400:
                             span.set_status(trace.Status(trace.StatusCode.ERROR))
                     return result
+            except CouldNotConnect as e:
+                last_failure = classify_exception(e.cause)  # try the next SRV target
             except (aiohttp.ClientConnectorError, OSError) as e:
+                if self._h1 is not None:
+                    raise  # the connection broke after it was made
                 # Could not connect (or refused by policy): try the next SRV target.
                 last_failure = classify_exception(e)
                 if isinstance(e, aiohttp.ClientOSError) and not isinstance(
@@ -394,6 +429,18 @@ class FederationClient:
                     return last_failure  # the connection broke after it was made
         assert last_failure is not None  # discovery always yields at least one target
         return last_failure
+
+    async def _put_h1(self, pool: Http1Pool, host: str, port: int,
+                      resolved: ResolvedServer, prepared: PreparedRequest) -> SendResult:
+        counter = self.request_counter
+        if counter is not None:
+            counter.http_request("PUT")
+        head = request_head(prepared.path, resolved.host_header, prepared.authorization,
+                            self._user_agent, len(prepared.body))
+        response = await pool.put(host, port, resolved.tls_server_name, head, prepared.body)
+        if counter is not None:
+            counter.http_response("PUT", response.status)
+        return classify_response(response.status, response.headers, response.body)
 
     async def _put(self, session: aiohttp.ClientSession, host: str, port: int,
                    resolved: ResolvedServer, prepared: PreparedRequest) -> SendResult:
@@ -437,6 +484,14 @@ class FederationClient:
                 self._literals.clear()
             known = self._literals[host] = _is_ip_literal(host)
         return known
+
+
+def _unverified() -> ssl.SSLContext:
+    """TLS without verification (``tls_verify=False``: tests only)."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
 
 
 def _is_ip_literal(host: str) -> bool:
