@@ -223,13 +223,16 @@ async def _close_immediately(_r: asyncio.StreamReader, w: asyncio.StreamWriter) 
         (_close_immediately, ""),
     ],
 )
+@pytest.mark.parametrize("http_client", ["builtin", "aiohttp"])
 async def test_hostile_responses_are_classified_never_raised_or_hung(
-    certs: CertFiles, our_key: SigningKey, raw_remote: RawRemote, handler: Any, expect: str
+    certs: CertFiles, our_key: SigningKey, raw_remote: RawRemote, handler: Any, expect: str,
+    http_client: str,
 ) -> None:
     raw_remote.handler = handler
     started = time.monotonic()
     async with make_client(
-        certs, our_key, attempt_timeout_s=1.0, max_response_bytes=64 * 1024
+        certs, our_key, attempt_timeout_s=1.0, max_response_bytes=64 * 1024,
+        http_client=http_client,
     ) as client:
         result = await client.send_transaction(txn(raw_remote.name))
     assert time.monotonic() - started < 3.0
