@@ -78,6 +78,9 @@ class Response:
     body: bytes
 
 
+_NO_HEADERS: dict[str, str] = {}
+"""Before a response's head is parsed (never written to: each head gets a new dict)."""
+
 # Parser states.
 _HEAD, _LENGTH, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_END, _TRAILERS, _TO_EOF, _DONE = range(8)
 
@@ -95,6 +98,7 @@ class _Exchange(asyncio.Protocol):
         self._max_body = max_body
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
+        self._body = bytearray()
         self._waiter: asyncio.Future[Response] | None = None
         self._eof = False
         self.idle_since = 0.0
@@ -105,8 +109,8 @@ class _Exchange(asyncio.Protocol):
         self._scan = 0
         self._head_budget = MAX_HEAD_BYTES
         self._status = 0
-        self._headers: dict[str, str] = {}
-        self._body = bytearray()
+        self._headers: dict[str, str] = _NO_HEADERS
+        self._body.clear()
         self._expected = 0
         self._keep_alive = True
 
@@ -198,6 +202,7 @@ class _Exchange(asyncio.Protocol):
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(Response(self._status, self._headers, bytes(self._body)))
+            self._body.clear()  # an idle connection holds no response
 
     def _close(self) -> None:
         self._keep_alive = False
