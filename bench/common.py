@@ -34,7 +34,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -281,21 +281,26 @@ class NullExporter:
         return True
 
 
-def production_observer(spans: bool = True, sample_ratio: float = 1.0
-                        ) -> tuple[Any, Any, Any]:
-    """The worker's TelemetryObserver, metrics on and spans recorded (see the module;
-    ``sample_ratio``: ``telemetry.trace_sample_ratio``, the worker's sampler), its
-    tracer provider (to shut down) and its metrics."""
+def production_observer(spans: bool = True, sample_ratio: float = 1.0,
+                        max_per_s: float | None = None) -> tuple[Any, Any, Any]:
+    """The worker's TelemetryObserver, metrics on and spans recorded with the worker's
+    sampler (``sample_ratio``: ``telemetry.trace_sample_ratio``; ``max_per_s``:
+    ``telemetry.trace_max_per_s``, None for the worker's default), batched to an
+    exporter that drops them; its tracer provider (to shut down) and its metrics."""
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
-    from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
 
+    from federation_sender.config import TelemetrySettings
     from federation_sender.telemetry.metrics import Metrics, new_registry
     from federation_sender.telemetry.queue_observer import TelemetryObserver
+    from federation_sender.telemetry.tracing import make_sampler
 
     provider: TracerProvider | None = None
     if spans:
-        provider = TracerProvider(sampler=ParentBased(TraceIdRatioBased(sample_ratio)))
+        settings = TelemetrySettings(trace_sample_ratio=sample_ratio)
+        if max_per_s is not None:
+            settings = replace(settings, trace_max_per_s=max_per_s)
+        provider = TracerProvider(sampler=make_sampler(settings, SystemClock()))
         provider.add_span_processor(BatchSpanProcessor(NullExporter()))  # type: ignore[arg-type]
     metrics = Metrics(new_registry())
     return TelemetryObserver(metrics, provider, SystemClock()), provider, metrics
@@ -364,12 +369,15 @@ class Deliveries:
 
 SENDERS = ("stand-in", "production")
 EXTRA_SENDERS = ("production-default-telemetry", "production-no-telemetry",
-                 "production-sampled", "production-aiohttp")
-"""The production client with the default telemetry (metrics on, tracing off: the
-``tracing_exporter = "none"`` default), without any observer, and with tracing on at
-``telemetry.trace_sample_ratio = 0.1``: what spans and metrics cost. And the production
-client over aiohttp (``federation.http_client = "aiohttp"``) instead of the built-in
-HTTP/1.1 pool, telemetry as ``production``."""
+                 "production-sampled", "production-traced-all", "production-aiohttp")
+"""``production`` is the worker with tracing on and its default sampler (every
+transaction the ratio 1.0 keeps, at most ``telemetry.trace_max_per_s`` = 10 traces a
+second). The others: the default telemetry (metrics on, tracing off: the
+``tracing_exporter = "none"`` default); no observer at all; tracing at
+``trace_sample_ratio = 0.1`` without the per-second limit; every transaction traced
+(ratio 1.0, no limit): what spans and metrics cost. And the production client over
+aiohttp (``federation.http_client = "aiohttp"``) instead of the built-in HTTP/1.1
+pool, telemetry as ``production``."""
 SAMPLED_RATIO = 0.1
 
 
@@ -436,9 +444,11 @@ def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> B
     )
     if kind == "production-no-telemetry":
         return BenchSender(kind, client, counter)
+    unlimited = kind in ("production-sampled", "production-traced-all")
     observer, provider, metrics = production_observer(
         spans=kind != "production-default-telemetry",
-        sample_ratio=SAMPLED_RATIO if kind == "production-sampled" else 1.0)
+        sample_ratio=SAMPLED_RATIO if kind == "production-sampled" else 1.0,
+        max_per_s=0.0 if unlimited else None)
     # As app.py wires them: the client's spans and HTTP counters in the same telemetry.
     client.tracer = observer.tracing.tracer
     client.request_counter = metrics

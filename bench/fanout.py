@@ -132,7 +132,7 @@ async def run_one(db: str, n: int, urls: list[str], events: int, burst: int,
 
 VARIANTS = ("production", "bare signed", "stand-in", "bare unsigned",
             "production-default-telemetry", "production-no-telemetry", "production-sampled",
-            "production-aiohttp")
+            "production-traced-all", "production-aiohttp")
 
 
 async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace

@@ -187,7 +187,8 @@ class Worker:
             sender = own_client = build_federation_client(settings, key, clock)
         registry = new_registry()
         metrics = Metrics(registry)
-        provider = setup_tracing(settings.telemetry, instance_name=settings.instance_name)
+        provider = setup_tracing(settings.telemetry, instance_name=settings.instance_name,
+                                 clock=clock)
         observer = TelemetryObserver(metrics, provider, clock)
         if own_client is not None:
             own_client.tracer = observer.tracing.tracer

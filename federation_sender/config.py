@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
 import types
 from collections.abc import Mapping
@@ -137,6 +138,9 @@ class TelemetrySettings:
     trace_sample_ratio: float = 1.0
     """Share of transactions (and replication batches) traced when tracing is on:
     the root span is sampled with this probability and its children follow it."""
+    trace_max_per_s: float = 10.0
+    """At most this many traces begun per second (of those the ratio keeps), so that
+    tracing's cost stays bounded under load; 0: no limit."""
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["text", "json"] = "text"
 
@@ -368,6 +372,9 @@ def _validate(s: Settings) -> None:
     ):
         if val <= 0:
             raise ConfigError(key, "a positive number", val)
+    if not 0.0 <= s.telemetry.trace_max_per_s < math.inf:
+        raise ConfigError("telemetry.trace_max_per_s", "a number of traces per second, "
+                          "0 for no limit", s.telemetry.trace_max_per_s)
     if not 0.0 <= s.telemetry.trace_sample_ratio <= 1.0:
         raise ConfigError("telemetry.trace_sample_ratio", "a number from 0 to 1",
                           s.telemetry.trace_sample_ratio)

@@ -17,7 +17,7 @@ inside them carries the destination (and txn id).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from types import TracebackType
@@ -31,10 +31,18 @@ from opentelemetry.sdk.trace.export import (
     SimpleSpanProcessor,
     SpanExporter,
 )
-from opentelemetry.sdk.trace.sampling import ParentBased, TraceIdRatioBased
-from opentelemetry.trace import Span, Status, StatusCode
-from opentelemetry.util.types import AttributeValue
+from opentelemetry.sdk.trace.sampling import (
+    Decision,
+    ParentBased,
+    Sampler,
+    SamplingResult,
+    TraceIdRatioBased,
+)
+from opentelemetry.trace import Link, Span, Status, StatusCode
+from opentelemetry.trace.span import TraceState
+from opentelemetry.util.types import Attributes, AttributeValue
 
+from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import TelemetrySettings
 from federation_sender.errors import ConfigError
 from federation_sender.telemetry import names as n
@@ -43,11 +51,61 @@ from federation_sender.telemetry.logging import log_context
 SERVICE_NAME = "federation-sender"
 
 
+class RateLimitedSampler(Sampler):
+    """Roots kept by ``inner`` (a ratio by trace id), at most ``max_per_s`` a second:
+    a token bucket holding one second's worth (at least one), refilled continuously on
+    ``clock``. What the bucket refuses is dropped, so tracing costs at most
+    ``max_per_s`` traces a second however busy the worker is, and a quiet worker still
+    traces everything the ratio keeps. ``max_per_s`` 0: no limit."""
+
+    def __init__(self, inner: Sampler, max_per_s: float, clock: Clock) -> None:
+        self._inner = inner
+        self._rate = max_per_s
+        self._capacity = max(1.0, max_per_s)
+        self._tokens = self._capacity
+        self._clock = clock
+        self._last = clock.monotonic_s()
+
+    def should_sample(
+        self,
+        parent_context: context.Context | None,
+        trace_id: int,
+        name: str,
+        kind: trace.SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        result = self._inner.should_sample(
+            parent_context, trace_id, name, kind, attributes, links, trace_state)
+        if not self._rate or result.decision is not Decision.RECORD_AND_SAMPLE:
+            return result
+        now = self._clock.monotonic_s()
+        self._tokens = min(self._capacity, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        if self._tokens < 1.0:
+            return SamplingResult(Decision.DROP, None, result.trace_state)
+        self._tokens -= 1.0
+        return result
+
+    def get_description(self) -> str:
+        return f"RateLimited{{{self._rate:g}/s, {self._inner.get_description()}}}"
+
+
+def make_sampler(settings: TelemetrySettings, clock: Clock | None = None) -> Sampler:
+    """The worker's sampler: roots by ratio and rate limit, children follow their root."""
+    root: Sampler = TraceIdRatioBased(settings.trace_sample_ratio)
+    if settings.trace_max_per_s:
+        root = RateLimitedSampler(root, settings.trace_max_per_s, clock or SystemClock())
+    return ParentBased(root)
+
+
 def setup_tracing(
     settings: TelemetrySettings,
     *,
     instance_name: str | None = None,
     exporter: SpanExporter | None = None,
+    clock: Clock | None = None,
 ) -> TracerProvider | None:
     """Build a provider for ``settings.tracing_exporter``: ``none`` gives ``None``;
     ``console`` prints spans as they end; ``otlp`` batches them to
@@ -55,16 +113,17 @@ def setup_tracing(
     configured one with synchronous export (tests pass an in-memory exporter).
 
     Root spans (a transaction attempt, a catch-up step, a replication batch) are
-    sampled with probability ``settings.trace_sample_ratio`` by trace id; their
-    children (the HTTP request, the result's write, a discovery lookup) follow the root's
-    decision, so a trace is whole or absent."""
+    sampled with probability ``settings.trace_sample_ratio`` by trace id, at most
+    ``settings.trace_max_per_s`` a second (on ``clock``, :class:`RateLimitedSampler`);
+    their children (the HTTP request, the result's write, a discovery lookup) follow the
+    root's decision, so a trace is whole or absent."""
     if exporter is None and settings.tracing_exporter == "none":
         return None
     attrs: dict[str, str] = {"service.name": SERVICE_NAME}
     if instance_name:
         attrs[n.ATTR_SERVICE_INSTANCE] = instance_name
-    sampler = ParentBased(TraceIdRatioBased(settings.trace_sample_ratio))
-    provider = TracerProvider(resource=Resource.create(attrs), sampler=sampler)
+    provider = TracerProvider(resource=Resource.create(attrs),
+                              sampler=make_sampler(settings, clock))
     if exporter is not None:
         provider.add_span_processor(SimpleSpanProcessor(exporter))
     elif settings.tracing_exporter == "console":

@@ -199,7 +199,8 @@ def _observed_attempts(observer: TelemetryObserver, count: int) -> None:
 
 def test_sampled_traces_are_whole_or_absent() -> None:
     spans = InMemorySpanExporter()
-    provider = setup_tracing(TelemetrySettings(trace_sample_ratio=0.5), exporter=spans)
+    provider = setup_tracing(TelemetrySettings(trace_sample_ratio=0.5, trace_max_per_s=0),
+                             exporter=spans)
     observer = TelemetryObserver(Metrics(new_registry(process_metrics=False)), provider,
                                  FakeClock())
     _observed_attempts(observer, 200)
@@ -213,6 +214,35 @@ def test_sampled_traces_are_whole_or_absent() -> None:
                                         n.SPAN_PERSIST]) for names in by_trace.values())
     assert observer.tracing.provider is not None
     assert observer.tracing.provider.sampler.get_description().startswith("ParentBased")
+
+
+def test_traces_are_limited_per_second_and_still_whole() -> None:
+    spans = InMemorySpanExporter()
+    clock = FakeClock()
+    provider = setup_tracing(TelemetrySettings(trace_max_per_s=10), exporter=spans,
+                             clock=clock)
+    observer = TelemetryObserver(Metrics(new_registry(process_metrics=False)), provider,
+                                 clock)
+
+    def traces() -> dict[int, list[str]]:
+        by_trace: dict[int, list[str]] = {}
+        for s in spans.get_finished_spans():
+            assert s.context is not None
+            by_trace.setdefault(s.context.trace_id, []).append(s.name)
+        return by_trace
+
+    _observed_attempts(observer, 25)
+    assert len(traces()) == 10  # the bucket holds one second's worth
+    clock.advance(0.5)
+    _observed_attempts(observer, 25)
+    assert len(traces()) == 15  # half a second refills five
+    clock.advance(60.0)
+    _observed_attempts(observer, 25)
+    assert len(traces()) == 25  # never more than one second's worth at once
+    assert all(sorted(names) == sorted([n.SPAN_TRANSACTION, n.SPAN_HTTP_REQUEST,
+                                        n.SPAN_PERSIST]) for names in traces().values())
+    assert observer.tracing.provider is not None
+    assert "RateLimited{10/s" in observer.tracing.provider.sampler.get_description()
 
 
 def test_tracing_off_opens_no_span_and_still_counts() -> None:
