@@ -56,6 +56,8 @@ class TelemetryObserver:
                 catchup: bool) -> AbstractContextManager[None]:
         if not self.tracing.enabled:
             return _NO_SPAN  # nothing to record: no span, no attributes
+        if self.tracing.roots_exhausted():
+            return self.tracing.dropped_attempt()  # over the traces-per-second limit
         return self._traced_attempt(destination, txn_id, pdu_count, edu_count, catchup)
 
     @contextmanager

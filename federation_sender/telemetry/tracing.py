@@ -91,13 +91,34 @@ class RateLimitedSampler(Sampler):
     def get_description(self) -> str:
         return f"RateLimited{{{self._rate:g}/s, {self._inner.get_description()}}}"
 
+    def exhausted(self) -> bool:
+        """Whether a root asked for now would be dropped whatever its trace id: the
+        bucket is empty (refilled to now first, as :meth:`should_sample` does)."""
+        if not self._rate:
+            return False
+        now = self._clock.monotonic_s()
+        self._tokens = min(self._capacity, self._tokens + (now - self._last) * self._rate)
+        self._last = now
+        return self._tokens < 1.0
 
-def make_sampler(settings: TelemetrySettings, clock: Clock | None = None) -> Sampler:
+
+class WorkerSampler(ParentBased):
+    """``ParentBased`` over the worker's root sampler, keeping a handle on its rate
+    limit (``limiter``) so that a root it would drop is not even asked for."""
+
+    def __init__(self, root: Sampler, limiter: RateLimitedSampler | None) -> None:
+        super().__init__(root)
+        self.limiter = limiter
+
+
+def make_sampler(settings: TelemetrySettings, clock: Clock | None = None) -> WorkerSampler:
     """The worker's sampler: roots by ratio and rate limit, children follow their root."""
     root: Sampler = TraceIdRatioBased(settings.trace_sample_ratio)
+    limiter = None
     if settings.trace_max_per_s:
-        root = RateLimitedSampler(root, settings.trace_max_per_s, clock or SystemClock())
-    return ParentBased(root)
+        root = limiter = RateLimitedSampler(root, settings.trace_max_per_s,
+                                            clock or SystemClock())
+    return WorkerSampler(root, limiter)
 
 
 def setup_tracing(
@@ -141,6 +162,13 @@ def setup_tracing(
 
 
 _OK = Status(StatusCode.OK)
+
+_DROPPED = trace.NonRecordingSpan(trace.SpanContext(
+    trace_id=1, span_id=1, is_remote=False, trace_flags=trace.TraceFlags(0)))
+"""Made current for an attempt whose trace the rate limit drops without asking the SDK:
+a valid, unsampled context, so its children are dropped as they would be under the
+SDK's own unsampled root (:func:`child_span_dropped`, ``ParentBased``). Never exported,
+never a parent of anything recorded."""
 
 
 def child_span_dropped(tracer: trace.Tracer) -> bool:
@@ -213,6 +241,24 @@ class Tracing:
         self.tracer: trace.Tracer = source.get_tracer("federation_sender")
         """For components that open their own child spans (the federation client)."""
         self._tracer = self.tracer
+        sampler = provider.sampler if provider is not None else None
+        self._limiter = sampler.limiter if isinstance(sampler, WorkerSampler) else None
+
+    def roots_exhausted(self) -> bool:
+        """Whether the rate limit would drop a trace begun now, whatever its id."""
+        limiter = self._limiter
+        return limiter is not None and limiter.exhausted()
+
+    @contextmanager
+    def dropped_attempt(self) -> Iterator[None]:
+        """An attempt not traced (:meth:`roots_exhausted`): no span, and its children
+        see an unsampled parent. What the SDK does for a dropped root, for a fifth of
+        its cost."""
+        token = context.attach(trace.set_span_in_context(_DROPPED))
+        try:
+            yield
+        finally:
+            context.detach(token)
 
     @contextmanager
     def transaction_attempt(self, destination: str, txn_id: str, *, pdu_count: int,

@@ -245,6 +245,39 @@ def test_traces_are_limited_per_second_and_still_whole() -> None:
     assert "RateLimited{10/s" in observer.tracing.provider.sampler.get_description()
 
 
+def test_an_attempt_over_the_limit_asks_nothing_of_the_sdk_and_drops_its_children() -> None:
+    spans = InMemorySpanExporter()
+    clock = FakeClock()
+    provider = setup_tracing(TelemetrySettings(trace_max_per_s=1), exporter=spans,
+                             clock=clock)
+    assert provider is not None
+    observer = TelemetryObserver(Metrics(new_registry(process_metrics=False)), provider,
+                                 clock)
+    tracer = observer.tracing.tracer
+    with observer.attempt("a.org", "t0", 1, 0, False):  # the bucket's one token
+        assert trace.get_current_span().is_recording()
+        assert not child_span_dropped(tracer)
+    asked: list[str] = []
+    sampler = provider.sampler
+    original = sampler.should_sample
+
+    def should_sample(*args: object, **kwargs: object) -> object:
+        asked.append(str(args[2]) if len(args) > 2 else str(kwargs.get("name")))
+        return original(*args, **kwargs)  # type: ignore[arg-type]
+
+    sampler.should_sample = should_sample  # type: ignore[method-assign]
+    with observer.attempt("a.org", "t1", 1, 0, False):
+        assert not trace.get_current_span().is_recording()
+        assert child_span_dropped(tracer)
+    assert asked == []  # no root was asked for: the bucket was known to be empty
+    assert not trace.get_current_span().get_span_context().is_valid
+    clock.advance(1.0)
+    with observer.attempt("a.org", "t2", 1, 0, False):
+        assert trace.get_current_span().is_recording()
+    assert asked == [n.SPAN_TRANSACTION]
+    assert [s.name for s in spans.get_finished_spans()] == [n.SPAN_TRANSACTION] * 2
+
+
 def test_tracing_off_opens_no_span_and_still_counts() -> None:
     registry = new_registry(process_metrics=False)
     observer = TelemetryObserver(Metrics(registry), None, FakeClock())
