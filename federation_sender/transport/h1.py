@@ -362,7 +362,7 @@ def _status_line(line: bytes) -> tuple[int, bool]:
 class _Pool:
     """Connections to one ``(host, port, TLS name)``."""
 
-    __slots__ = ("idle", "in_use", "key", "owner")
+    __slots__ = ("idle", "in_use", "key", "owner", "waiting")
 
     def __init__(self, owner: Http1Pool, key: tuple[str, int, str | None]) -> None:
         self.owner = owner
@@ -370,6 +370,8 @@ class _Pool:
         self.idle: collections.deque[_Exchange] = collections.deque()
         """Oldest first: reuse takes from the right, expiry from the left."""
         self.in_use = 0
+        self.waiting = 0
+        """Requests waiting for a connection slot (the pool must outlive them)."""
 
     def forget(self, conn: _Exchange) -> None:
         """``conn`` closed: out of the idle list if it is there."""
@@ -420,6 +422,11 @@ class Http1Pool:
     def idle_connections(self) -> int:
         return sum(len(p.idle) for p in self._pools.values())
 
+    @property
+    def pool_keys(self) -> int:
+        """Pools held: in use, idle or waited for (the rest are dropped at once)."""
+        return len(self._pools)
+
     async def put(
         self, host: str, port: int, tls_name: str | None, head: bytes, body: bytes
     ) -> Response:
@@ -432,7 +439,11 @@ class Http1Pool:
         pool = self._pools.get(key)
         if pool is None:
             pool = self._pools[key] = _Pool(self, key)
-        await self._acquire(pool)
+        try:
+            await self._acquire(pool)
+        except BaseException:
+            self.drop_if_unused(pool)  # cancelled while waiting for a slot
+            raise
         try:
             data = head + body
             while True:
@@ -484,6 +495,7 @@ class Http1Pool:
             waiter = asyncio.get_running_loop().create_future()
             entry = (pool, waiter)
             self._waiters.append(entry)
+            pool.waiting += 1
             try:
                 await waiter
             except BaseException:
@@ -492,6 +504,8 @@ class Http1Pool:
                 elif entry in self._waiters:
                     self._waiters.remove(entry)
                 raise
+            finally:
+                pool.waiting -= 1
         self._in_use += 1
         pool.in_use += 1
 
@@ -511,7 +525,8 @@ class Http1Pool:
                 return
 
     def drop_if_unused(self, pool: _Pool) -> None:
-        if not pool.in_use and not pool.idle and self._pools.get(pool.key) is pool:
+        if (not pool.in_use and not pool.idle and not pool.waiting
+                and self._pools.get(pool.key) is pool):
             del self._pools[pool.key]
 
     # --- connecting -----------------------------------------------------------------

@@ -287,6 +287,39 @@ async def test_requests_over_the_per_host_limit_wait_and_a_cancelled_waiter_free
         await server.wait_closed()
 
 
+async def test_a_request_cancelled_while_waiting_for_the_total_limit_leaves_no_pool(
+) -> None:
+    release = asyncio.Event()
+
+    async def slow(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while await read_request(r):
+            await release.wait()
+            w.write(json_ok())
+            await w.drain()
+
+    server_a, port_a = await plain_server(slow)
+    server_b, port_b = await plain_server(slow)
+    pool = await loopback_pool(max_connections=1)
+    try:
+        first = asyncio.create_task(pool.put("127.0.0.1", port_a, None, head(2), b"{}"))
+        await eventually(lambda: pool.pool_keys == 1, 5.0, "the first request under way")
+        waiting = asyncio.create_task(pool.put("127.0.0.1", port_b, None, head(2), b"{}"))
+        await eventually(lambda: pool.pool_keys == 2, 5.0, "the second request waiting")
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert pool.pool_keys == 1  # B's pool went with its only request
+        release.set()
+        assert (await first).status == 200
+        assert (await pool.put("127.0.0.1", port_b, None, head(2), b"{}")).status == 200
+        assert pool.pool_keys == 2 and pool.idle_connections == 2
+    finally:
+        await pool.close()
+        for server in (server_a, server_b):
+            server.close()
+            await server.wait_closed()
+
+
 def test_a_line_break_in_a_header_value_is_refused() -> None:
     with pytest.raises(ValueError, match="line break"):
         request_head("/p", "evil.test\r\nX-Injected: 1", "X-Matrix x", "t", 2)
