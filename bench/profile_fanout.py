@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 import fanout
-from common import receivers, report
+from common import EXTRA_SENDERS, SENDERS, receivers, report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -170,7 +170,7 @@ async def run(a: argparse.Namespace) -> None:
         fanout.PROFILE = PySpyWindow(out, "raw", a.rate, a.nonblocking)
         with receivers(a.receivers) as urls:
             t0 = time.perf_counter()
-            r = await fanout.run_one(a.db, a.dests, urls, a.events, a.burst)
+            r = await fanout.run_one(a.db, a.dests, urls, a.events, a.burst, kind=a.sender)
             report(f"fan-out to {a.dests} destinations under py-spy ({a.rate} Hz, "
                    f"{time.perf_counter() - t0:.0f} s with setup)", [
                 ("transactions", f"{int(r['txns'])}"),
@@ -179,7 +179,7 @@ async def run(a: argparse.Namespace) -> None:
             ])
             if a.svg:
                 fanout.PROFILE = PySpyWindow(Path(a.svg), "flamegraph", a.rate, a.nonblocking)
-                await fanout.run_one(a.db, a.dests, urls, a.events, a.burst)
+                await fanout.run_one(a.db, a.dests, urls, a.events, a.burst, kind=a.sender)
                 print(f"  flame graph: {a.svg}")
         print(f"  raw samples: {out}")
     summarise(out, a.top)
@@ -193,6 +193,7 @@ def main() -> None:
     ap.add_argument("--burst", type=int, default=5)
     ap.add_argument("--receivers", type=int, default=1)
     ap.add_argument("--rate", type=int, default=250)
+    ap.add_argument("--sender", default="production", choices=[*SENDERS, *EXTRA_SENDERS])
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--nonblocking", action="store_true", help="sample without pausing")
     ap.add_argument("--out", default=str(ROOT / "artifacts" / "fanout-profile.txt"))

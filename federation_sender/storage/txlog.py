@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import orjson
 from sqlalchemy import insert, select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -50,7 +51,13 @@ async def log_transactions(conn: AsyncConnection, rows: Sequence[TxnLogRow]) -> 
     if conn.dialect.name == "postgresql":
         # A row is a tuple in column order but for the ids, which go last: one call of
         # the C encoder for the whole batch.
-        param = _COMPACT.encode([(*r[:12], r.error, r.pdu_event_ids) for r in rows])
+        batch = [(*r[:12], r.error, r.pdu_event_ids) for r in rows]
+        try:
+            # orjson: about 4 times faster than the C encoder of json; jsonb stores the
+            # values, not this text, so its escaping (UTF-8 kept as is) changes nothing.
+            param = orjson.dumps(batch).decode()
+        except TypeError:  # a string orjson refuses (a lone surrogate): json escapes it
+            param = _COMPACT.encode(batch)
         await conn.execute(_PG_INSERT, {"rows": param})
         return
     await conn.execute(insert(tl), [
