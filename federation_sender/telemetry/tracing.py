@@ -211,6 +211,19 @@ def leaf_span(tracer: trace.Tracer, name: str, kind: trace.SpanKind,
     return LeafSpan(tracer.start_span(name, kind=kind, attributes=attributes))
 
 
+class DroppedAttempt:
+    """``with``: :data:`_DROPPED` is the current span (a class, not a generator: one
+    per transaction of a busy worker)."""
+
+    __slots__ = ("_token",)
+
+    def __enter__(self) -> None:
+        self._token = context.attach(trace.set_span_in_context(_DROPPED))
+
+    def __exit__(self, *exc: object) -> None:
+        context.detach(self._token)
+
+
 @dataclass(slots=True)
 class TransactionSpan:
     """Handle for a transaction attempt's span; call :meth:`finish` with the outcome."""
@@ -249,16 +262,11 @@ class Tracing:
         limiter = self._limiter
         return limiter is not None and limiter.exhausted()
 
-    @contextmanager
-    def dropped_attempt(self) -> Iterator[None]:
+    def dropped_attempt(self) -> DroppedAttempt:
         """An attempt not traced (:meth:`roots_exhausted`): no span, and its children
         see an unsampled parent. What the SDK does for a dropped root, for a fifth of
         its cost."""
-        token = context.attach(trace.set_span_in_context(_DROPPED))
-        try:
-            yield
-        finally:
-            context.detach(token)
+        return DroppedAttempt()
 
     @contextmanager
     def transaction_attempt(self, destination: str, txn_id: str, *, pdu_count: int,
