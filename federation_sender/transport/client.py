@@ -1,4 +1,4 @@
-"""The federation client: signed ``PUT /_matrix/federation/v1/send/{txnId}`` over aiohttp.
+"""The federation client: signed ``PUT /_matrix/federation/v1/send/{txnId}``.
 
 Theory of operation
 -------------------
@@ -24,10 +24,12 @@ deadline is enforced with ``asyncio.timeout`` on the event loop's clock -- a rea
 network cannot be paused by a fake clock; the injected :class:`Clock` timestamps the
 body and measures durations.
 
-Connections are pooled (``max_connections`` in total, ``max_connections_per_host``
-per host/port/TLS name), resolved through the address policy
-(:mod:`federation_sender.transport.addresses`), and verified with TLS unless a test
-turns verification off. Responses are not decompressed (we do not ask for
+The request goes over the built-in HTTP/1.1 client (:mod:`federation_sender.transport.h1`,
+the default) or over aiohttp (``http_client="aiohttp"``); well-known discovery always
+uses aiohttp. Connections are pooled (``max_connections`` in total,
+``max_connections_per_host`` per host/port/TLS name), resolved through the address
+policy (:mod:`federation_sender.transport.addresses`), and verified with TLS unless a
+test turns verification off. Responses are not decompressed (we do not ask for
 compression) so the size limit is a limit on what we hold.
 
 ``send_transaction`` never raises for anything the remote or the network does; it
