@@ -229,7 +229,7 @@ def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: 
             with net.locked():
                 measure(peers, persisted, r)
             delivered = a.events * a.dests - r.missing
-            r.cpu_s_per_pdu = round(cpu / delivered, 6) if delivered else None
+            r.cpu_s_per_pdu = round(cpu / delivered, 9) if delivered else None
     except (RuntimeError, TimeoutError, OSError, OurSenderError) as e:
         r.error = str(e).splitlines()[0][:300]
     finally:
