@@ -79,6 +79,15 @@ class AddressRefusedError(RemoteTransientError, OSError):
     """
 
 
+def is_ip_literal(host: str) -> bool:
+    """Whether ``host`` is an IP address as written (no brackets), not a name."""
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def parse_networks(values: Iterable[str]) -> tuple[IPNetwork, ...]:
     """Parse CIDR strings (a bare address means a single host); ValueError on junk."""
     return tuple(ipaddress.ip_network(v.strip(), strict=False) for v in values)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import dataclasses
-import ipaddress
 import logging
 import ssl
 from collections.abc import Mapping, Sequence
@@ -64,6 +63,7 @@ from federation_sender.transport.addresses import (
     AddressFilter,
     FilteringResolver,
     IPNetwork,
+    is_ip_literal,
 )
 from federation_sender.transport.classify import (
     CouldNotConnect,
@@ -484,7 +484,7 @@ class FederationClient:
         if known is None:
             if len(self._literals) > 10_000:
                 self._literals.clear()
-            known = self._literals[host] = _is_ip_literal(host)
+            known = self._literals[host] = is_ip_literal(host)
         return known
 
 
@@ -495,10 +495,3 @@ def _unverified() -> ssl.SSLContext:
     context.verify_mode = ssl.CERT_NONE
     return context
 
-
-def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True

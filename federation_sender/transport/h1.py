@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import ipaddress
 import socket
 import ssl
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from functools import partial
 from aiohttp.abc import AbstractResolver
 
 from federation_sender.errors import RemoteTransientError
-from federation_sender.transport.addresses import AddressFilter
+from federation_sender.transport.addresses import AddressFilter, is_ip_literal
 from federation_sender.transport.classify import (
     CouldNotConnect,
     Disconnected,
@@ -571,7 +570,7 @@ class Http1Pool:
         if literal is None:
             if len(self._literals) >= _DNS_CACHE_MAX:
                 self._literals.clear()
-            literal = self._literals[host] = _is_ip_literal(host)
+            literal = self._literals[host] = is_ip_literal(host)
         if literal:
             self._filter.check(host)
             family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -623,13 +622,6 @@ class Http1Pool:
         self._pools.clear()
         self._dns.clear()
 
-
-def _is_ip_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        return False
-    return True
 
 
 def request_head(path: str, host_header: str, authorization: str, user_agent: str,

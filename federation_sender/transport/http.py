@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import ipaddress
 import ssl
 
 import aiohttp
 from yarl import URL
 
-from federation_sender.transport.addresses import AddressFilter
+from federation_sender.transport.addresses import AddressFilter, is_ip_literal
 from federation_sender.transport.classify import ResponseTooLarge
 from federation_sender.transport.discovery import (
     WELL_KNOWN_MAX_BYTES,
@@ -93,7 +92,7 @@ class WellKnownClient:
             for _ in range(MAX_REDIRECTS + 1):
                 if url.scheme != "https" or not url.host:
                     raise WellKnownFetchError(f"refusing redirect to {url}", temporary=False)
-                if _is_ip(url.host):
+                if is_ip_literal(url.host.strip("[]")):
                     self._filter.check(url.host)
                 async with self._session.get(
                     url,
@@ -118,11 +117,3 @@ class WellKnownClient:
             raise WellKnownFetchError(str(e), temporary=True) from e
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError) as e:
             raise WellKnownFetchError(f"{type(e).__name__}: {e}", temporary=True) from e
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True

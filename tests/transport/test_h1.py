@@ -10,7 +10,8 @@ Hostile bodies, headers and TLS failures common to both HTTP clients are in
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from aiohttp.resolver import DefaultResolver
@@ -191,20 +192,31 @@ async def test_many_small_chunks_are_held_to_the_response_limit(
     assert "exceeds the 4096 byte limit" in result.error
 
 
-async def loopback_pool(**overrides: float) -> Http1Pool:
+@contextlib.asynccontextmanager
+async def loopback_pool(**overrides: float) -> AsyncIterator[Http1Pool]:
     address_filter = AddressFilter(["127.0.0.0/8"])
     settings = {"connect_timeout_s": 2.0, "max_connections": 10, "max_per_host": 2,
                 "max_response_bytes": 65536, **overrides}
-    return Http1Pool(address_filter=address_filter,
+    pool = Http1Pool(address_filter=address_filter,
                      resolver=FilteringResolver(DefaultResolver(), address_filter),
                      ssl_context=None, **settings)  # type: ignore[arg-type]
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
+@contextlib.asynccontextmanager
 async def plain_server(
     handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-) -> tuple[asyncio.Server, int]:
+) -> AsyncIterator[int]:
+    """A plain-HTTP loopback server running ``handler``; yields its port."""
     server = await asyncio.start_server(handler, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        await server.wait_closed()
 
 
 def head(length: int) -> bytes:
@@ -213,18 +225,13 @@ def head(length: int) -> bytes:
 
 
 async def test_idle_connections_close_after_the_keepalive() -> None:
-    server, port = await plain_server(serve_each(lambda _c, _i: json_ok()))
-    pool = await loopback_pool(keepalive_s=0.3)
-    try:
+    ok = serve_each(lambda _c, _i: json_ok())
+    async with plain_server(ok) as port, loopback_pool(keepalive_s=0.3) as pool:
         responses = await asyncio.gather(*(pool.put("127.0.0.1", port, None, head(2), b"{}")
                                            for _ in range(2)))
         assert [r.status for r in responses] == [200, 200]
         assert pool.idle_connections == 2
         await eventually(lambda: pool.idle_connections == 0, 5.0, "the keep-alive expiry")
-    finally:
-        await pool.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_bytes_nobody_asked_for_take_an_idle_connection_out_of_the_pool() -> None:
@@ -240,16 +247,10 @@ async def test_bytes_nobody_asked_for_take_an_idle_connection_out_of_the_pool() 
         sent_extra.set()
         await read_request(r)
 
-    server, port = await plain_server(handler)
-    pool = await loopback_pool()
-    try:
+    async with plain_server(handler) as port, loopback_pool() as pool:
         assert (await pool.put("127.0.0.1", port, None, head(2), b"{}")).status == 200
         await asyncio.wait_for(sent_extra.wait(), 5.0)
         await eventually(lambda: pool.idle_connections == 0, 5.0, "the connection dropped")
-    finally:
-        await pool.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_requests_over_the_per_host_limit_wait_and_a_cancelled_waiter_frees_nothing(
@@ -267,9 +268,7 @@ async def test_requests_over_the_per_host_limit_wait_and_a_cancelled_waiter_free
             w.write(json_ok())
             await w.drain()
 
-    server, port = await plain_server(handler)
-    pool = await loopback_pool(max_per_host=2)
-    try:
+    async with plain_server(handler) as port, loopback_pool(max_per_host=2) as pool:
         puts = [asyncio.create_task(pool.put("127.0.0.1", port, None, head(2), b"{}"))
                 for _ in range(5)]
         await eventually(lambda: active == 2, 5.0, "both connections busy")
@@ -281,10 +280,6 @@ async def test_requests_over_the_per_host_limit_wait_and_a_cancelled_waiter_free
         assert peak == 2
         assert pool.idle_connections == 2
         assert (await pool.put("127.0.0.1", port, None, head(2), b"{}")).status == 200
-    finally:
-        await pool.close()
-        server.close()
-        await server.wait_closed()
 
 
 async def test_a_request_cancelled_while_waiting_for_the_total_limit_leaves_no_pool(
@@ -297,10 +292,11 @@ async def test_a_request_cancelled_while_waiting_for_the_total_limit_leaves_no_p
             w.write(json_ok())
             await w.drain()
 
-    server_a, port_a = await plain_server(slow)
-    server_b, port_b = await plain_server(slow)
-    pool = await loopback_pool(max_connections=1)
-    try:
+    async with (
+        plain_server(slow) as port_a,
+        plain_server(slow) as port_b,
+        loopback_pool(max_connections=1) as pool,
+    ):
         first = asyncio.create_task(pool.put("127.0.0.1", port_a, None, head(2), b"{}"))
         await eventually(lambda: pool.pool_keys == 1, 5.0, "the first request under way")
         waiting = asyncio.create_task(pool.put("127.0.0.1", port_b, None, head(2), b"{}"))
@@ -313,11 +309,6 @@ async def test_a_request_cancelled_while_waiting_for_the_total_limit_leaves_no_p
         assert (await first).status == 200
         assert (await pool.put("127.0.0.1", port_b, None, head(2), b"{}")).status == 200
         assert pool.pool_keys == 2 and pool.idle_connections == 2
-    finally:
-        await pool.close()
-        for server in (server_a, server_b):
-            server.close()
-            await server.wait_closed()
 
 
 def test_a_line_break_in_a_header_value_is_refused() -> None:
