@@ -621,6 +621,7 @@ class Http1Pool:
                 pool.idle.pop().close()
         self._pools.clear()
         self._dns.clear()
+        await self._resolver.close()  # handed over at construction: the pool's own
 
 
 
