@@ -336,11 +336,22 @@ async def clear_retry_many(conn: AsyncConnection, destinations: Collection[str])
     it (another instance sharing the database); rows not backing off are untouched."""
     if not destinations:
         return
+    if _is_pg(conn):
+        # One statement text whatever the group's size (an IN list is a new text, and so
+        # a new parse and plan, for every size), its names in one array parameter.
+        await conn.execute(_PG_CLEAR_RETRY_MANY, {"d": text_array(sorted(destinations))})
+        return
     await conn.execute(
         update(d)
         .where(d.c.destination.in_(sorted(destinations)), d.c.retry_interval > 0)
         .values(retry_interval=0, failure_ts=None, retry_last_ts=0)
     )
+
+
+_PG_CLEAR_RETRY_MANY = text(
+    "UPDATE destinations SET retry_interval = 0, failure_ts = NULL, retry_last_ts = 0"
+    " WHERE destination = ANY(CAST(:d AS text[])) AND retry_interval > 0"
+)
 
 
 async def destinations_behind(conn: AsyncConnection) -> list[str]:
