@@ -38,6 +38,7 @@ from typing import Any
 
 from common import (
     EXTRA_SENDERS,
+    GC,
     ME,
     SENDERS,
     bare_loop,
@@ -100,6 +101,7 @@ async def engine_run(fresh_db: Any, kind: str, n: int, urls: list[str], events: 
         # engine burst by burst as the events stream would.
         start = writer.stream_ordering
         await writer.messages(rooms[0], f"@alice:{ME}", events)
+        GC.settle()
         t0 = time.perf_counter()
         c0 = time.process_time()
         if PROFILE is not None:
@@ -108,12 +110,13 @@ async def engine_run(fresh_db: Any, kind: str, n: int, urls: list[str], events: 
         await asyncio.wait_for(bs.counter.done.wait(), 600)
         wall = time.perf_counter() - t0
         cpu = time.process_time() - c0
+        GC.end()
         if PROFILE is not None:
             PROFILE.disable()
         txns = list(bs.counter.sent)
         await m.stop(5)
         await bs.close()
-        return {"txns": txns, "s": wall, "cpu": cpu}
+        return {"txns": txns, "s": wall, "cpu": cpu, "gc": GC.collections, "gc_s": GC.gc_s}
 
 
 async def run_one(db: str, n: int, urls: list[str], events: int, burst: int,
@@ -136,9 +139,10 @@ VARIANTS = ("production", "bare signed", "stand-in", "bare unsigned",
 
 
 async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace
-                ) -> dict[str, list[tuple[float, float, int]]]:
-    """``variant -> [(txn/s, CPU ms per txn, txns)]`` over the rounds."""
-    out: dict[str, list[tuple[float, float, int]]] = {v: [] for v in VARIANTS}
+                ) -> dict[str, list[tuple[float, float, int, int]]]:
+    """``variant -> [(txn/s, CPU ms per txn, txns, collections in the window)]`` over
+    the rounds."""
+    out: dict[str, list[tuple[float, float, int, int]]] = {v: [] for v in VARIANTS}
     concurrency = 500
     for r in range(a.rounds):
         engines = list(a.senders)
@@ -148,7 +152,7 @@ async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace
             res = await engine_run(fresh_db, kind, n, urls, a.events, a.burst, a.announce,
                                    a.busy_interval_s)
             k = len(res["txns"])
-            out[kind].append((k / res["s"], 1000 * res["cpu"] / k, k))
+            out[kind].append((k / res["s"], 1000 * res["cpu"] / k, k, res["gc"]))
             if kind == "production" or not replay:
                 replay = res["txns"]
         bares = [("bare signed", True), ("bare unsigned", False)]
@@ -156,7 +160,8 @@ async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace
             bares.reverse()
         for name, sign in bares:
             wall, cpu = await bare_loop(replay, url_for(urls), concurrency, sign=sign)
-            out[name].append((len(replay) / wall, 1000 * cpu / len(replay), len(replay)))
+            out[name].append((len(replay) / wall, 1000 * cpu / len(replay), len(replay),
+                              GC.collections))
     return out
 
 
@@ -164,7 +169,7 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def summarise(n: int, out: dict[str, list[tuple[float, float, int]]], a: argparse.Namespace,
+def summarise(n: int, out: dict[str, list[tuple[float, float, int, int]]], a: argparse.Namespace,
               load: str) -> dict[str, float]:
     med = {v: _median([x[0] for x in out[v]]) for v in VARIANTS}
     cpu = {v: _median([x[1] for x in out[v]]) for v in VARIANTS}
@@ -177,8 +182,9 @@ def summarise(n: int, out: dict[str, list[tuple[float, float, int]]], a: argpars
     for v in VARIANTS:
         if out[v]:
             runs = ", ".join(f"{x[0]:.0f}" for x in out[v])
-            rows.append((f"{v}: txn/s (runs) / CPU ms per txn",
-                         f"{med[v]:.0f} ({runs}) / {cpu[v]:.3f}"))
+            collections = sum(x[3] for x in out[v])
+            rows.append((f"{v}: txn/s (runs) / CPU ms per txn / GC runs",
+                         f"{med[v]:.0f} ({runs}) / {cpu[v]:.3f} / {collections}"))
     prod_ratio = med["production"] / med["bare signed"]
     stand_ratio = med["stand-in"] / med["bare unsigned"]
     per_round = [p[0] / b[0] for p, b in zip(out["production"], out["bare signed"],
