@@ -22,7 +22,8 @@ Every attempt runs under one hard deadline (``attempt_timeout_s``) covering disc
 connecting, sending and reading: nothing outlives it, whatever the remote does. The
 deadline is enforced with ``asyncio.timeout`` on the event loop's clock -- a real
 network cannot be paused by a fake clock; the injected :class:`Clock` timestamps the
-body and measures durations.
+body and measures durations. Every attempt has the same length, so one timer expires
+them all (:mod:`federation_sender.transport.deadlines`) instead of one each.
 
 The request goes over the built-in HTTP/1.1 client (:mod:`federation_sender.transport.h1`,
 the default) or over aiohttp (``http_client="aiohttp"``); well-known discovery always
@@ -70,6 +71,7 @@ from federation_sender.transport.classify import (
     classify_exception,
     classify_response,
 )
+from federation_sender.transport.deadlines import Deadlines
 from federation_sender.transport.discovery import (
     Discovery,
     ResolvedServer,
@@ -157,6 +159,7 @@ class FederationClient:
         self._key = signing_key
         self._clock = clock
         self._attempt_timeout_s = attempt_timeout_s
+        self._deadlines = Deadlines(attempt_timeout_s)
         # The hard deadline is asyncio.timeout() around the whole attempt; aiohttp
         # only bounds connecting, so a slow connect can fall through to the next target.
         self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
@@ -250,6 +253,7 @@ class FederationClient:
         return FilteringResolver(inner, self._filter)
 
     async def close(self) -> None:
+        self._deadlines.close()
         if self._discovery is not None:
             await self._discovery.close()
         if self._h1 is not None:
@@ -336,8 +340,13 @@ class FederationClient:
             return self._finish(txn, result, 0, started)
         prepared = self.requests.prepare(txn)
         try:
-            async with asyncio.timeout(self._attempt_timeout_s):
-                result = await self._attempt(txn.destination, prepared)
+            # asyncio.timeout(None) with one shared timer for every attempt (deadlines.py).
+            async with asyncio.timeout(None) as timeout:
+                key = self._deadlines.watch(timeout)
+                try:
+                    result = await self._attempt(txn.destination, prepared)
+                finally:
+                    self._deadlines.unwatch(key)
         except TimeoutError:
             result = SendResult(
                 Outcome.TRANSIENT, error=f"no response within {self._attempt_timeout_s:g} s"
