@@ -104,6 +104,11 @@ class Batch:
     def pdu_json(self) -> list[JsonDict]:
         return [p.pdu for p in self.pdus]
 
+    def pdu_bytes(self) -> list[bytes] | None:
+        """The PDUs' canonical encodings in order, if every item carries its own."""
+        encoded = [p.encoded for p in self.pdus]
+        return None if None in encoded else encoded  # type: ignore[return-value]
+
     def edu_json(self) -> list[JsonDict]:
         return [e.as_json() for e in self.edus]
 

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from federation_sender.ids import server_of
 from federation_sender.model import EventRow, MembershipRow
 from federation_sender.queue.batching import Batch, Limits
-from federation_sender.queue.items import PduItem
+from federation_sender.queue.items import JsonDict, PduItem
+from federation_sender.transport.encoding import canonical_json
 
 __all__ = [
     "PduCache", "RoomInput", "RoomPlan", "is_membership_of", "is_sendable", "pack_next",
@@ -119,7 +120,19 @@ def plan_room(inp: RoomInput, destination: str, server_name: str, max_gap_events
 
 
 def pdu_item(e: EventRow) -> PduItem:
-    return PduItem(e.stream_ordering, e.event_id, e.room_id, json.loads(e.json), len(e.json))
+    return parsed_pdu_item(e, json.loads(e.json))
+
+
+def parsed_pdu_item(e: EventRow, pdu: JsonDict) -> PduItem:
+    """The queue item of ``e`` (``pdu``: its parsed JSON) with its canonical JSON, made
+    once for every destination the item goes to. A PDU canonical JSON refuses (a NaN
+    from old JSON) gets none: the sender then encodes it itself, and fails as it did."""
+    try:
+        encoded: bytes | None = canonical_json(pdu)
+    except (ValueError, TypeError, RecursionError):
+        encoded = None
+    return PduItem(e.stream_ordering, e.event_id, e.room_id, pdu, len(e.json),
+                   encoded=encoded)
 
 
 class PduCache:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from federation_sender.clock import Clock
 from federation_sender.model import EVENTS_STREAM, EventRow
-from federation_sender.queue.catchup import is_sendable
+from federation_sender.queue.catchup import is_sendable, parsed_pdu_item
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.items import PduItem
 from federation_sender.queue.observer import QueueObserver
@@ -224,8 +224,8 @@ class EventIntake:
             except ValueError:
                 log.warning("event %s has unparseable JSON; not sent", e.event_id)
                 continue
-            # One parsed PDU shared by every destination's queue.
-            item = PduItem(e.stream_ordering, e.event_id, e.room_id, pdu, len(e.json))
+            # One parsed and encoded PDU shared by every destination's queue.
+            item = parsed_pdu_item(e, pdu)
             seg = segments.get(id(dests))
             if seg is None:
                 segments[id(dests)] = seg = (dests, [])

@@ -46,6 +46,9 @@ class PduItem:
     pdu: JsonDict
     size: int
     uid: int = field(default_factory=lambda: next(_uids))
+    encoded: bytes | None = field(default=None, compare=False, repr=False)
+    """The PDU's canonical JSON, made once where the item is made (one item is shared
+    by every destination's queue); ``None``: the sender encodes it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -435,6 +435,7 @@ class DestinationRunner:
                 txn_id=txn.txn_id,
                 pdus=batch.pdu_json(),
                 edus=batch.edu_json(),
+                pdu_bytes=batch.pdu_bytes(),
             )
             assert slot is not None
             try:

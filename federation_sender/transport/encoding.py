@@ -139,10 +139,10 @@ def signing_bytes(
 ) -> bytes:
     """The canonical request object an X-Matrix signature covers, around ready
     canonical ``content`` bytes (``None``: a request without a body)."""
-    head = b'{"content":' + content + b"," if content is not None else b"{"
+    # One join: the content (the whole body) is copied once.
     return b"".join(
         (
-            head,
+            *((b'{"content":', content, b",") if content is not None else (b"{",)),
             b'"destination":',
             canonical_json(destination),
             b',"method":',

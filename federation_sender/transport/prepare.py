@@ -103,13 +103,15 @@ class RequestBuilder:
         prev = self._kept.get(txn.destination)
         if prev is not None and prev.matches(txn):
             return prev
-        # The cache lookup inlined: this runs for every PDU of every transaction.
-        pdus = self.pdus
-        cache = pdus.entries
-        encoded = []
-        for p in txn.pdus:
-            hit = cache.get(id(p))
-            encoded.append(hit[1] if hit is not None and hit[0] is p else pdus.get(p))
+        encoded = txn.pdu_bytes
+        if encoded is None or len(encoded) != len(txn.pdus):
+            # The cache lookup inlined: this runs for every PDU of every transaction.
+            pdus = self.pdus
+            cache = pdus.entries
+            encoded = []
+            for p in txn.pdus:
+                hit = cache.get(id(p))
+                encoded.append(hit[1] if hit is not None and hit[0] is p else pdus.get(p))
         body = transaction_body(self._origin_json, time_ms(self._clock), encoded, txn.edus)
         self.encodes += 1
         path = SEND_PATH + quote(txn.txn_id, safe="")

@@ -47,6 +47,10 @@ class Transaction:
     txn_id: str
     pdus: Sequence[JsonDict]
     edus: Sequence[JsonDict]
+    pdu_bytes: Sequence[bytes] | None = None
+    """The canonical JSON of each of ``pdus``, in order, when the caller has it (the
+    queue engine encodes each event once for all its destinations); ``None``: a
+    sender that needs it encodes the PDUs itself."""
 
 
 class TransactionSender(Protocol):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from contextlib import AbstractContextManager
 
+from canonicaljson import encode_canonical_json
 from sqlalchemy import select
 
 from federation_sender.storage import schema as s
@@ -17,6 +18,7 @@ from federation_sender.testing.queue_harness import (
     eventually,
     room_with,
 )
+from federation_sender.transport.result import SendResult, Transaction
 
 
 async def test_fanout_sends_our_events_to_joined_servers_only(h: Harness) -> None:
@@ -46,6 +48,35 @@ async def test_fanout_sends_our_events_to_joined_servers_only(h: Harness) -> Non
     log = await h.txlog("r1.test")
     assert [json.loads(r.pdu_event_ids) for r in log] == [[e1.event_id]]
     assert log[0].max_stream_ordering == e1.stream_ordering and log[0].catchup is False
+
+
+async def test_transactions_carry_each_pdu_encoded_once_for_every_destination(
+    h: Harness,
+) -> None:
+    """The intake encodes each event once; every destination's transaction carries
+    those bytes (``Transaction.pdu_bytes``), so the federation client signs what it
+    would have encoded itself, without encoding it again per destination."""
+    seen: list[Transaction] = []
+    send = h.sender.send_transaction
+
+    async def recording(txn: Transaction) -> SendResult:
+        seen.append(txn)
+        return await send(txn)
+
+    h.sender.send_transaction = recording  # type: ignore[method-assign]
+    await room_with(h, "!a:l", "r1.test", "r2.test")
+    await h.start()
+    await h.writer.message("!a:l", ALICE, pad=40)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert {t.destination for t in seen} == {"r1.test", "r2.test"}
+    for t in seen:
+        assert t.pdu_bytes is not None
+        assert list(t.pdu_bytes) == [encode_canonical_json(p) for p in t.pdus]
+    # One encoding per event, shared: the same bytes object in both destinations'.
+    a, b = (next(t for t in seen if t.destination == d) for d in ("r1.test", "r2.test"))
+    assert all(x is y for x, y in zip(a.pdu_bytes or (), b.pdu_bytes or (), strict=True))
 
 
 async def test_kicked_server_gets_its_kick_then_nothing(h: Harness) -> None:

@@ -151,3 +151,36 @@ def test_a_shared_pdu_is_encoded_once_and_a_dead_ones_id_is_never_a_hit() -> Non
     cache.get({"event_id": "$3"})  # evicts the oldest: bounded
     assert len(cache) == 2
     assert cache.get(pdu) == first and cache.encodes == 4
+
+
+def test_a_transaction_carrying_its_pdus_encodings_is_not_encoded_again() -> None:
+    from federation_sender.clock import SystemClock
+    from federation_sender.transport.prepare import RequestBuilder
+    from federation_sender.transport.result import Transaction
+
+    builder = RequestBuilder(origin="o.test", key=_KEY, clock=SystemClock())
+    pdus = [{"event_id": "$1", "b": "é"}, {"event_id": "$2"}]
+    carried = [canonical_json(p) for p in pdus]
+    sent = builder.prepare(Transaction("d.test", "t1", pdus, [], pdu_bytes=carried))
+    assert builder.pdus.encodes == 0  # the carried bytes were used
+    body = json.loads(sent.body)
+    assert body["pdus"] == pdus
+    assert sent.body == encode_canonical_json({**body, "pdus": pdus})
+    # Encodings that do not match the PDUs one for one are not trusted.
+    builder.prepare(Transaction("d.test", "t2", pdus, [], pdu_bytes=carried[:1]))
+    assert builder.pdus.encodes == 2
+
+
+def test_the_queue_item_of_an_event_carries_its_canonical_json() -> None:
+    from federation_sender.model import EventRow
+    from federation_sender.queue.catchup import pdu_item
+
+    def row(text: str) -> EventRow:
+        return EventRow(stream_ordering=7, event_id="$e", room_id="!r", type="m.room.message",
+                        state_key=None, sender="@a:o.test", outlier=False, rejected=False,
+                        json=text)
+
+    item = pdu_item(row('{"z": 1, "a": {"y": "é", "b": [1, 2]}}'))
+    assert item.encoded == encode_canonical_json(item.pdu)
+    # canonical JSON refuses a NaN: the item has no encoding and the sender decides.
+    assert pdu_item(row('{"a": NaN}')).encoded is None
