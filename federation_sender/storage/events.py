@@ -56,13 +56,18 @@ async def events_after(
     conn: AsyncConnection, after: int, upto: int, limit: int
 ) -> list[EventRow]:
     """Events with ``after < stream_ordering <= upto``, oldest first, at most ``limit``."""
-    res = await conn.execute(
-        select(*_COLS)
-        .where(events.c.stream_ordering > after, events.c.stream_ordering <= upto)
-        .order_by(events.c.stream_ordering)
-        .limit(limit)
-    )
+    res = await conn.execute(_EVENTS_AFTER, {"after": after, "upto": upto, "limit": limit})
     return [_row(r) for r in res]
+
+
+# Built once: the intake reads this for every batch.
+_EVENTS_AFTER = (
+    select(*_COLS)
+    .where(events.c.stream_ordering > bindparam("after"),
+           events.c.stream_ordering <= bindparam("upto"))
+    .order_by(events.c.stream_ordering)
+    .limit(bindparam("limit"))
+)
 
 
 _EVENTS_AT = select(*_COLS).where(

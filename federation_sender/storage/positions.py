@@ -9,7 +9,7 @@ Saving never moves a position backwards, so a late writer cannot undo a newer sa
 
 from __future__ import annotations
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender import model
@@ -53,18 +53,24 @@ async def load_position(conn: AsyncConnection, stream_name: str, instance_name: 
     return None if row is None else int(row[0])
 
 
+# Built once: saved with every intake batch and every replication position save.
+_ADVANCE = (
+    update(stream_positions)
+    .where(
+        stream_positions.c.stream_name == bindparam("name"),
+        stream_positions.c.instance_name == bindparam("instance"),
+        stream_positions.c.stream_id < bindparam("new_id"),
+    )
+    .values(stream_id=bindparam("new_id"))
+)
+
+
 async def save_position(
     conn: AsyncConnection, stream_name: str, instance_name: str, stream_id: int
 ) -> None:
     """Upsert the position; a lower ``stream_id`` than the stored one is ignored."""
     res = await conn.execute(
-        update(stream_positions)
-        .where(
-            stream_positions.c.stream_name == stream_name,
-            stream_positions.c.instance_name == instance_name,
-        )
-        .values(stream_id=stream_id)
-        .where(stream_positions.c.stream_id < stream_id)
+        _ADVANCE, {"name": stream_name, "instance": instance_name, "new_id": stream_id}
     )
     if res.rowcount:
         return

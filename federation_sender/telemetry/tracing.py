@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -171,12 +172,17 @@ SDK's own unsampled root (:func:`child_span_dropped`, ``ParentBased``). Never ex
 never a parent of anything recorded."""
 
 
+_in_dropped_attempt: ContextVar[bool] = ContextVar("fs_in_dropped_attempt", default=False)
+"""True inside a :class:`DroppedAttempt`: :func:`child_span_dropped` answers from it
+without asking OpenTelemetry's context for the current span (twice per transaction)."""
+
+
 def child_span_dropped(tracer: trace.Tracer) -> bool:
     """Whether a span opened now with ``tracer`` would be thrown away: tracing is off
     (a no-op tracer), or the current span belongs to a trace that was not sampled
     (its children follow the root's decision). Callers then skip the span and the
     computing of its attributes altogether."""
-    if isinstance(tracer, trace.NoOpTracer):
+    if _in_dropped_attempt.get() or isinstance(tracer, trace.NoOpTracer):
         return True
     ctx = trace.get_current_span().get_span_context()
     return ctx.is_valid and not ctx.trace_flags.sampled
@@ -215,12 +221,14 @@ class DroppedAttempt:
     """``with``: :data:`_DROPPED` is the current span (a class, not a generator: one
     per transaction of a busy worker)."""
 
-    __slots__ = ("_token",)
+    __slots__ = ("_flag", "_token")
 
     def __enter__(self) -> None:
         self._token = context.attach(trace.set_span_in_context(_DROPPED))
+        self._flag = _in_dropped_attempt.set(True)
 
     def __exit__(self, *exc: object) -> None:
+        _in_dropped_attempt.reset(self._flag)
         context.detach(self._token)
 
 

@@ -171,6 +171,19 @@ def test_a_transaction_carrying_its_pdus_encodings_is_not_encoded_again() -> Non
     assert builder.pdus.encodes == 2
 
 
+def test_transaction_ids_in_the_path_are_quoted_unless_unreserved() -> None:
+    from urllib.parse import quote
+
+    from federation_sender.clock import SystemClock
+    from federation_sender.transport.prepare import SEND_PATH, RequestBuilder
+    from federation_sender.transport.result import Transaction
+
+    builder = RequestBuilder(origin="o.test", key=_KEY, clock=SystemClock())
+    for txn_id in ("m1764.17", "a~b-c_D.9", "a b", "x/y?z", "é", "%41", "t\n"):
+        path = builder.prepare(Transaction(f"{len(txn_id)}.test", txn_id, [], [])).path
+        assert path == SEND_PATH + quote(txn_id, safe=""), txn_id
+
+
 def test_the_queue_item_of_an_event_carries_its_canonical_json() -> None:
     from federation_sender.model import EventRow
     from federation_sender.queue.catchup import pdu_item
