@@ -47,6 +47,7 @@ import socket
 import ssl
 from dataclasses import dataclass
 from functools import partial
+from typing import cast
 
 from aiohttp.abc import AbstractResolver
 
@@ -116,8 +117,9 @@ class _Exchange(asyncio.Protocol):
     # --- asyncio callbacks ----------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport (made by create_connection), but not necessarily a subclass
+        # of asyncio.Transport: uvloop's TCP and SSL transports are not.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         waiter = self._waiter

@@ -24,7 +24,7 @@ from federation_sender.transport.h1 import Http1Pool, request_head
 from federation_sender.transport.result import Outcome
 from federation_sender.transport.signing import SigningKey
 
-from .conftest import RawRemote, make_client
+from .conftest import RawRemote, make_client, start_remote
 from .test_client import txn
 
 OK_JSON = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
@@ -314,3 +314,32 @@ async def test_a_request_cancelled_while_waiting_for_the_total_limit_leaves_no_p
 def test_a_line_break_in_a_header_value_is_refused() -> None:
     with pytest.raises(ValueError, match="line break"):
         request_head("/p", "evil.test\r\nX-Injected: 1", "X-Matrix x", "t", 2)
+
+
+def test_the_client_sends_on_uvloop_over_tls_and_plain_http(
+    certs: CertFiles, our_key: SigningKey
+) -> None:
+    """``--event-loop uvloop`` (or ``auto`` with uvloop installed): uvloop's transports
+    are not subclasses of ``asyncio.Transport``, and the built-in client once refused
+    them, so every request failed as a disconnection and nothing was ever delivered."""
+    uvloop = pytest.importorskip("uvloop")
+
+    async def scenario() -> None:
+        assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+        remote, site = await start_remote(certs)
+        try:
+            async with make_client(certs, our_key) as client:
+                outcomes = await send_n(client, remote.name, 3)
+        finally:
+            await site.cleanup()
+        assert outcomes == [Outcome.SUCCESS] * 3
+        assert len(remote.requests) == 3
+        ok = serve_each(lambda _c, _i: json_ok())
+        async with plain_server(ok) as port, loopback_pool() as pool:
+            for _ in range(2):
+                response = await pool.put("127.0.0.1", port, None, head(2), b"{}")
+                assert response.status == 200
+            assert pool.idle_connections == 1  # kept alive and reused
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(scenario())
