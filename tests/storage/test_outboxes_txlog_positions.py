@@ -53,7 +53,7 @@ async def test_txlog_round_trip(engine: AsyncEngine) -> None:
 
 
 async def test_txlog_keeps_any_event_id_and_null_fields(engine: AsyncEngine) -> None:
-    """Rows travel to PostgreSQL as one jsonb array: ids that need escaping (quotes,
+    """Rows travel to PostgreSQL by COPY (text format): ids that need escaping (quotes,
     backslashes, control or non-ASCII characters, as a hostile room v1 id could hold)
     and NULL columns read back exactly, on both databases."""
     odd = ('$plain:l', '$q"uote:l', "$back\\slash:l", "$ctl\x01:l", "$ünï:l", "$tab\t:l")
@@ -61,7 +61,7 @@ async def test_txlog_keeps_any_event_id_and_null_fields(engine: AsyncEngine) -> 
         txlog.TxnLogRow("t1", "d2", "w1", 1, 0, 10, "success", 200, 1000, 1, False, 5,
                         ("$abc:l", "$def_-1"), None),
         txlog.TxnLogRow("t2", "d2", "w1", len(odd), 0, 10, "transient", None, 1001, 0, True,
-                        None, odd, 'connection "refused"'),
+                        None, odd, 'connection "refused" \\N\t\n\r é'),
         txlog.TxnLogRow("t3", "d2", "w1", 0, 3, 10, "success", 200, 1002, 0, False, None,
                         (), None),
     ]
