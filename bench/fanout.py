@@ -139,10 +139,10 @@ VARIANTS = ("production", "bare signed", "stand-in", "bare unsigned",
 
 
 async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace
-                ) -> dict[str, list[tuple[float, float, int, int]]]:
-    """``variant -> [(txn/s, CPU ms per txn, txns, collections in the window)]`` over
-    the rounds."""
-    out: dict[str, list[tuple[float, float, int, int]]] = {v: [] for v in VARIANTS}
+                ) -> dict[str, list[tuple[float, float, int, int, float]]]:
+    """``variant -> [(txn/s, CPU ms per txn, txns, collections in the window, seconds
+    they took)]`` over the rounds."""
+    out: dict[str, list[tuple[float, float, int, int, float]]] = {v: [] for v in VARIANTS}
     concurrency = 500
     for r in range(a.rounds):
         engines = list(a.senders)
@@ -152,7 +152,7 @@ async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace
             res = await engine_run(fresh_db, kind, n, urls, a.events, a.burst, a.announce,
                                    a.busy_interval_s)
             k = len(res["txns"])
-            out[kind].append((k / res["s"], 1000 * res["cpu"] / k, k, res["gc"]))
+            out[kind].append((k / res["s"], 1000 * res["cpu"] / k, k, res["gc"], res["gc_s"]))
             if kind == "production" or not replay:
                 replay = res["txns"]
         bares = [("bare signed", True), ("bare unsigned", False)]
@@ -161,7 +161,7 @@ async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace
         for name, sign in bares:
             wall, cpu = await bare_loop(replay, url_for(urls), concurrency, sign=sign)
             out[name].append((len(replay) / wall, 1000 * cpu / len(replay), len(replay),
-                              GC.collections))
+                              GC.collections, GC.gc_s))
     return out
 
 
@@ -169,7 +169,8 @@ def _median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
-def summarise(n: int, out: dict[str, list[tuple[float, float, int, int]]], a: argparse.Namespace,
+def summarise(n: int, out: dict[str, list[tuple[float, float, int, int, float]]],
+              a: argparse.Namespace,
               load: str) -> dict[str, float]:
     med = {v: _median([x[0] for x in out[v]]) for v in VARIANTS}
     cpu = {v: _median([x[1] for x in out[v]]) for v in VARIANTS}
@@ -183,8 +184,10 @@ def summarise(n: int, out: dict[str, list[tuple[float, float, int, int]]], a: ar
         if out[v]:
             runs = ", ".join(f"{x[0]:.0f}" for x in out[v])
             collections = sum(x[3] for x in out[v])
-            rows.append((f"{v}: txn/s (runs) / CPU ms per txn / GC runs",
-                         f"{med[v]:.0f} ({runs}) / {cpu[v]:.3f} / {collections}"))
+            gc_ms = ", ".join(f"{1000 * x[4]:.0f}" for x in out[v] if x[3])
+            rows.append((f"{v}: txn/s (runs) / CPU ms per txn / GC runs (ms)",
+                         f"{med[v]:.0f} ({runs}) / {cpu[v]:.3f} / {collections}"
+                         + (f" ({gc_ms})" if gc_ms else "")))
     prod_ratio = med["production"] / med["bare signed"]
     stand_ratio = med["stand-in"] / med["bare unsigned"]
     per_round = [p[0] / b[0] for p, b in zip(out["production"], out["bare signed"],

@@ -9,7 +9,8 @@
 * ``timeline``: runs ``fanout.py``'s engine phase and prints, every ``--every`` seconds,
   the process's CPU share, transactions in flight, PDUs waiting in queues and events the
   intake has handled. Stalls show as rows with work waiting and the CPU well below 100 %.
-* ``postgres-cpu``: the CPU the PostgreSQL processes used during the engine phase, next
+* ``postgres-cpu``: the CPU the PostgreSQL processes and the receiver process used during
+  the engine phase, and the receiver's during the bare loop, next
   to the engine's own.
 * ``null-sender``: the engine with a sender that answers 200 at once (no HTTP): its own
   CPU per transaction, intake and database included. ``--cprofile`` prints the top
@@ -38,8 +39,9 @@ from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 
 
-def postgres_cpu_s() -> float:
-    """User + system CPU seconds of every process named ``postgres`` (Linux /proc)."""
+def _cpu_s(name: str, parent: int | None = None) -> float:
+    """User + system CPU seconds of every process whose name holds ``name`` (and whose
+    parent is ``parent``, if given), from Linux /proc."""
     ticks = 0
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
@@ -49,11 +51,23 @@ def postgres_cpu_s() -> float:
                 stat = f.read()
         except OSError:
             continue
-        if "postgres" not in stat[stat.index("(") + 1:stat.rindex(")")]:
+        if name not in stat[stat.index("(") + 1:stat.rindex(")")]:
             continue
         fields = stat[stat.rindex(")") + 2:].split()
+        if parent is not None and int(fields[1]) != parent:
+            continue
         ticks += int(fields[11]) + int(fields[12])
     return ticks / os.sysconf("SC_CLK_TCK")
+
+
+def postgres_cpu_s() -> float:
+    """CPU seconds of every PostgreSQL process."""
+    return _cpu_s("postgres")
+
+
+def receiver_cpu_s() -> float:
+    """CPU seconds of this process's receiver processes (``common.receivers``)."""
+    return _cpu_s("python", os.getpid())
 
 
 class Window:
@@ -68,12 +82,14 @@ class Window:
     def enable(self) -> None:
         self.t0 = time.perf_counter()
         self.pg0 = postgres_cpu_s()
+        self.rx0 = receiver_cpu_s()
         if self.every_s is not None:
             self._task = asyncio.get_running_loop().create_task(self._sample())
 
     def disable(self) -> None:
         self.wall_s = time.perf_counter() - self.t0
         self.pg_s = postgres_cpu_s() - self.pg0
+        self.rx_s = receiver_cpu_s() - self.rx0
         if self._task is not None:
             self._task.cancel()
 
@@ -123,14 +139,26 @@ async def timeline(a: argparse.Namespace) -> None:
 
 
 async def postgres_cpu(a: argparse.Namespace) -> None:
+    bare = fanout.bare_loop
+    receiver_s: list[float] = []
+
+    async def bare_measured(*args: Any, **kwargs: Any) -> tuple[float, float]:
+        rx0 = receiver_cpu_s()
+        out = await bare(*args, **kwargs)
+        receiver_s.append(receiver_cpu_s() - rx0)
+        return out
+
+    fanout.bare_loop = bare_measured  # type: ignore[assignment]
     with receivers(1) as urls:
         for n in a.dests:
             w = Window()
             fanout.PROFILE = w
             r = await fanout.run_one("postgres", n, urls, a.events, 5)
             engine_cpu = r["engine_cpu_ms_per_txn"] * r["txns"] / 1000
-            print(f"{n} destinations: ratio {r['engine_tps'] / r['bare_tps']:.2f}, engine "
-                  f"{w.wall_s:.2f} s wall / {engine_cpu:.2f} s CPU, PostgreSQL {w.pg_s:.2f} s CPU")
+            print(f"{n} destinations: ratio {r['engine_tps'] / r['bare_tps']:.2f}; engine "
+                  f"{w.wall_s:.2f} s wall / {engine_cpu:.2f} s CPU, PostgreSQL {w.pg_s:.2f} s "
+                  f"CPU, receiver {w.rx_s:.2f} s CPU; bare loop {r['bare_s']:.2f} s wall, "
+                  f"receiver {receiver_s[-1]:.2f} s CPU")
 
 
 class NullSender:

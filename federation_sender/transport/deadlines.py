@@ -42,10 +42,6 @@ class Deadlines:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     @property
-    def seconds(self) -> float:
-        return self._seconds
-
-    @property
     def watched(self) -> int:
         """Attempts under watch now (for tests)."""
         return len(self._entries)
@@ -57,9 +53,10 @@ class Deadlines:
         if loop is not self._loop:
             self._reset(loop)  # a new event loop: nothing of the old one can be expired
         key = next(self._keys)
-        self._entries[key] = (loop.time() + self._seconds, timeout)
+        expires = loop.time() + self._seconds
+        self._entries[key] = (expires, timeout)
         if self._handle is None:
-            self._handle = loop.call_at(loop.time() + self._seconds, self._fire)
+            self._handle = loop.call_at(expires, self._fire)
         return key
 
     def unwatch(self, key: int) -> None:
