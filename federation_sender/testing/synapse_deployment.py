@@ -29,6 +29,7 @@ async callers use ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import secrets
 import subprocess
@@ -236,6 +237,14 @@ class SynapseDeployment:
         if self.cluster is None or self.layout.database is None:
             raise ValueError("this deployment runs on SQLite")
         return self.cluster.psql(query, self.layout.database.name)
+
+
+def event_writer(room_id: str, writers: list[str]) -> str:
+    """Which of ``stream_writers.events`` persists a room's events (Synapse's
+    ``events_shard_config``: sha256 of the room id, little-endian, modulo the number of
+    writers)."""
+    digest = hashlib.sha256(room_id.encode()).digest()
+    return writers[int.from_bytes(digest, "little") % len(writers)]
 
 
 def create_synapse_database(cluster: PostgresCluster, name: str) -> PostgresDatabase:

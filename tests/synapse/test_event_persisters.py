@@ -12,7 +12,6 @@ writer reported skipped an event committed late by the other writer, for good).
 
 from __future__ import annotations
 
-import hashlib
 import threading
 import uuid
 from collections.abc import Iterator
@@ -27,7 +26,11 @@ from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.redis_server import ephemeral_redis
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_config import RedisAddress
-from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+from federation_sender.testing.synapse_deployment import (
+    SynapseDeployment,
+    create_deployment,
+    event_writer,
+)
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 
 pytestmark = pytest.mark.postgres
@@ -37,13 +40,6 @@ N_PEERS = 2
 PER_ROOM = 60
 SENDERS_PER_ROOM = 3
 """6 rooms x 60 = 360 messages, sent 18 at a time (three senders per room)."""
-
-
-def event_writer(room_id: str, writers: list[str]) -> str:
-    """Which persister persists a room's events (Synapse's ``events_shard_config``:
-    sha256 of the room id, little-endian, modulo the number of writers)."""
-    digest = hashlib.sha256(room_id.encode()).digest()
-    return writers[int.from_bytes(digest, "little") % len(writers)]
 
 
 @dataclass
