@@ -46,6 +46,8 @@ from federation_sender.telemetry.tracing import Tracing
 log = logging.getLogger(__name__)
 
 RETRY_TIMINGS_CACHE = "get_destination_retry_timings"
+PREFILL_LIMIT = 10_000
+"""Committed stream orderings read at start for the events read position (at most)."""
 
 def presence_edu_content(state: PresenceState, now_ms: int) -> dict[str, Any]:
     entry: dict[str, Any] = {
@@ -103,12 +105,20 @@ class WorkerReplicationHandler:
         """Before the first rows: the presence states so far (Synapse's worker loads them
         at start; loaded once rows arrive, the first change would already be in them).
         The events frontier starts at the intake's stored position, each configured
-        writer at least at its stored replication position."""
+        writer at least at its stored replication position, and with several writers
+        it runs through the stream orderings committed above that."""
         self.events = WritersFrontier(self._event_writers, self._m.events_position)
         if self._stored_positions is not None and self._event_writers is not None:
             for (stream, writer), token in (await self._stored_positions.load()).items():
                 if stream == "events":
                     self.events.seed(writer, token)
+        if self._event_writers is not None and len(self._event_writers) > 1:
+            after = self.events.frontier
+
+            async def committed(tx: Tx) -> list[int]:
+                return await tx.events.stream_orderings_after(after, PREFILL_LIMIT)
+
+            self.events.committed(await self._storage.run(committed))
         if self.presence is not None:
             await self.presence.load()
 

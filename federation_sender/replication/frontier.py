@@ -23,8 +23,11 @@ Rules, as Synapse 1.163 applies them on a process that reads the stream:
   stream ordering up to 208 is then committed (``_known_persisted_positions``).
 * A configured writer that has not reported yet counts at the position given at
   start (what the caller knows to be safe: our stored intake position, our stored
-  replication positions). A writer that is not configured but reports is counted
-  from then on, with a warning: missing it could skip its events.
+  replication positions). The stream orderings of the events committed above it are
+  known at start too (Synapse reads them from the events table): gapless runs through
+  them move the frontier even while a configured writer is down.
+* A writer that is not configured but reports is counted from then on, with a
+  warning: missing it could skip its events.
 * Nothing goes backwards. A writer reporting a token below what it reported before
   (its stream reset: a database restored behind our back) is logged as a warning and
   does not move anything back; the frontier itself never decreases.
@@ -38,7 +41,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,17 @@ class WritersFrontier:
         if token > self._positions.get(writer, self.frontier):
             self._positions[writer] = token
         self._recompute()
+
+    def committed(self, tokens: Iterable[int]) -> int:
+        """Stream orderings known to be committed (rows read from the events table at
+        start, as Synapse's generator prefills its known positions): they extend gapless
+        runs, so a configured writer that is down does not hold back what the others
+        wrote before our restart. Returns the frontier."""
+        for token in tokens:
+            if token > self.frontier:
+                heapq.heappush(self._pending, token)
+        self._recompute()
+        return self.frontier
 
     def advance(self, writer: str, token: int) -> int:
         """The writer finished everything up to ``token``; returns the frontier."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 from federation_sender.adapters import WorkerReplicationHandler
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
+from federation_sender.testing.replication import InMemoryPositionStore
 
 ROOM = "!a:l"
 DEST = "r1.test"
@@ -73,3 +74,25 @@ async def test_one_writer_unconfigured_is_its_token(h: Harness) -> None:
     await handler.on_rows("events", "master", evs[-1].stream_ordering, [])
     await h.settle()
     assert h.fake.received_event_ids(DEST) == [e.event_id for e in evs]
+
+
+async def test_restart_while_a_writer_is_down(h: Harness) -> None:
+    """p2 is down (stored at the intake's position); p1 wrote three events before our
+    restart and is stored past them. Its next event must not wait for p2: the committed
+    stream orderings read at start bridge the gap, as Synapse's generator does."""
+    await room_with(h, ROOM, DEST)
+    await h.start()
+    base = h.m.events_position
+    before = [await h.writer.message(ROOM, ALICE) for _ in range(3)]
+    stored = InMemoryPositionStore(
+        {("events", "p1"): before[-1].stream_ordering, ("events", "p2"): base}
+    )
+    handler = WorkerReplicationHandler(
+        h.m, NativeBackend(h.engine), ME, h.clock, event_writers=("p1", "p2"),
+        stored_positions=stored,
+    )  # fmt: skip
+    await handler.prepare()
+    after = await h.writer.message(ROOM, ALICE)
+    await handler.on_rows("events", "p1", after.stream_ordering, [])
+    await h.settle()
+    assert h.fake.received_event_ids(DEST) == [e.event_id for e in (*before, after)]

@@ -127,3 +127,18 @@ def test_interleaved_commits_never_pass_an_unfinished_ordering() -> None:
         for w in W:  # both idle: each announces the highest token it saw
             f.advance(w, 40)
         assert f.frontier == 40
+
+
+def test_committed_orderings_bridge_a_writer_that_is_down() -> None:
+    """After our restart, persister2 is down at its stored 100; persister1 wrote 101..120
+    before the restart (not reported again) and writes on from 121. The committed rows
+    read at start make a gapless run with persister1's new tokens."""
+    f = WritersFrontier(W, start=100)
+    f.seed("persister1", 120)
+    assert f.advance("persister1", 121) == 100
+    assert f.committed(range(101, 121)) == 121
+    assert f.advance("persister1", 122) == 122
+    # A hole (an ordering taken and not committed, perhaps in flight) stops the run.
+    g = WritersFrontier(W, start=100)
+    assert g.committed([101, 102, 104]) == 102
+    assert g.advance("persister1", 105) == 102
