@@ -28,9 +28,10 @@ Rules, as Synapse 1.163 applies them on a process that reads the stream:
   them move the frontier even while a configured writer is down.
 * A writer that is not configured but reports is counted from then on, with a
   warning: missing it could skip its events.
-* Nothing goes backwards. A writer reporting a token below what it reported before
-  (its stream reset: a database restored behind our back) is logged as a warning and
-  does not move anything back; the frontier itself never decreases.
+* Nothing goes backwards. A token below a writer's position (a replay after a failed
+  session, or the writer's stream reset: a database restored behind our back, which
+  the replication client logs as a warning) moves nothing back; the frontier itself
+  never decreases.
 
 ``writers=None`` is the single-writer shape (our simulator, a Synapse without event
 persisters where main writes): whichever writer reports is counted, and with one
@@ -53,16 +54,13 @@ oldest are dropped, which can only delay the frontier until the minimum moves.""
 class WritersFrontier:
     """See the module docstring."""
 
-    __slots__ = ("_configured", "_pending", "_positions", "_reported", "_unexpected",
-                 "frontier")
+    __slots__ = ("_configured", "_pending", "_positions", "_unexpected", "frontier")
 
     def __init__(self, writers: Collection[str] | None, start: int) -> None:
         self._configured = None if writers is None else frozenset(writers)
         self._positions: dict[str, int] = (
             {} if writers is None else dict.fromkeys(writers, start)
         )
-        self._reported: dict[str, int] = {}
-        """What each writer itself reported in this process (for the backwards check)."""
         self._pending: list[int] = []
         """Reported tokens above the frontier (a heap), for gapless runs."""
         self._unexpected: set[str] = set()
@@ -102,16 +100,11 @@ class WritersFrontier:
         if current is None:
             self._new_writer(writer, token)
         else:
-            before = self._reported.get(writer)
-            if before is not None and token < before:
-                log.warning(
-                    "events writer %s went backwards from %d to %d (its stream was reset?); "
-                    "keeping %d: events below it that it writes again are not read",
-                    writer, before, token, current,
-                )  # fmt: skip
+            # A lower token than before is a replay (the replication client delivers
+            # again what it had not saved when a session failed) or a writer's reset
+            # (the client logs that one as a warning): either way nothing moves back.
             if token > current:
                 positions[writer] = token
-        self._reported[writer] = token
         if len(positions) == 1:  # the single-writer hot path
             if token > self.frontier:
                 self.frontier = token

@@ -4,12 +4,22 @@ next POSITION, gapless runs move it, and nothing goes backwards."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import random
 
 import pytest
 
+from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.frontier import WritersFrontier
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.replication import (
+    InMemoryPositionStore,
+    MemorySession,
+    MemoryTransport,
+    RecordingHandler,
+)
 
 W = ("persister1", "persister2")
 
@@ -84,15 +94,46 @@ def test_unconfigured_writer_is_counted_with_a_warning(caplog: pytest.LogCapture
     assert f.frontier == 16  # 16 follows 15 (a gapless run)
 
 
-def test_nothing_goes_backwards(caplog: pytest.LogCaptureFixture) -> None:
+def test_nothing_goes_backwards() -> None:
     f = WritersFrontier(W, start=0)
     f.advance("persister1", 30)
     f.advance("persister2", 30)
     assert f.frontier == 30
-    with caplog.at_level(logging.WARNING):
-        assert f.advance("persister2", 20) == 30
-    assert any("went backwards from 30 to 20" in r.getMessage() for r in caplog.records)
+    assert f.advance("persister2", 20) == 30  # a replay or a reset: nothing moves back
     assert f.positions["persister2"] == 30
+    assert f.advance("persister1", 31) == 31
+
+
+async def test_an_events_writer_going_backwards_is_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A restored database: the writer's POSITION is below what we stored. The client
+    adopts it (later rows are not stale) and says so as a warning for ``events``, at
+    info level for an in-memory stream such as ``typing`` (reset at every restart)."""
+    clock = FakeClock()
+    store = InMemoryPositionStore({("events", "persister1"): 50, ("typing", "master"): 9})
+    session = MemorySession(
+        [b"SERVER hs\nPOSITION events persister1 20 20\nPOSITION typing master 1 1\n"],
+        clock, hold_open=True,
+    )  # fmt: skip
+    handler = RecordingHandler()
+    client = ReplicationClient(
+        MemoryTransport([session]), instance_name="fed1", store=store, fetchers={},
+        handler=handler, clock=clock, streams=["events", "typing"],
+    )  # fmt: skip
+    task = asyncio.create_task(client.run())
+    try:
+        with caplog.at_level(logging.INFO):
+            await handler.wait_for(lambda: handler.last_token("typing") == 1)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    notes = {(r.levelno, r.getMessage()) for r in caplog.records if "backwards" in r.getMessage()}
+    assert notes == {
+        (logging.WARNING, "replication: events/persister1 went backwards from 50 to 20"),
+        (logging.INFO, "replication: typing/master went backwards from 9 to 1"),
+    }
 
 
 def test_replayed_tokens_below_a_seed_are_quiet(caplog: pytest.LogCaptureFixture) -> None:
