@@ -148,6 +148,17 @@ def report(
                       d, result.error or result.outcome.value, interval_s)
         elif was_failing:
             log.info("destination %s answers again; backoff cleared", d)
+    if eff.rate_limited_ms is not None:
+        # Once per run of 429s (the next line is at its end): a peer answering 429 to
+        # every attempt would otherwise log one line per attempt.
+        log.info("destination %s is rate limiting us (%s%s); pausing %gs, longer at "
+                 "each further 429, until it accepts a transaction",
+                 d, result.error or "HTTP 429",
+                 "" if result.retry_after_s is None else f", retry after {result.retry_after_s:g}s",
+                 eff.rate_limited_ms / 1000.0)
+    if eff.rate_limit_ended:
+        log.info("destination %s accepts transactions again after %d 429s in a row",
+                 d, eff.rate_limit_ended)
     for item, reason in eff.dropped:
         kind = "pdu" if isinstance(item, PduItem) else item.edu_type
         log.warning("dropping %s for %s: %s (last error: %s)",
