@@ -46,6 +46,7 @@ from federation_sender.builders import (
     load_or_create_admin_token,
     load_or_create_signing_key,
     read_admin_token,
+    signing_key_path,
 )
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
@@ -342,8 +343,8 @@ class Worker:
 
 def _signing_key(settings: Settings, synapse: SynapseConfig | None) -> SigningKey:
     """Beside Synapse, its key (never generated); standalone, ours (generated once)."""
-    path = settings.federation.signing_key_path
-    return load_synapse_signing_key(path) if synapse is not None else (
+    path = signing_key_path(settings)
+    return load_synapse_signing_key(str(path)) if synapse is not None else (
         load_or_create_signing_key(path)
     )
 
