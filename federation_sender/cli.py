@@ -106,12 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fixed ports instead of random ones: admin API and dashboard N, "
                    "metrics N+1, replication N+2, the simulated remotes from N+10")
 
-    try:
-        from federation_sender.batch.cli import add_batch_parser
-    except ImportError:  # pragma: no cover - batch jobs need pyspark
-        pass
-    else:
-        add_batch_parser(sub)
+    # Imports no pyspark: without the batch extra, 'batch' says how to install it.
+    from federation_sender.batch.cli import add_batch_parser
+
+    add_batch_parser(sub)
     return parser
 
 
