@@ -321,6 +321,7 @@ class Worker:
                 ready=self.is_ready,
                 counters=self.metrics.dashboard_counters,
                 verifier=self.admin_verifier,
+                server_name=self.settings.server_name,
             )
         return build_listeners(self.settings, admin, self.registry, self.signing_key, self.clock)
 
