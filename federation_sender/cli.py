@@ -102,6 +102,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="use this PostgreSQL database instead of the embedded SQLite",
     )
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the table")
+    p.add_argument("--keep-running", action="store_true",
+                   help="after the delivery check, keep the worker, its dashboard and the "
+                   "simulated remotes running until Ctrl-C (or SIGTERM)")
     p.add_argument("--port-base", type=_port_base, default=None, metavar="N",
                    help="fixed ports instead of random ones: admin API and dashboard N, "
                    "metrics N+1, replication N+2, the simulated remotes from N+10")
