@@ -70,10 +70,10 @@ class QueueObserver(Protocol):
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None: ...
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
-                         pdus: int = 0, rooms: int = 0) -> None:
+                         pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         """The intake finished a batch: events read, new position, (PDU, destination)
         pairs enqueued, PDUs enqueued for at least one destination, rooms of the
-        batch's sendable events."""
+        batch's sendable events, and how long the batch took (read to hand-over)."""
 
     def queues_changed(self, active: int) -> None:
         """The number of live destination queues changed."""
@@ -123,7 +123,7 @@ class NoopObserver:
         pass
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
-                         pdus: int = 0, rooms: int = 0) -> None:
+                         pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         pass
 
     def queues_changed(self, active: int) -> None:

@@ -44,6 +44,7 @@ from redis.exceptions import RedisError
 
 from federation_sender.clock import Clock
 from federation_sender.errors import ProtocolError
+from federation_sender.redaction import redact_url
 from federation_sender.replication import commands as c
 from federation_sender.replication.connection import (
     BUS_LIMITS,
@@ -54,7 +55,6 @@ from federation_sender.replication.connection import (
 from federation_sender.replication.reconnect import DEFAULT_BACKOFF, Backoff
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.transport import ConnectionLost, cancel_and_wait
-from federation_sender.telemetry.logging import redact_url
 
 logger = logging.getLogger(__name__)
 
