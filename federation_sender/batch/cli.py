@@ -124,6 +124,12 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     out = out if out is not None else sys.stdout
     clock = clock if clock is not None else SystemClock()
     job: str = args.job
+    if spark is None:
+        # The extra first: without pyspark nothing else about the run matters.
+        try:
+            check_modules()
+        except MissingPrerequisite as e:
+            return _usage(str(e))
     server_name = args.server_name or settings.server_name
     db_url = args.database_url or settings.database.url
     demo = None if args.database_url or args.snapshot else _demo_database(settings)
@@ -156,7 +162,6 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     owned = spark is None
     if spark is None:
         try:
-            check_modules()
             if not args.remote:
                 check_java()
             if db is not None and db.sqlite and not args.snapshot and "spark.jars" not in conf:

@@ -37,7 +37,8 @@ def alembic_config() -> Config:
 
     cfg = Config()
     cfg.set_main_option("script_location", str(_MIGRATIONS))
-    cfg.set_main_option("file_template", "%%(rev)s_%%(slug)s")
+    # A module name may not start with a digit (check-wheel-contents W004).
+    cfg.set_main_option("file_template", "r%%(rev)s_%%(slug)s")
     return cfg
 
 
