@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Literal, Protocol
@@ -78,8 +79,16 @@ from federation_sender.transport.discovery import (
     parse_server_name,
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
+from federation_sender.transport.forward_proxy import ProxyAuthError, ProxyPolicy
 from federation_sender.transport.h1 import Http1Pool, request_head
-from federation_sender.transport.http import WellKnownClient, make_ssl_context, read_limited
+from federation_sender.transport.http import (
+    WellKnownClient,
+    compile_globs,
+    make_ssl_context,
+    proxy_headers,
+    read_limited,
+    unverified_context,
+)
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 from federation_sender.transport.signing import SigningKey
@@ -136,6 +145,10 @@ class FederationClient:
         user_agent: str = "federation-sender",
         plain_http: bool = False,
         http_client: Literal["builtin", "aiohttp"] = "builtin",
+        tls_ca_files: Sequence[str] = (),
+        tls_min_version: str | None = None,
+        tls_unverified_names: Sequence[str] = (),
+        proxy_policy: ProxyPolicy | None = None,
     ) -> None:
         """Settings are explicit; the test-only ones are marked.
 
@@ -150,6 +163,11 @@ class FederationClient:
         ``http_client``: ``/send`` over the built-in HTTP/1.1 pool
         (:mod:`federation_sender.transport.h1`) or over aiohttp (well-known discovery
         always uses aiohttp).
+        ``tls_ca_files``: Synapse's ``federation_custom_ca_list`` (replace the system
+        CAs); ``tls_min_version``: ``"1"`` to ``"1.3"``; ``tls_unverified_names``: globs
+        of TLS server names whose certificates are not checked
+        (``federation_certificate_verification_whitelist``); ``proxy_policy``: forward
+        proxies (:mod:`federation_sender.transport.forward_proxy`).
 
         Length: one assignment per setting and per cache (over the house limit of 60
         lines on purpose); grouping them into helper objects would only move the list.
@@ -169,9 +187,22 @@ class FederationClient:
         self._max_per_host = max_connections_per_host
         self._max_response_bytes = max_response_bytes
         self._ssl: ssl.SSLContext | bool = make_ssl_context(
-            verify=tls_verify, extra_ca_file=tls_extra_ca_file
+            verify=tls_verify, extra_ca_file=tls_extra_ca_file, ca_files=tls_ca_files,
+            min_version=tls_min_version,
         )
+        self._unverified = unverified_context(tls_min_version)
+        self._unverified_names = compile_globs(tls_unverified_names)
+        self._tls_choice: dict[str, ssl.SSLContext | bool] = {}
         self._filter = AddressFilter(ip_allow_list, ip_deny_list)
+        self._proxy = proxy_policy if proxy_policy is not None and proxy_policy.enabled else None
+        self._proxy_hosts: tuple[str, ...] = ()
+        if self._proxy is not None:
+            proxies = [p for p in (self._proxy.https_proxy, self._proxy.http_proxy) if p]
+            self._proxy_hosts = tuple(p.host for p in proxies)
+            for host in self._proxy_hosts:
+                if is_ip_literal(host):
+                    self._filter.exempt(host)
+        self._proxy_auth_reported = False
         self._dns = DnsLookup(nameservers)
         self._explicit_nameservers = bool(nameservers)
         self._well_known_port = well_known_port
@@ -222,10 +253,11 @@ class FederationClient:
         well_known = WellKnownClient(
             self._session,
             self._filter,
-            ssl_setting=self._ssl,
+            ssl_setting=self._ssl_for if self._unverified_names else self._ssl,
             timeout_s=self._well_known_timeout_s,
             port=self._well_known_port,
             user_agent=self._user_agent,
+            proxy_policy=self._proxy,
         )
         self._discovery = Discovery(
             srv_lookup=self._dns, fetch_well_known=well_known.fetch, clock=self._clock
@@ -233,8 +265,10 @@ class FederationClient:
         if self._http_client == "builtin":
             tls: ssl.SSLContext | None = None
             if self._scheme == "https":
-                tls = self._ssl if isinstance(self._ssl, ssl.SSLContext) else _unverified()
+                tls = self._ssl if isinstance(self._ssl, ssl.SSLContext) else self._unverified
             self._h1 = Http1Pool(
+                ssl_for=self._h1_ssl_for if self._unverified_names else None,
+                proxy_policy=self._proxy,
                 address_filter=self._filter,
                 resolver=self._resolver(),
                 ssl_context=tls,
@@ -250,7 +284,30 @@ class FederationClient:
             if self._explicit_nameservers
             else aiohttp.resolver.DefaultResolver()
         )
-        return FilteringResolver(inner, self._filter)
+        return FilteringResolver(inner, self._filter, exempt_hosts=self._proxy_hosts)
+
+    def _ssl_for(self, tls_name: str | None) -> ssl.SSLContext | bool:
+        """The TLS policy for a server name: unverified if the whitelist matches it."""
+        if tls_name is None or not self._unverified_names:
+            return self._ssl
+        choice = self._tls_choice.get(tls_name)
+        if choice is None:
+            if len(self._tls_choice) >= 10_000:
+                self._tls_choice.clear()
+            matched = any(p.fullmatch(tls_name) for p in self._unverified_names)
+            choice = self._tls_choice[tls_name] = self._unverified if matched else self._ssl
+        return choice
+
+    def _h1_ssl_for(self, tls_name: str | None) -> ssl.SSLContext:
+        choice = self._ssl_for(tls_name)
+        return choice if isinstance(choice, ssl.SSLContext) else self._unverified
+
+    def _proxy_args(self, host: str) -> tuple[str | None, dict[str, str] | None]:
+        """aiohttp's ``proxy=`` and ``proxy_headers=`` for a connection to ``host``."""
+        if self._proxy is None:
+            return None, None
+        proxy = self._proxy.proxy_for(host, tls=self._scheme == "https")
+        return (proxy.url if proxy is not None else None), proxy_headers(proxy)
 
     async def close(self) -> None:
         self._deadlines.close()
@@ -323,6 +380,69 @@ class FederationClient:
         """Whether anything is cached for ``destination`` alone (discovery aside)."""
         return destination in self._resolved_overrides or self.requests.holds(destination)
 
+    @contextlib.asynccontextmanager
+    async def open_stream(
+        self,
+        method: str,
+        destination: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: AsyncIterable[bytes] | bytes | None,
+        *,
+        timeout_s: float,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Any request to ``destination`` (the outbound federation proxy's forward),
+        yielding the response with its body unread: the caller streams it.
+
+        Discovery, the Host header and TLS server name, certificate checks, the address
+        policy, the forward proxy and the pools are those of ``/send`` (over aiohttp:
+        the built-in client does whole bodies only). ``headers`` go as given, the Host
+        header added and our User-Agent when none is given. ``timeout_s`` bounds
+        discovery, connecting and the response head, and then each read of the body.
+        SRV targets are tried in order while connecting fails (the body is not read
+        before a connection is made). Raises what aiohttp or discovery raise."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("FederationClient used before start()")
+        out = {"User-Agent": self._user_agent}
+        for name, value in headers.items():
+            out[name.title() if name.lower() == "user-agent" else name] = value
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._connect_timeout_s, sock_read=timeout_s
+        )
+        async with asyncio.timeout(timeout_s):
+            resolved = await self.resolve(destination)
+            out["Host"] = resolved.host_header
+            response: aiohttp.ClientResponse | None = None
+            last: BaseException | None = None
+            for host, port in resolved.targets:
+                if self._is_ip_literal(host):
+                    self._filter.check(host)
+                url = URL.build(scheme=self._scheme, host=host, port=port).join(
+                    URL(path, encoded=True)
+                )
+                proxy, proxy_auth = self._proxy_args(host)
+                tls = self._scheme == "https"
+                try:
+                    response = await session.request(
+                        method, url, data=body, headers=out, allow_redirects=False,
+                        timeout=timeout, proxy=proxy, proxy_headers=proxy_auth,
+                        ssl=self._ssl_for(resolved.tls_server_name) if tls else False,
+                        server_hostname=resolved.tls_server_name if tls else None,
+                    )  # fmt: skip
+                    break
+                except aiohttp.ClientConnectorError as e:
+                    last = e  # try the next SRV target
+            if response is None:
+                assert last is not None  # discovery always yields at least one target
+                raise last
+        try:
+            yield response
+        except BaseException:
+            response.close()  # part-read: the connection cannot be reused
+            raise
+        response.release()
+
     def build_request(self, txn: Transaction) -> tuple[str, bytes, str]:
         """``(path, body, Authorization header)`` for a transaction."""
         prepared = self.requests.prepare(txn)
@@ -352,7 +472,7 @@ class FederationClient:
                 Outcome.TRANSIENT, error=f"no response within {self._attempt_timeout_s:g} s"
             )
         except (FederationSenderError, aiohttp.ClientError, OSError, ValueError) as e:
-            result = classify_exception(e)
+            result = classify_exception(self._note_proxy_failure(e))
         except Exception as e:
             # The contract is "never raise for what the remote does": aiohttp can
             # surface odd exception types for hostile input. Log it fully, classify
@@ -361,6 +481,18 @@ class FederationClient:
             result = classify_exception(e)
         self.requests.finished(txn.destination, result.outcome)
         return self._finish(txn, result, len(prepared.body), started)
+
+    def _note_proxy_failure(self, exc: BaseException) -> BaseException:
+        """A forward proxy's 407 (either client): one ERROR line, then per-attempt debug."""
+        if isinstance(exc, aiohttp.ClientHttpProxyError) and exc.status == 407:
+            exc = ProxyAuthError(f"forward proxy answered 407 Proxy Authentication Required "
+                                 f"({exc.request_info.real_url.host}:"
+                                 f"{exc.request_info.real_url.port})")
+        if isinstance(exc, ProxyAuthError) and not self._proxy_auth_reported:
+            self._proxy_auth_reported = True
+            logger.error("%s: check the credentials in https_proxy (every destination "
+                         "backs off until they are accepted)", exc)
+        return exc
 
     def _finish(
         self, txn: Transaction, result: SendResult, size: int, started: float
@@ -458,6 +590,7 @@ class FederationClient:
         counter = self.request_counter
         if counter is not None:
             counter.http_request("PUT")
+        proxy, proxy_auth = self._proxy_args(host)
         async with session.put(
             self._url(host, port, prepared.path),
             # A ready payload skips aiohttp's lookup of a payload type per request.
@@ -469,6 +602,9 @@ class FederationClient:
             },
             allow_redirects=False,
             server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
+            ssl=self._ssl_for(resolved.tls_server_name) if self._scheme == "https" else False,
+            proxy=proxy,
+            proxy_headers=proxy_auth,
         ) as response:
             if counter is not None:
                 counter.http_response("PUT", response.status)
@@ -495,12 +631,3 @@ class FederationClient:
                 self._literals.clear()
             known = self._literals[host] = is_ip_literal(host)
         return known
-
-
-def _unverified() -> ssl.SSLContext:
-    """TLS without verification (``tls_verify=False``: tests only)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
-
