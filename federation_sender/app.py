@@ -65,6 +65,7 @@ from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
 from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.edus.wiring import bind_stream_tokens, synapse_edus
+from federation_sender.synapse.egress import build_outbound_proxy
 from federation_sender.synapse.wiring import (
     ReplicationSignals,
     load_synapse_signing_key,
@@ -75,6 +76,7 @@ from federation_sender.telemetry.metrics import Metrics, new_registry
 from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
+from federation_sender.transport.outbound_proxy import OutboundProxyServer
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey
 
@@ -128,6 +130,8 @@ class Worker:
     """Beside Synapse: what we say on replication about the ``caches`` stream we write."""
     admin_verifier: TokenVerifier | None = None
     """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
+    outbound_proxy: OutboundProxyServer | None = None
+    """Beside Synapse, as an instance of ``outbound_federation_restricted_to``."""
 
     @property
     def admin_url(self) -> str | None:
@@ -221,6 +225,7 @@ class Worker:
             stop_deadline_s=settings.shutdown_deadline_s,
             signals=signals,
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
+            outbound_proxy=build_outbound_proxy(settings, synapse, own_client, clock, registry),
         )
 
     async def start(self) -> None:
@@ -260,6 +265,9 @@ class Worker:
             )
             self.servers.append(server)
             push(server.stop)
+        if self.outbound_proxy is not None:
+            await self.outbound_proxy.start()
+            push(self.outbound_proxy.close)
 
     async def _stop_queues(self) -> None:
         await self.manager.stop(self.stop_deadline_s)

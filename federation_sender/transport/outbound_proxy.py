@@ -62,6 +62,7 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter
 
 from federation_sender.clock import Clock
+from federation_sender.errors import StartupError
 
 if TYPE_CHECKING:
     from federation_sender.transport.client import FederationClient
@@ -198,7 +199,7 @@ class OutboundProxyServer:
         registry: CollectorRegistry | None = None,
         tls: ssl.SSLContext | None = None,
         forward_timeout_s: float = FORWARD_TIMEOUT_S,
-        bind: str | None = None,
+        bind: str | list[str] | None = None,
     ) -> None:
         """``bind``: the address to listen on instead of ``location.host`` (the name
         callers connect to may not be a local address, e.g. behind NAT). ``tls``: the
@@ -219,6 +220,16 @@ class OutboundProxyServer:
         """The TCP port bound (``location.port`` 0: an ephemeral one, for tests)."""
 
     async def start(self) -> None:
+        """Listen; a taken or unusable address is one :class:`StartupError` line."""
+        try:
+            await self._listen()
+        except OSError as e:
+            raise StartupError(
+                f"outbound federation proxy: cannot listen on {self._location.describe()}: "
+                f"{e.strerror or e}"
+            ) from None
+
+    async def _listen(self) -> None:
         loc = self._location
         if loc.path is not None:
             _unlink_socket(loc.path)  # a stale socket of an earlier run
