@@ -79,7 +79,11 @@ from federation_sender.transport.discovery import (
     parse_server_name,
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
-from federation_sender.transport.forward_proxy import ProxyAuthError, ProxyPolicy
+from federation_sender.transport.forward_proxy import (
+    ProxyAuthError,
+    ProxyPolicy,
+    proxy_auth_message,
+)
 from federation_sender.transport.h1 import Http1Pool, request_head
 from federation_sender.transport.http import (
     WellKnownClient,
@@ -484,10 +488,11 @@ class FederationClient:
 
     def _note_proxy_failure(self, exc: BaseException) -> BaseException:
         """A forward proxy's 407 (either client): one ERROR line, then per-attempt debug."""
-        if isinstance(exc, aiohttp.ClientHttpProxyError) and exc.status == 407:
-            exc = ProxyAuthError(f"forward proxy answered 407 Proxy Authentication Required "
-                                 f"({exc.request_info.real_url.host}:"
-                                 f"{exc.request_info.real_url.port})")
+        if isinstance(exc, aiohttp.ClientHttpProxyError) and exc.status in (401, 407):
+            proxy = self._proxy.https_proxy if self._proxy is not None else None
+            exc = ProxyAuthError(proxy_auth_message(
+                proxy.url if proxy is not None else "?", exc.status,
+                proxy.authorization if proxy is not None else None))
         if isinstance(exc, ProxyAuthError) and not self._proxy_auth_reported:
             self._proxy_auth_reported = True
             logger.error("%s: check the credentials in https_proxy (every destination "

@@ -23,7 +23,8 @@ The proxy's own address is not subject to the outbound IP policy (it is usually 
 private network, and configured by the operator); the remote's is not seen at all when
 tunnelling, except IP literals, which are still checked. A proxy that cannot be reached
 is a transient failure (the destination backs off); one that answers ``407`` gives one
-``ERROR`` line naming the proxy (:class:`ProxyAuthError`), then a debug line per attempt.
+``ERROR`` line naming the proxy (:class:`ProxyAuthError`), then a debug line per attempt
+(a 401 to a ``CONNECT`` counts as one: tinyproxy 1.11 answers wrong credentials so).
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ DEFAULT_PORT = 1080
 
 class ProxyAuthError(RemoteTransientError):
     """The forward proxy answered ``407 Proxy Authentication Required``."""
+
+
+def proxy_auth_message(url: str, status: int, authorization: str | None) -> str:
+    """The one line a refused proxy authentication gives (no credentials in it)."""
+    reason = "credentials refused" if authorization else "no credentials given"
+    return f"forward proxy {url} answered {status} Proxy Authentication Required ({reason})"
 
 
 class ProxyConnectError(RemoteTransientError):

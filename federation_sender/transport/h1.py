@@ -65,6 +65,7 @@ from federation_sender.transport.forward_proxy import (
     ProxyAuthError,
     ProxyConnectError,
     ProxyPolicy,
+    proxy_auth_message,
 )
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -720,22 +721,19 @@ async def _connect_tunnel(loop: asyncio.AbstractEventLoop, sock: socket.socket,
         if len(head) > MAX_HEAD_BYTES:
             raise ProxyConnectError(f"forward proxy {proxy.url}: response head too long")
     end = head.index(b"\r\n\r\n")
-    if end + 4 != len(head):
-        # The proxy spoke before the tunnel was used; nothing may come before TLS.
-        raise ProxyConnectError(f"forward proxy {proxy.url}: unexpected bytes after CONNECT")
     status_line = bytes(head[: head.find(b"\r\n")])
     try:
         status, _ = _status_line(status_line)
     except InvalidResponse:
         raise ProxyConnectError(f"forward proxy {proxy.url}: not an HTTP response") from None
-    if status == 407:
-        raise ProxyAuthError(
-            f"forward proxy {proxy.url} answered 407 Proxy Authentication Required "
-            f"({'credentials refused' if proxy.authorization else 'no credentials given'})"
-        )
+    if status in (401, 407):  # 407; some proxies (tinyproxy 1.11) say 401 to bad ones
+        raise ProxyAuthError(proxy_auth_message(proxy.url, status, proxy.authorization))
     if not 200 <= status < 300:
         raise ProxyConnectError(f"forward proxy {proxy.url} refused CONNECT {authority}: "
                                 f"{status}")
+    if end + 4 != len(head):
+        # The proxy spoke before the tunnel was used; nothing may come before TLS.
+        raise ProxyConnectError(f"forward proxy {proxy.url}: unexpected bytes after CONNECT")
 
 
 def request_head(path: str, host_header: str, authorization: str, user_agent: str,
