@@ -76,6 +76,7 @@ from federation_sender.telemetry.metrics import Metrics, new_registry
 from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
+from federation_sender.transport.domain_metrics import DomainMetrics
 from federation_sender.transport.outbound_proxy import OutboundProxyServer
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey
@@ -197,6 +198,10 @@ class Worker:
         if own_client is not None:
             own_client.tracer = observer.tracing.tracer
             own_client.request_counter = metrics
+            if settings.federation.metrics_domains:
+                own_client.domain_metrics = DomainMetrics(
+                    registry, settings.federation.metrics_domains
+                )
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
         manager = build_queue_manager(
             settings, storage, sender, clock, observer, shards,

@@ -79,6 +79,7 @@ from federation_sender.transport.discovery import (
     parse_server_name,
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
+from federation_sender.transport.domain_metrics import DomainMetrics
 from federation_sender.transport.forward_proxy import (
     ProxyAuthError,
     ProxyPolicy,
@@ -225,6 +226,8 @@ class FederationClient:
         self.requests = RequestBuilder(origin=server_name, key=signing_key, clock=clock)
         self.stats = TransportStats()
         self.request_counter: RequestCounter | None = None
+        self.domain_metrics: DomainMetrics | None = None
+        """``federation_metrics_domains``: told of each accepted transaction."""
         self.tracer: trace.Tracer = trace.NoOpTracer()
         """Discovery (when it looks anything up) and each HTTP request are spanned
         with it, as children of the caller's current span (the transaction attempt)."""
@@ -509,6 +512,8 @@ class FederationClient:
             self._clock.monotonic_s() - started,
         )
         self.stats.outcomes[result.outcome.value] += 1
+        if result.outcome is Outcome.SUCCESS and self.domain_metrics is not None:
+            self.domain_metrics.transaction_accepted(txn.destination, txn.pdus)
         self.stats.request_bytes += size
         for event_id, error in result.pdu_errors.items():
             self.stats.pdu_errors += 1
