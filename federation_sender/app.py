@@ -65,7 +65,11 @@ from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
 from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.edus.wiring import bind_stream_tokens, synapse_edus
-from federation_sender.synapse.egress import build_outbound_proxy
+from federation_sender.synapse.egress import (
+    build_outbound_proxy,
+    egress_secrets,
+    worker_listeners,
+)
 from federation_sender.synapse.wiring import (
     ReplicationSignals,
     load_synapse_signing_key,
@@ -133,6 +137,7 @@ class Worker:
     """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
     outbound_proxy: OutboundProxyServer | None = None
     """Beside Synapse, as an instance of ``outbound_federation_restricted_to``."""
+    synapse: SynapseConfig | None = None
 
     @property
     def admin_url(self) -> str | None:
@@ -231,6 +236,7 @@ class Worker:
             signals=signals,
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
             outbound_proxy=build_outbound_proxy(settings, synapse, own_client, clock, registry),
+            synapse=synapse,
         )
 
     async def start(self) -> None:
@@ -334,7 +340,10 @@ class Worker:
                 counters=self.metrics.dashboard_counters,
                 verifier=self.admin_verifier,
             )
-        return build_listeners(self.settings, admin, self.registry, self.signing_key, self.clock)
+        return [
+            *build_listeners(self.settings, admin, self.registry, self.signing_key, self.clock),
+            *worker_listeners(self.settings, self.synapse, self.registry),
+        ]
 
     def is_ready(self) -> bool:
         """Started, and connected to replication when a transport is configured."""
@@ -415,7 +424,7 @@ async def run_worker(
     generated = admin_token is None
     if admin_token is None:
         admin_token = create_admin_token(settings)
-    setup_logging(settings.telemetry, secrets=[admin_token])
+    setup_logging(settings.telemetry, secrets=[admin_token, *egress_secrets(settings, synapse)])
     if generated:
         log.info("generated an admin token in %s", admin_token_path(settings))
     worker = await Worker.create(settings, auto_migrate=auto_migrate, synapse=synapse)

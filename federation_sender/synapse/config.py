@@ -100,6 +100,10 @@ class SynapseConfig:
     max_long_retry_delay_ms: int = 60_000
     max_short_retry_delay_ms: int = 2_000
     federation_metrics_domains: frozenset[str] = frozenset()
+    worker_app: str | None = None
+    duties: Mapping[str, Any] = field(default_factory=dict)
+    """The other duties a deployment may give an instance (``run_background_tasks_on``,
+    ``pusher_instances``, ``stream_writers``, ...): refused when they name ours."""
 
     def domain_allowed(self, destination: str) -> bool:
         wl = self.federation_domain_whitelist
@@ -250,9 +254,7 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         redis_url=_redis_url(tree.get("redis")),
         signing_key_path=key_path,
         worker_name=worker_name,
-        federation_sender_instances=_str_list(
-            "federation_sender_instances", tree.get("federation_sender_instances")
-        ),
+        federation_sender_instances=_sender_instances(tree, worker_name),
         federation_domain_whitelist=(
             None
             if whitelist is None
@@ -287,6 +289,24 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         federation_rr_transactions_per_room_per_second=float(rr),
         **_egress(tree, fed, cas),
     )
+
+
+def _sender_instances(tree: Mapping[str, Any], worker_name: str | None) -> tuple[str, ...]:
+    """``federation_sender_instances``, or Synapse's legacy form: ``send_federation:
+    false`` with ``worker_app: synapse.app.federation_sender`` names this worker."""
+    listed = tree.get("federation_sender_instances")
+    if listed is None and tree.get("send_federation", True) is False and (
+        tree.get("worker_app") == "synapse.app.federation_sender" and worker_name
+    ):
+        return (worker_name,)
+    return _str_list("federation_sender_instances", listed)
+
+
+WORKER_APPS = (None, "synapse.app.generic_worker", "synapse.app.federation_sender")
+DUTIES = ("run_background_tasks_on", "pusher_instances", "notify_appservices_from_worker",
+          "update_user_directory_from_worker", "media_instance_running_background_jobs",
+          "stream_writers")
+"""Keys that hand a duty to an instance; none may name ours (we do none of them)."""
 
 
 REFUSED: tuple[tuple[str, str], ...] = (
@@ -349,7 +369,13 @@ def _egress(tree: Mapping[str, Any], fed: Mapping[str, Any],
         _str_list("no_proxy_hosts", no_proxy) if no_proxy is not None else tuple(env_no or ())
     )
     ProxyPolicy.from_settings(http_proxy, https_proxy, no_proxy_list)  # refuses bad values
+    worker_app = tree.get("worker_app")
+    if worker_app not in WORKER_APPS:
+        raise ConfigError("worker_app", "synapse.app.generic_worker (or the legacy "
+                          "synapse.app.federation_sender)", worker_app)
     return {
+        "worker_app": worker_app,
+        "duties": {k: tree[k] for k in DUTIES if tree.get(k) is not None},
         "worker_replication_secret": secret,
         "outbound_federation_restricted_to": (
             None if restricted is None
@@ -402,6 +428,26 @@ def _count(fed: Mapping[str, Any], name: str, default: int) -> int:
     return value
 
 
+def refuse_duties(syn: SynapseConfig, instance: str) -> None:
+    """A deployment that gives our instance a duty of Synapse's (background tasks,
+    pushers, a stream to write, ...) would wait for it forever: refused."""
+    for key, value in syn.duties.items():
+        if key == "stream_writers":
+            if not isinstance(value, Mapping):
+                raise ConfigError(key, "a mapping", value)
+            for stream, writers in value.items():
+                names = [writers] if isinstance(writers, str) else writers
+                if isinstance(names, list) and instance in names:
+                    raise ConfigError(f"stream_writers.{stream}",
+                                      f"other instances than {instance!r} (this worker "
+                                      "writes no Synapse stream)", writers)
+            continue
+        names = [value] if isinstance(value, str) else value
+        if isinstance(names, list) and instance in names:
+            raise ConfigError(key, f"another instance than {instance!r} (this worker only "
+                              "sends federation)", value)
+
+
 def outbound_proxy_location(syn: SynapseConfig, instance: str) -> ProxyLocation | None:
     """Where our instance serves the outbound federation proxy, or None when the
     deployment does not restrict outbound federation. Refused: a list that does not
@@ -425,6 +471,68 @@ def outbound_proxy_location(syn: SynapseConfig, instance: str) -> ProxyLocation 
                           None)
     return location_from_instance_map(syn.instance_map[instance], f"instance_map.{instance}",
                                       ConfigError)
+
+
+@dataclass(frozen=True)
+class ListenerSpec:
+    """One ``worker_listeners`` entry we open: ``/health`` and/or metrics."""
+
+    key: str
+    port: int
+    addresses: tuple[str, ...]
+    tls: bool
+    health: bool
+    metrics: bool
+
+
+SERVED_RESOURCES = frozenset({"health", "metrics"})
+
+
+def worker_listener_specs(syn: SynapseConfig, instance: str) -> list[ListenerSpec]:
+    """The worker file's listeners, as Synapse's worker would open them, for the
+    resources we serve: ``health`` (``GET /health``) and ``metrics`` (also a listener of
+    type ``metrics``). The entry on the outbound proxy's port is the proxy's (it answers
+    ``/health`` too). Other resources (``client``, ``federation``, ...) are refused:
+    routing them here would silently lose their requests."""
+    location = outbound_proxy_location(syn, instance)
+    proxy_port = location.port if location is not None else None
+    specs = []
+    for i, listener in enumerate(syn.worker_listeners):
+        key = f"worker_listeners[{i}]"
+        if not isinstance(listener, Mapping):
+            raise ConfigError(key, "a mapping", listener)
+        port = listener.get("port")
+        kind = listener.get("type", "http")
+        if "path" in listener and port is None:
+            raise ConfigError(key + ".path", "a TCP listener (port)", listener.get("path"))
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise ConfigError(key + ".port", "a TCP port", port)
+        if port == proxy_port:
+            continue
+        names: set[str] = set()
+        if kind == "metrics":
+            names.add("metrics")
+        elif kind == "http":
+            for resource in listener.get("resources") or []:
+                names.update(resource.get("names") or [] if isinstance(resource, Mapping)
+                             else [])
+            if names - SERVED_RESOURCES:
+                raise ConfigError(f"{key}.resources",
+                                  "only health and metrics (this worker serves no Synapse "
+                                  "API)", sorted(names - SERVED_RESOURCES))
+        else:
+            raise ConfigError(key + ".type", "http or metrics", kind)
+        addresses = listener.get("bind_addresses")
+        if addresses is None and isinstance(listener.get("bind_address"), str):
+            addresses = [listener["bind_address"]]
+        if not addresses:
+            addresses = ["::", "0.0.0.0"]  # Synapse's default
+        if "::" in addresses and "0.0.0.0" in addresses:
+            addresses = [a for a in addresses if a != "0.0.0.0"]  # '::' is dual-stack
+        specs.append(ListenerSpec(key, port, tuple(str(a) for a in addresses),
+                                  bool(listener.get("tls", False)), "health" in names,
+                                  "metrics" in names))
+    return specs
 
 
 def proxy_bind_addresses(syn: SynapseConfig, location: ProxyLocation) -> list[str] | None:
@@ -466,6 +574,8 @@ def merge_settings(settings: Settings, syn: SynapseConfig) -> Settings:
         instances=instances if len(instances) > 1 else [],
     )
     outbound_proxy_location(syn, instance)  # refuses what we cannot serve
+    refuse_duties(syn, instance)
+    worker_listener_specs(syn, instance)  # refuses listeners we cannot serve
     fed = dataclasses.replace(
         settings.federation,
         signing_key_path=syn.signing_key_path,

@@ -114,10 +114,16 @@ def _port(key: str, text: str, value: str) -> int:
     return int(text)
 
 
-def _redacted(value: str) -> str:
-    """The value without its password (error messages are logged)."""
-    _, at, tail = value.rpartition("@")
-    return ("***@" + tail) if at else value
+def redact_proxy(value: str) -> str:
+    """A proxy setting without its credentials (for display and error messages)."""
+    head, at, tail = value.rpartition("@")
+    if not at:
+        return value
+    scheme, sep, _ = head.partition("://")
+    return (scheme + sep if sep else "") + "<redacted>@" + tail
+
+
+_redacted = redact_proxy
 
 
 @dataclass(frozen=True)
