@@ -2,17 +2,18 @@
 
 ``federation-sender worker --synapse-config homeserver.yaml [--synapse-config fed1.yaml]``
 reads the files in order, later top-level keys replacing earlier ones (as Synapse
-merges ``-c`` files), and takes from them only what a federation sender shares with
-the deployment: ``server_name``, ``database``, ``redis``, ``signing_key_path``,
-``worker_name``, ``federation_sender_instances``, ``federation_domain_whitelist``, the IP
-range settings, TLS verification (``federation_verify_certificates``,
-``federation_custom_ca_list``) and the destination retry settings. Everything else of
-ours (queue sizes, admin API, telemetry) stays in our own file.
+merges ``-c`` files), and takes from them every key Synapse's federation sender reads:
+docs/synapse.md, "Every key the sender reads", is the list, with what each becomes
+(``tests/synapse/test_key_table.py`` proves each row). Everything else of ours (queue
+sizes, admin API, telemetry) stays in our own file.
 
 Refused with one :class:`ConfigError` line: a SQLite database (Synapse workers need
-PostgreSQL), Redis disabled (Synapse workers replicate over Redis), and a deployment
-whose ``federation_sender_instances`` does not name our instance (main would then send
-federation itself, or another worker would, and events would go out twice).
+PostgreSQL), Redis disabled (Synapse workers replicate over Redis), a deployment whose
+``federation_sender_instances`` does not name our instance (main would then send
+federation itself, or another worker would, and events would go out twice), keys whose
+effect we do not implement (:data:`REFUSED`), duties of Synapse's given to our instance
+(:data:`DUTIES`), ``outbound_federation_restricted_to`` without us, and worker
+listeners for resources we do not serve.
 """
 
 from __future__ import annotations

@@ -3,10 +3,14 @@
 * :func:`read_limited` reads a body but never more than a limit (a hostile server
   cannot make us buffer gigabytes); the caller's deadline bounds a slow drip.
 * :func:`make_ssl_context` builds the TLS policy: verified against the system CAs by
-  default, optionally plus one extra CA file; verification can be switched off for
-  tests only (``ssl=False`` for aiohttp).
+  default, or only against the given CA files (Synapse's ``federation_custom_ca_list``),
+  plus an optional extra CA file, with an optional minimum TLS version;
+  :func:`unverified_context` and :func:`compile_globs` serve the names whose
+  certificates are not checked; verification can be switched off for tests only
+  (``ssl=False`` for aiohttp).
 * :class:`WellKnownClient` fetches ``/.well-known/matrix/server`` with redirects
-  followed by hand (https only, at most 5, each hop subject to the address policy).
+  followed by hand (https only, at most 5, each hop subject to the address policy),
+  through the forward proxy when one applies.
 """
 
 from __future__ import annotations
