@@ -527,9 +527,9 @@ def worker_listener_specs(syn: SynapseConfig, instance: str) -> list[ListenerSpe
         if addresses is None and isinstance(listener.get("bind_address"), str):
             addresses = [listener["bind_address"]]
         if not addresses:
-            addresses = ["::", "0.0.0.0"]  # Synapse's default
-        if "::" in addresses and "0.0.0.0" in addresses:
-            addresses = [a for a in addresses if a != "0.0.0.0"]  # '::' is dual-stack
+            # Synapse's default is ['::', '0.0.0.0'], tolerating a host without IPv6;
+            # ours is IPv4 only rather than a start that fails there.
+            addresses = ["0.0.0.0"]
         specs.append(ListenerSpec(key, port, tuple(str(a) for a in addresses),
                                   bool(listener.get("tls", False)), "health" in names,
                                   "metrics" in names))

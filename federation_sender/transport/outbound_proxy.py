@@ -75,6 +75,8 @@ FORWARD_TIMEOUT_S = 90.0
 """Synapse's: longer than its federation client's own timeout, so the caller's gives up
 first."""
 CHUNK_BYTES = 64 * 1024
+IDLE_TIMEOUT_S = 60.0
+"""A caller's connection waiting longer for its next request head is closed."""
 MAX_HEAD_BYTES = 64 * 1024
 MAX_HEADERS = 128
 FORWARDED_HEADERS = ("user-agent", "authorization", "content-type")
@@ -200,6 +202,7 @@ class OutboundProxyServer:
         tls: ssl.SSLContext | None = None,
         forward_timeout_s: float = FORWARD_TIMEOUT_S,
         bind: str | list[str] | None = None,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
     ) -> None:
         """``bind``: the address to listen on instead of ``location.host`` (the name
         callers connect to may not be a local address, e.g. behind NAT). ``tls``: the
@@ -213,6 +216,7 @@ class OutboundProxyServer:
         self._tls = tls
         self._timeout_s = forward_timeout_s
         self._bind = bind
+        self._idle_timeout_s = idle_timeout_s
         self.metrics = ProxyMetrics(registry)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -267,9 +271,10 @@ class OutboundProxyServer:
         try:
             while True:
                 try:
-                    request = await _read_head(reader)
-                except (asyncio.IncompleteReadError, ConnectionError):
-                    return  # the caller closed its (idle) connection
+                    async with asyncio.timeout(self._idle_timeout_s):
+                        request = await _read_head(reader)
+                except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
+                    return  # the caller closed its (idle) connection, or left it idle
                 except (_BadRequest, asyncio.LimitOverrunError, ValueError) as e:
                     await _write_json(writer, 400, "M_UNKNOWN", f"bad request: {e}", False)
                     return

@@ -270,3 +270,27 @@ async def test_unix_socket_location(proxy: Proxy, remote: FakeRemote, tmp_path: 
         await server.close()
     assert status == 200 and json.loads(body) == {"pdus": {}}
     assert not path.exists()
+
+
+async def test_keep_alive_serves_several_requests_and_an_idle_connection_is_closed(
+    proxy: Proxy, remote: FakeRemote
+) -> None:
+    server = OutboundProxyServer(proxy.client, secret=SECRET, clock=SystemClock(),
+                                 location=ProxyLocation(host="127.0.0.1", port=0),
+                                 idle_timeout_s=0.3)
+    await server.start()
+    try:
+        assert server.port is not None
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        for _ in range(2):
+            writer.write(_head(f"matrix-federation://{remote.name}/_matrix/key/v2/server",
+                               f"Proxy-Authorization: Bearer {SECRET}")
+                         .replace("\n", "\r\n").encode() + b"\r\n")  # fmt: skip
+            status, _, _ = await _read_response(reader)
+            assert status == 200
+        # Then nothing: the proxy closes the connection once it has been idle 0.3 s.
+        assert await asyncio.wait_for(reader.read(), 5) == b""
+        writer.close()
+    finally:
+        await server.close()
+    assert len(remote.requests) == 2
