@@ -135,5 +135,4 @@ def _scenario(d: SynapseDeployment, worker_client: object, peer: SynapseDeployme
     with pytest.raises(ClientApiError) as failed:
         worker_client.call("GET", f"/_matrix/client/v3/profile/{q(bob.user_id)}", None,
                            alice.access_token)
-    print("without our worker:", failed.value)
     assert failed.value.status >= 500, failed.value
