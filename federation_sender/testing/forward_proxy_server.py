@@ -5,7 +5,8 @@
 runs Redis. It allows ``CONNECT`` to any port (no ``ConnectPort`` line) from loopback
 only and logs every connection into ``tinyproxy.log``, which tests read to see what
 went through the proxy. ``credentials`` turn on Basic authentication (407 without
-them). :meth:`ProxyServer.stop` stops it early (the proxy going down).
+them). :meth:`ProxyServer.stop` stops it early (the proxy going down) and
+:meth:`ProxyServer.start` brings it back on the same port.
 """
 
 from __future__ import annotations
@@ -37,6 +38,17 @@ class ProxyServer:
     credentials: tuple[str, str] | None = None
     host: str = "127.0.0.1"
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    command: list[str] = field(default_factory=list, repr=False)
+
+    def start(self) -> None:
+        """(Re)start the proxy on the same port and wait until it listens."""
+        if self.popen is not None and self.popen.poll() is None:
+            return
+        self.popen = subprocess.Popen(
+            self.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        _wait_listening(self.popen, self.port)
 
     def url(self, credentials: tuple[str, str] | None = None) -> str:
         """``http://[user:password@]host:port`` (credentials given, or none)."""
@@ -88,13 +100,9 @@ def tinyproxy(directory: Path, *, credentials: tuple[str, str] | None = None
     log = directory / "tinyproxy.log"
     conf = directory / "tinyproxy.conf"
     conf.write_text(_config(port, log, credentials))
-    proc = subprocess.Popen(
-        [binary, "-d", "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        stdin=subprocess.DEVNULL,
-    )  # fmt: skip
-    server = ProxyServer(port, log, credentials, popen=proc)
+    server = ProxyServer(port, log, credentials, command=[binary, "-d", "-c", str(conf)])
     try:
-        _wait_listening(proc, port)
+        server.start()
         yield server
     finally:
         server.stop()

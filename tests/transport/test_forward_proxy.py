@@ -6,19 +6,28 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from aiohttp import web
 
+from federation_sender.config import QueueSettings
 from federation_sender.errors import ConfigError
+from federation_sender.queue.destination import DestinationState
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.certs import CertFiles
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.forward_proxy_server import (
     ProxyServer,
     TinyproxyMissing,
     tinyproxy,
 )
 from federation_sender.testing.prereq import missing
+from federation_sender.testing.queue_harness import ALICE, ME, Harness, eventually, room_with
+from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.transport.forward_proxy import (
     ProxyPolicy,
     parse_proxy,
@@ -121,6 +130,47 @@ async def test_proxy_down_is_a_transient_failure(
     assert result.outcome is Outcome.TRANSIENT, result
     assert "connect" in (result.error or "").lower()
     assert remote.requests == []
+
+
+async def test_proxy_down_backs_off_the_destination_and_it_is_delivered_once_back(
+    certs: CertFiles, our_key: SigningKey, remote: FakeRemote, proxy: ProxyServer,
+    sqlite_url: str,
+) -> None:
+    """The queue engine with our client behind a proxy that goes down: the destination
+    backs off on Synapse's schedule (10 minutes first) and the event goes out through the
+    proxy once it is back and the backoff has passed; nothing is lost."""
+    clock = FakeClock()
+    engine = create_engine(sqlite_url)
+    await upgrade(engine)
+    client = make_client(certs, our_key, clock=clock, proxy_policy=policy(proxy.url()))
+    await client.start()
+    h = Harness(engine, clock, FakeHomeserver(), client,  # type: ignore[arg-type]
+                HomeserverWriter(engine, ME), replace(QueueSettings(), wakeup_interval_s=60))
+    try:
+        proxy.stop()
+        await room_with(h, "!a:l", remote.name)
+        await h.start()
+        event = await h.writer.message("!a:l", ALICE)
+        h.poke()
+        await h.settle()
+        status = h.m.status(remote.name)
+        assert status is not None and status.state is DestinationState.BACKING_OFF
+        assert status.retry_interval_ms == 600_000 and "connect" in (status.last_error or "")
+        assert remote.requests == []
+        proxy.start()
+        await h.advance(599)
+        assert remote.requests == []  # still backing off
+        await h.advance(1)
+        await eventually(lambda: len(remote.requests) == 1, what="the retried transaction")
+        assert event.event_id in remote.requests[0][1].decode()
+        assert proxy.connects() == [remote.name]
+        await h.settle()
+        assert h.m.status(remote.name).state is DestinationState.IDLE  # type: ignore[union-attr]
+    finally:
+        if h.manager is not None:
+            await h.manager.stop(0.0)
+        await client.close()
+        await engine.dispose()
 
 
 async def test_well_known_and_forwarded_requests_go_through_the_proxy(
