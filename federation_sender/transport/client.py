@@ -219,6 +219,7 @@ class FederationClient:
         self._http_client = http_client
         self._h1: Http1Pool | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._stream_session: aiohttp.ClientSession | None = None
         self._discovery: Discovery | None = None
         self._resolved_overrides: dict[str, ResolvedServer] = {}
         self._urls: dict[tuple[str, int, str], URL] = {}
@@ -252,6 +253,19 @@ class FederationClient:
         )
         self._session = aiohttp.ClientSession(
             connector=connector,
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
+            raise_for_status=False,
+        )
+        # The outbound proxy's forwards: a pool of their own, without the per-host limit
+        # (a media download must not hold up a join to the same server), as Synapse's
+        # agent limits persistent connections only.
+        self._stream_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=0, resolver=self._resolver(),
+                socket_factory=self._filter.socket_factory, ssl=self._ssl,
+            ),
             timeout=self._timeout,
             auto_decompress=False,
             skip_auto_headers=("Accept-Encoding",),
@@ -324,7 +338,10 @@ class FederationClient:
             await self._h1.close()
         if self._session is not None:
             await self._session.close()
+        if self._stream_session is not None:
+            await self._stream_session.close()
         self._session = None
+        self._stream_session = None
         self._discovery = None
         self._h1 = None
 
@@ -402,13 +419,14 @@ class FederationClient:
         yielding the response with its body unread: the caller streams it.
 
         Discovery, the Host header and TLS server name, certificate checks, the address
-        policy, the forward proxy and the pools are those of ``/send`` (over aiohttp:
-        the built-in client does whole bodies only). ``headers`` go as given, the Host
+        policy and the forward proxy are those of ``/send``, over aiohttp (the built-in
+        client does whole bodies only) with a pool of its own: ``max_connections`` in
+        all, no per-host limit. ``headers`` go as given, the Host
         header added and our User-Agent when none is given. ``timeout_s`` bounds
         discovery, connecting and the response head, and then each read of the body.
         SRV targets are tried in order while connecting fails (the body is not read
         before a connection is made). Raises what aiohttp or discovery raise."""
-        session = self._session
+        session = self._stream_session
         if session is None:
             raise RuntimeError("FederationClient used before start()")
         out = {"User-Agent": self._user_agent}

@@ -294,3 +294,31 @@ async def test_keep_alive_serves_several_requests_and_an_idle_connection_is_clos
     finally:
         await server.close()
     assert len(remote.requests) == 2
+
+
+async def test_many_concurrent_requests_to_one_server_are_not_held_to_the_send_pool(
+    proxy: Proxy, remote: FakeRemote
+) -> None:
+    """Six slow requests to one server are all at the remote at once (``/send``'s pool
+    allows 4 per host; a long download must not hold up a join)."""
+    release = asyncio.Event()
+    in_progress = 0
+    all_in = asyncio.Event()
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        nonlocal in_progress
+        in_progress += 1
+        if in_progress == 6:
+            all_in.set()
+        await release.wait()
+        return web.json_response({})
+
+    remote.handler = handler
+    target = f"matrix-federation://{remote.name}/_matrix/federation/v1/event/x"
+    requests = [asyncio.create_task(_request(proxy.port, _head(
+        target, f"Proxy-Authorization: Bearer {SECRET}"))) for _ in range(6)]  # fmt: skip
+    try:
+        await asyncio.wait_for(all_in.wait(), 5)
+    finally:
+        release.set()
+    assert [status for status, _, _ in await asyncio.gather(*requests)] == [200] * 6
