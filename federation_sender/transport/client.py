@@ -425,7 +425,9 @@ class FederationClient:
         header added and our User-Agent when none is given. ``timeout_s`` bounds
         discovery, connecting and the response head, and then each read of the body.
         SRV targets are tried in order while connecting fails (the body is not read
-        before a connection is made). Raises what aiohttp or discovery raise."""
+        before a connection is made). ``path`` (with its query) is used as given, never
+        resolved against the target (``//other.host/`` stays a path). Raises what aiohttp
+        or discovery raise."""
         session = self._stream_session
         if session is None:
             raise RuntimeError("FederationClient used before start()")
@@ -443,9 +445,9 @@ class FederationClient:
             for host, port in resolved.targets:
                 if self._is_ip_literal(host):
                     self._filter.check(host)
-                url = URL.build(scheme=self._scheme, host=host, port=port).join(
-                    URL(path, encoded=True)
-                )
+                raw_path, _, query = path.partition("?")
+                url = URL.build(scheme=self._scheme, host=host, port=port, path=raw_path,
+                                query_string=query, encoded=True)
                 proxy, proxy_auth = self._proxy_args(host)
                 tls = self._scheme == "https"
                 try:

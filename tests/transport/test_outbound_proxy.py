@@ -322,3 +322,13 @@ async def test_many_concurrent_requests_to_one_server_are_not_held_to_the_send_p
     finally:
         release.set()
     assert [status for status, _, _ in await asyncio.gather(*requests)] == [200] * 6
+
+
+async def test_a_path_that_looks_like_another_host_stays_a_path(
+    proxy: Proxy, remote: FakeRemote
+) -> None:
+    status, _, _ = await _request(proxy.port, _head(
+        f"matrix-federation://{remote.name}//elsewhere.example/_matrix/x?a=%2F",
+        f"Proxy-Authorization: Bearer {SECRET}"))  # fmt: skip
+    assert status == 200
+    assert remote.requests[0][0].raw_path == "//elsewhere.example/_matrix/x?a=%2F"
