@@ -66,6 +66,11 @@ from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
 from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.edus.wiring import bind_stream_tokens, synapse_edus
+from federation_sender.synapse.egress import (
+    build_outbound_proxy,
+    egress_secrets,
+    worker_listeners,
+)
 from federation_sender.synapse.wiring import (
     ReplicationSignals,
     load_synapse_signing_key,
@@ -76,6 +81,8 @@ from federation_sender.telemetry.metrics import Metrics, new_registry
 from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
+from federation_sender.transport.domain_metrics import DomainMetrics
+from federation_sender.transport.outbound_proxy import OutboundProxyServer
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey
 
@@ -133,6 +140,9 @@ class Worker:
     """Beside Synapse: ``stream_writers.events``; None: one writer, whoever it is."""
     listening: dict[str, str] = field(default_factory=dict)
     """Listener config key -> base URL it answers on (``admin.port``...), once started."""
+    outbound_proxy: OutboundProxyServer | None = None
+    """Beside Synapse, as an instance of ``outbound_federation_restricted_to``."""
+    synapse: SynapseConfig | None = None
 
     @property
     def admin_url(self) -> str | None:
@@ -198,6 +208,10 @@ class Worker:
         if own_client is not None:
             own_client.tracer = observer.tracing.tracer
             own_client.request_counter = metrics
+            if settings.federation.metrics_domains:
+                own_client.domain_metrics = DomainMetrics(
+                    registry, settings.federation.metrics_domains
+                )
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
         manager = build_queue_manager(
             settings, storage, sender, clock, observer, shards,
@@ -227,6 +241,8 @@ class Worker:
             signals=signals,
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
             event_writers=synapse.event_writers if synapse is not None else None,
+            outbound_proxy=build_outbound_proxy(settings, synapse, own_client, clock, registry),
+            synapse=synapse,
         )
 
     async def start(self) -> None:
@@ -287,6 +303,9 @@ class Worker:
             self.servers.append(server)
             self.listening[key] = server.url
             push(server.stop)
+        if self.outbound_proxy is not None:
+            await self.outbound_proxy.start()
+            push(self.outbound_proxy.close)
 
     async def _stop_queues(self) -> None:
         await self.manager.stop(self.stop_deadline_s)
@@ -352,7 +371,10 @@ class Worker:
                 verifier=self.admin_verifier,
                 server_name=self.settings.server_name,
             )
-        return build_listeners(self.settings, admin, self.registry, self.signing_key, self.clock)
+        return [
+            *build_listeners(self.settings, admin, self.registry, self.signing_key, self.clock),
+            *worker_listeners(self.settings, self.synapse, self.registry),
+        ]
 
     def is_ready(self) -> bool:
         """Started, and connected to replication when a transport is configured."""
@@ -434,7 +456,7 @@ async def run_worker(
     generated = admin_token is None
     if admin_token is None:
         admin_token = create_admin_token(settings)
-    setup_logging(settings.telemetry, secrets=[admin_token])
+    setup_logging(settings.telemetry, secrets=[admin_token, *egress_secrets(settings, synapse)])
     if generated:
         log.info("generated an admin token in %s", admin_token_path(settings))
     worker = await Worker.create(settings, auto_migrate=auto_migrate, synapse=synapse)

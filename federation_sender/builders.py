@@ -24,6 +24,7 @@ from federation_sender.storage.protocols import Backend
 from federation_sender.telemetry.metrics import metrics_app
 from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.transport.client import FederationClient
+from federation_sender.transport.forward_proxy import ProxyPolicy
 from federation_sender.transport.keyserver import make_key_app, server_ssl_context
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey, generate_key_file, load_signing_key
@@ -84,6 +85,11 @@ def load_or_create_admin_token(settings: Settings) -> str:
     return token
 
 
+def user_agent(suffix: str | None) -> str:
+    """``federation-sender``, then the suffix after a space (as Synapse appends it)."""
+    return f"federation-sender {suffix}" if suffix else "federation-sender"
+
+
 def build_federation_client(settings: Settings, key: SigningKey, clock: Clock) -> FederationClient:
     f = settings.federation
     return FederationClient(
@@ -102,6 +108,11 @@ def build_federation_client(settings: Settings, key: SigningKey, clock: Clock) -
         destination_overrides=f.destination_overrides or None,
         plain_http=not f.use_tls,
         http_client=f.http_client,
+        tls_ca_files=f.ca_files,
+        tls_min_version=f.tls_min_version,
+        tls_unverified_names=f.tls_verification_whitelist,
+        proxy_policy=ProxyPolicy.from_settings(f.http_proxy, f.https_proxy, f.no_proxy),
+        user_agent=user_agent(f.user_agent_suffix),
     )
 
 

@@ -240,6 +240,7 @@ def _displayable(settings: Settings) -> dict[str, Any]:
     import dataclasses
 
     from federation_sender.redaction import REDACTED, redact_url
+    from federation_sender.transport.forward_proxy import redact_proxy
 
     def clean(value: Any) -> Any:
         if isinstance(value, dict):
@@ -251,6 +252,9 @@ def _displayable(settings: Settings) -> dict[str, Any]:
     data: dict[str, Any] = clean(dataclasses.asdict(settings))
     if data["admin"].get("token"):
         data["admin"]["token"] = REDACTED
+    for key in ("http_proxy", "https_proxy"):  # also ``user:password@host``, no scheme
+        if data["federation"].get(key):
+            data["federation"][key] = redact_proxy(data["federation"][key])
     return data
 
 

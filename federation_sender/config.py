@@ -84,6 +84,22 @@ class FederationSettings:
     """PEM certificate (chain) of the server name: the key listener serves HTTPS with it,
     as remote servers fetch keys over HTTPS. Set together with ``tls_private_key_path``."""
     tls_private_key_path: str | None = None
+    ca_files: list[str] = field(default_factory=list)
+    """PEM files of the only CAs trusted (replacing the system's; Synapse's
+    ``federation_custom_ca_list``); ``extra_ca_file`` is added to them."""
+    tls_min_version: str | None = None
+    """``1``, ``1.1``, ``1.2`` or ``1.3``; None: Python's default (1.2)."""
+    tls_verification_whitelist: list[str] = field(default_factory=list)
+    """Globs of server names whose certificates are not checked."""
+    user_agent_suffix: str | None = None
+    http_proxy: str | None = None
+    """Forward proxy for plain-HTTP targets (``[http://][user:pass@]host[:port]``)."""
+    https_proxy: str | None = None
+    """Forward proxy (``CONNECT``) for every TLS target: federation itself."""
+    no_proxy: list[str] = field(default_factory=list)
+    """Hosts, IP addresses or CIDRs reached directly; ``*``: all."""
+    metrics_domains: list[str] = field(default_factory=list)
+    """Destinations whose transactions get per-destination metrics."""
 
 
 @dataclass(frozen=True)
@@ -343,6 +359,24 @@ def _check_database_url(url: str) -> None:
         raise ConfigError("database.url", f"a database name: {expected}", redact_url(url))
 
 
+def _validate_egress(f: FederationSettings) -> None:
+    from federation_sender.transport.forward_proxy import ProxyPolicy
+    from federation_sender.transport.http import TLS_VERSIONS
+
+    if f.tls_min_version is not None and f.tls_min_version not in TLS_VERSIONS:
+        raise ConfigError("federation.tls_min_version", "one of 1, 1.1, 1.2, 1.3",
+                          f.tls_min_version)
+    for pattern in f.tls_verification_whitelist:
+        if not pattern.isascii():
+            raise ConfigError("federation.tls_verification_whitelist",
+                              "ASCII names (IDNA names are not allowed)", pattern)
+    if f.user_agent_suffix is not None and (
+        not f.user_agent_suffix.isascii() or not f.user_agent_suffix.isprintable()
+    ):
+        raise ConfigError("federation.user_agent_suffix", "printable ASCII", None)
+    ProxyPolicy.from_settings(f.http_proxy, f.https_proxy, f.no_proxy)  # ConfigError if bad
+
+
 def _validate(s: Settings) -> None:
     _check_database_url(s.database.url)
     if ":" in s.server_name and not s.server_name.rsplit(":", 1)[1].isdigit():
@@ -367,11 +401,13 @@ def _validate(s: Settings) -> None:
         ("queue.max_txn_bytes", q.max_txn_bytes),
         ("queue.max_concurrent_transactions", q.max_concurrent_transactions),
         ("federation.request_timeout_s", s.federation.request_timeout_s),
+        ("federation.connect_timeout_s", s.federation.connect_timeout_s),
         ("shutdown_deadline_s", s.shutdown_deadline_s),
         ("database.connect_attempts", s.database.connect_attempts),
     ):
         if val <= 0:
             raise ConfigError(key, "a positive number", val)
+    _validate_egress(s.federation)
     if not 0.0 <= s.telemetry.trace_max_per_s < math.inf:
         raise ConfigError("telemetry.trace_max_per_s", "a number of traces per second, "
                           "0 for no limit", s.telemetry.trace_max_per_s)

@@ -4,7 +4,7 @@
 #   runtime (scripts/demo.sh): the worker and the batch extra (Spark jobs), Java and the
 #           SQLite JDBC driver so that `federation-sender batch ...` runs on the demo's
 #           database. Without root, a missing Java is reported and the demo still runs.
-#   test    (scripts/test.sh): also PostgreSQL, Redis, the PostgreSQL JDBC driver,
+#   test    (scripts/test.sh): also PostgreSQL, Redis, tinyproxy, the PostgreSQL JDBC driver,
 #           Chromium, openssl, the build tools Synapse needs, the dev extra and Synapse.
 # Usage: scripts/bootstrap.sh [runtime|test]
 set -euo pipefail
@@ -30,6 +30,7 @@ have_cmd java || need+=(openjdk-17-jre-headless)
 if [ "$profile" = test ]; then
   ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
   have_cmd redis-server || need+=(redis-server)
+  have_cmd tinyproxy || need+=(tinyproxy)
   [ -f /usr/share/java/postgresql.jar ] || need+=(libpostgresql-jdbc-java)
   have_cmd chromium || need+=(chromium)
   have_cmd chromedriver || need+=(chromium-driver)

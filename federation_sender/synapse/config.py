@@ -2,25 +2,27 @@
 
 ``federation-sender worker --synapse-config homeserver.yaml [--synapse-config fed1.yaml]``
 reads the files in order, later top-level keys replacing earlier ones (as Synapse
-merges ``-c`` files), and takes from them only what a federation sender shares with
-the deployment: ``server_name``, ``database``, ``redis``, ``signing_key_path``,
-``worker_name``, ``federation_sender_instances``, ``federation_domain_whitelist``, the IP
-range settings, TLS verification (``federation_verify_certificates``,
-``federation_custom_ca_list``) and the destination retry settings. Everything else of
-ours (queue sizes, admin API, telemetry) stays in our own file.
+merges ``-c`` files), and takes from them every key Synapse's federation sender reads:
+docs/synapse.md, "Every key the sender reads", is the list, with what each becomes
+(``tests/synapse/test_key_table.py`` proves each row). Everything else of ours (queue
+sizes, admin API, telemetry) stays in our own file.
 
 Refused with one :class:`ConfigError` line: a SQLite database (Synapse workers need
-PostgreSQL), Redis disabled (Synapse workers replicate over Redis), and a deployment
-whose ``federation_sender_instances`` does not name our instance (main would then send
-federation itself, or another worker would, and events would go out twice).
+PostgreSQL), Redis disabled (Synapse workers replicate over Redis), a deployment whose
+``federation_sender_instances`` does not name our instance (main would then send
+federation itself, or another worker would, and events would go out twice), keys whose
+effect we do not implement (:data:`REFUSED`), duties of Synapse's given to our instance
+(:data:`DUTIES`), ``outbound_federation_restricted_to`` without us, and worker
+listeners for resources we do not serve.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +31,12 @@ import yaml
 
 from federation_sender.config import Settings, _validate
 from federation_sender.errors import ConfigError
+from federation_sender.transport.forward_proxy import ProxyPolicy, policy_from_environment
+from federation_sender.transport.http import TLS_VERSIONS
+from federation_sender.transport.outbound_proxy import (
+    ProxyLocation,
+    location_from_instance_map,
+)
 
 # Synapse's defaults (synapse/config/federation.py).
 _DEFAULT_MIN_RETRY_MS = 10 * 60 * 1000
@@ -74,6 +82,32 @@ class SynapseConfig:
     event_writers: tuple[str, ...] = ("master",)
     """``stream_writers.events``: the processes that persist events (main, ``master``,
     by default). The events intake reads only below what all of them finished."""
+    # --- egress (docs/synapse.md, "Egress") -------------------------------------------
+    worker_replication_secret: str | None = field(default=None, repr=False)
+    outbound_federation_restricted_to: tuple[str, ...] | None = None
+    """None: every instance may contact remote servers (the key is absent)."""
+    instance_map: Mapping[str, Any] = field(default_factory=dict)
+    worker_listeners: tuple[Any, ...] = ()
+    tls_certificate_path: str | None = None
+    tls_private_key_path: str | None = None
+    ca_files: tuple[str, ...] = ()
+    """``federation_custom_ca_list``: the only CAs trusted, as in Synapse."""
+    tls_min_version: str | None = None
+    tls_verification_whitelist: tuple[str, ...] = ()
+    user_agent_suffix: str | None = None
+    http_proxy: str | None = field(default=None, repr=False)
+    https_proxy: str | None = field(default=None, repr=False)
+    no_proxy_hosts: tuple[str, ...] = ()
+    client_timeout_ms: int = 60_000
+    max_long_retries: int = 10
+    max_short_retries: int = 3
+    max_long_retry_delay_ms: int = 60_000
+    max_short_retry_delay_ms: int = 2_000
+    federation_metrics_domains: frozenset[str] = frozenset()
+    worker_app: str | None = None
+    duties: Mapping[str, Any] = field(default_factory=dict)
+    """The other duties a deployment may give an instance (``run_background_tasks_on``,
+    ``pusher_instances``, ``stream_writers``, ...): refused when they name ours."""
 
     def domain_allowed(self, destination: str) -> bool:
         wl = self.federation_domain_whitelist
@@ -204,10 +238,9 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         raise ConfigError("federation.destination_retry_multiplier", "a number", multiplier)
     blacklist = tree.get("federation_ip_range_blacklist", tree.get("ip_range_blacklist"))
     cas = _str_list("federation_custom_ca_list", tree.get("federation_custom_ca_list"))
-    if len(cas) > 1:
-        raise ConfigError(
-            "federation_custom_ca_list", "at most one file (concatenate the certificates)", cas
-        )
+    if tree.get("federation_custom_ca_list") is not None and not cas:
+        raise ConfigError("federation_custom_ca_list", "at least one certificate file", [])
+    _refuse_unsupported(tree)
     presence = tree.get("presence") or {}
     if not isinstance(presence, Mapping):
         raise ConfigError("presence", "a mapping", presence)
@@ -231,9 +264,7 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         redis_url=_redis_url(tree.get("redis")),
         signing_key_path=key_path,
         worker_name=worker_name,
-        federation_sender_instances=_str_list(
-            "federation_sender_instances", tree.get("federation_sender_instances")
-        ),
+        federation_sender_instances=_sender_instances(tree, worker_name),
         federation_domain_whitelist=(
             None
             if whitelist is None
@@ -242,7 +273,7 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         ip_range_blacklist=_str_list("ip_range_blacklist", blacklist),
         ip_range_whitelist=_str_list("ip_range_whitelist", tree.get("ip_range_whitelist")),
         verify_tls=bool(tree.get("federation_verify_certificates", True)),
-        extra_ca_file=cas[0] if cas else None,
+        extra_ca_file=None,
         min_retry_interval_ms=parse_duration_ms(
             "federation.destination_min_retry_interval",
             fed.get("destination_min_retry_interval", _DEFAULT_MIN_RETRY_MS),
@@ -267,7 +298,265 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         ),
         federation_rr_transactions_per_room_per_second=float(rr),
         event_writers=_str_list("stream_writers.events", event_writers),
+        **_egress(tree, fed, cas),
     )
+
+
+def _sender_instances(tree: Mapping[str, Any], worker_name: str | None) -> tuple[str, ...]:
+    """``federation_sender_instances``, or Synapse's legacy form: ``send_federation:
+    false`` with ``worker_app: synapse.app.federation_sender`` names this worker."""
+    listed = tree.get("federation_sender_instances")
+    if listed is None and tree.get("send_federation", True) is False and (
+        tree.get("worker_app") == "synapse.app.federation_sender" and worker_name
+    ):
+        return (worker_name,)
+    return _str_list("federation_sender_instances", listed)
+
+
+WORKER_APPS = (None, "synapse.app.generic_worker", "synapse.app.federation_sender")
+DUTIES = ("run_background_tasks_on", "pusher_instances", "notify_appservices_from_worker",
+          "update_user_directory_from_worker", "media_instance_running_background_jobs",
+          "stream_writers")
+"""Keys that hand a duty to an instance; none may name ours (we do none of them)."""
+
+
+REFUSED: tuple[tuple[str, str], ...] = (
+    ("experimental_features.msc4354_enabled",
+     "false or absent: sticky events (MSC4354) are not sent by this worker yet"),
+)
+"""Keys that change what Synapse's sender does in ways we do not: set, they stop the
+worker at start (docs/synapse.md, "Every key the sender reads")."""
+
+
+def _refuse_unsupported(tree: Mapping[str, Any]) -> None:
+    for key, expected in REFUSED:
+        section, _, name = key.partition(".")
+        value = tree.get(section)
+        if isinstance(value, Mapping) and value.get(name):
+            raise ConfigError(key, expected, value.get(name))
+
+
+def _egress(tree: Mapping[str, Any], fed: Mapping[str, Any],
+            cas: tuple[str, ...]) -> dict[str, Any]:
+    """The keys of outbound connections: proxies, TLS, the client's timeouts, the
+    outbound federation proxy's (``outbound_federation_restricted_to``)."""
+    secret = tree.get("worker_replication_secret")
+    secret_path = tree.get("worker_replication_secret_path")
+    if secret is not None and secret_path is not None:
+        raise ConfigError("worker_replication_secret_path",
+                          "absent when worker_replication_secret is set", "both set")
+    if secret_path is not None:
+        try:
+            secret = Path(str(secret_path)).read_text().strip()
+        except OSError as e:
+            raise ConfigError("worker_replication_secret_path", "a readable file",
+                              e.strerror) from e
+    if secret is not None and not isinstance(secret, str):
+        raise ConfigError("worker_replication_secret", "a string", None)
+    restricted = tree.get("outbound_federation_restricted_to")
+    instance_map = tree.get("instance_map") or {}
+    if not isinstance(instance_map, Mapping):
+        raise ConfigError("instance_map", "a mapping", instance_map)
+    listeners = tree.get("worker_listeners") or []
+    if not isinstance(listeners, list):
+        raise ConfigError("worker_listeners", "a list", listeners)
+    min_tls = tree.get("federation_client_minimum_tls_version")
+    if min_tls is not None:
+        min_tls = str(min_tls)
+        if min_tls not in TLS_VERSIONS:
+            raise ConfigError("federation_client_minimum_tls_version",
+                              "one of 1, 1.1, 1.2, 1.3", min_tls)
+    suffix = tree.get("user_agent_suffix")
+    if suffix is not None and not isinstance(suffix, str):
+        raise ConfigError("user_agent_suffix", "a string", suffix)
+    env_http, env_https, env_no = policy_from_environment(os.environ)
+    http_proxy = tree.get("http_proxy", env_http)
+    https_proxy = tree.get("https_proxy", env_https)
+    for key, value in (("http_proxy", http_proxy), ("https_proxy", https_proxy)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(key, "a string", None)
+    no_proxy = tree.get("no_proxy_hosts")
+    no_proxy_list = (
+        _str_list("no_proxy_hosts", no_proxy) if no_proxy is not None else tuple(env_no or ())
+    )
+    ProxyPolicy.from_settings(http_proxy, https_proxy, no_proxy_list)  # refuses bad values
+    worker_app = tree.get("worker_app")
+    if worker_app not in WORKER_APPS:
+        raise ConfigError("worker_app", "synapse.app.generic_worker (or the legacy "
+                          "synapse.app.federation_sender)", worker_app)
+    return {
+        "worker_app": worker_app,
+        "duties": {k: tree[k] for k in DUTIES if tree.get(k) is not None},
+        "worker_replication_secret": secret,
+        "outbound_federation_restricted_to": (
+            None if restricted is None
+            else _str_list("outbound_federation_restricted_to", restricted)
+        ),
+        "instance_map": dict(instance_map),
+        "worker_listeners": tuple(listeners),
+        "tls_certificate_path": tree.get("tls_certificate_path"),
+        "tls_private_key_path": tree.get("tls_private_key_path"),
+        "ca_files": cas,
+        "tls_min_version": min_tls,
+        "tls_verification_whitelist": _ascii_globs(
+            tree.get("federation_certificate_verification_whitelist")
+        ),
+        "user_agent_suffix": suffix,
+        "http_proxy": http_proxy,
+        "https_proxy": https_proxy,
+        "no_proxy_hosts": no_proxy_list,
+        "client_timeout_ms": _positive_ms(fed, "client_timeout", 60_000),
+        "max_long_retries": _count(fed, "max_long_retries", 10),
+        "max_short_retries": _count(fed, "max_short_retries", 3),
+        "max_long_retry_delay_ms": _positive_ms(fed, "max_long_retry_delay", 60_000),
+        "max_short_retry_delay_ms": _positive_ms(fed, "max_short_retry_delay", 2_000),
+        "federation_metrics_domains": frozenset(
+            _str_list("federation_metrics_domains", tree.get("federation_metrics_domains"))
+        ),
+    }
+
+
+def _ascii_globs(value: object) -> tuple[str, ...]:
+    globs = _str_list("federation_certificate_verification_whitelist", value)
+    for glob in globs:
+        if not glob.isascii():
+            raise ConfigError("federation_certificate_verification_whitelist",
+                              "ASCII names (IDNA names are not allowed)", glob)
+    return globs
+
+
+def _positive_ms(fed: Mapping[str, Any], name: str, default: int) -> int:
+    value = parse_duration_ms(f"federation.{name}", fed.get(name, default))
+    if value <= 0:
+        raise ConfigError(f"federation.{name}", "a positive duration", fed.get(name))
+    return value
+
+
+def _count(fed: Mapping[str, Any], name: str, default: int) -> int:
+    value = fed.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"federation.{name}", "a whole number >= 0", value)
+    return value
+
+
+def refuse_duties(syn: SynapseConfig, instance: str) -> None:
+    """A deployment that gives our instance a duty of Synapse's (background tasks,
+    pushers, a stream to write, ...) would wait for it forever: refused."""
+    for key, value in syn.duties.items():
+        if key == "stream_writers":
+            if not isinstance(value, Mapping):
+                raise ConfigError(key, "a mapping", value)
+            for stream, writers in value.items():
+                names = [writers] if isinstance(writers, str) else writers
+                if isinstance(names, list) and instance in names:
+                    raise ConfigError(f"stream_writers.{stream}",
+                                      f"other instances than {instance!r} (this worker "
+                                      "writes no Synapse stream)", writers)
+            continue
+        names = [value] if isinstance(value, str) else value
+        if isinstance(names, list) and instance in names:
+            raise ConfigError(key, f"another instance than {instance!r} (this worker only "
+                              "sends federation)", value)
+
+
+def outbound_proxy_location(syn: SynapseConfig, instance: str) -> ProxyLocation | None:
+    """Where our instance serves the outbound federation proxy, or None when the
+    deployment does not restrict outbound federation. Refused: a list that does not
+    name us (we would have to send through another instance's proxy, which we do not
+    do), a listed instance without an ``instance_map`` entry, no shared secret."""
+    restricted = syn.outbound_federation_restricted_to
+    if not restricted:
+        return None
+    if instance not in restricted:
+        raise ConfigError(
+            "outbound_federation_restricted_to",
+            f"a list naming this worker ({instance!r}): this worker does not send through "
+            "another instance's proxy", list(restricted),
+        )  # fmt: skip
+    if not syn.worker_replication_secret:
+        raise ConfigError("worker_replication_secret",
+                          "a secret (outbound_federation_restricted_to is set)", None)
+    if instance not in syn.instance_map:
+        raise ConfigError(f"instance_map.{instance}",
+                          "this worker's address (it is in outbound_federation_restricted_to)",
+                          None)
+    return location_from_instance_map(syn.instance_map[instance], f"instance_map.{instance}",
+                                      ConfigError)
+
+
+@dataclass(frozen=True)
+class ListenerSpec:
+    """One ``worker_listeners`` entry we open: ``/health`` and/or metrics."""
+
+    key: str
+    port: int
+    addresses: tuple[str, ...]
+    tls: bool
+    health: bool
+    metrics: bool
+
+
+SERVED_RESOURCES = frozenset({"health", "metrics"})
+
+
+def worker_listener_specs(syn: SynapseConfig, instance: str) -> list[ListenerSpec]:
+    """The worker file's listeners, as Synapse's worker would open them, for the
+    resources we serve: ``health`` (``GET /health``) and ``metrics`` (also a listener of
+    type ``metrics``). The entry on the outbound proxy's port is the proxy's (it answers
+    ``/health`` too). Other resources (``client``, ``federation``, ...) are refused:
+    routing them here would silently lose their requests."""
+    location = outbound_proxy_location(syn, instance)
+    proxy_port = location.port if location is not None else None
+    specs = []
+    for i, listener in enumerate(syn.worker_listeners):
+        key = f"worker_listeners[{i}]"
+        if not isinstance(listener, Mapping):
+            raise ConfigError(key, "a mapping", listener)
+        port = listener.get("port")
+        kind = listener.get("type", "http")
+        if "path" in listener and port is None:
+            raise ConfigError(key + ".path", "a TCP listener (port)", listener.get("path"))
+        if isinstance(port, bool) or not isinstance(port, int):
+            raise ConfigError(key + ".port", "a TCP port", port)
+        if port == proxy_port:
+            continue
+        names: set[str] = set()
+        if kind == "metrics":
+            names.add("metrics")
+        elif kind == "http":
+            for resource in listener.get("resources") or []:
+                names.update(resource.get("names") or [] if isinstance(resource, Mapping)
+                             else [])
+            if names - SERVED_RESOURCES:
+                raise ConfigError(f"{key}.resources",
+                                  "only health and metrics (this worker serves no Synapse "
+                                  "API)", sorted(names - SERVED_RESOURCES))
+        else:
+            raise ConfigError(key + ".type", "http or metrics", kind)
+        addresses = listener.get("bind_addresses")
+        if addresses is None and isinstance(listener.get("bind_address"), str):
+            addresses = [listener["bind_address"]]
+        if not addresses:
+            # Synapse's default is ['::', '0.0.0.0'], tolerating a host without IPv6;
+            # ours is IPv4 only rather than a start that fails there.
+            addresses = ["0.0.0.0"]
+        specs.append(ListenerSpec(key, port, tuple(str(a) for a in addresses),
+                                  bool(listener.get("tls", False)), "health" in names,
+                                  "metrics" in names))
+    return specs
+
+
+def proxy_bind_addresses(syn: SynapseConfig, location: ProxyLocation) -> list[str] | None:
+    """The addresses of the ``worker_listeners`` entry on the proxy's port (where a
+    Synapse worker would bind), or None: bind the ``instance_map`` host itself."""
+    for listener in syn.worker_listeners:
+        if isinstance(listener, Mapping) and listener.get("port") == location.port:
+            addresses = listener.get("bind_addresses")
+            if isinstance(addresses, list) and addresses:
+                return [str(a) for a in addresses]
+            if isinstance(listener.get("bind_address"), str):
+                return [listener["bind_address"]]
+    return None
 
 
 def load_synapse_config(paths: Sequence[str | Path]) -> SynapseConfig:
@@ -295,11 +584,23 @@ def merge_settings(settings: Settings, syn: SynapseConfig) -> Settings:
         mode="static" if len(instances) > 1 else "single",
         instances=instances if len(instances) > 1 else [],
     )
+    outbound_proxy_location(syn, instance)  # refuses what we cannot serve
+    refuse_duties(syn, instance)
+    worker_listener_specs(syn, instance)  # refuses listeners we cannot serve
     fed = dataclasses.replace(
         settings.federation,
         signing_key_path=syn.signing_key_path,
         verify_tls=syn.verify_tls,
         extra_ca_file=syn.extra_ca_file or settings.federation.extra_ca_file,
+        ca_files=list(syn.ca_files),
+        tls_min_version=syn.tls_min_version,
+        tls_verification_whitelist=list(syn.tls_verification_whitelist),
+        user_agent_suffix=syn.user_agent_suffix,
+        http_proxy=syn.http_proxy,
+        https_proxy=syn.https_proxy,
+        no_proxy=list(syn.no_proxy_hosts),
+        request_timeout_s=syn.client_timeout_ms / 1000.0,
+        metrics_domains=sorted(syn.federation_metrics_domains),
         ip_allow_list=list(syn.ip_range_whitelist),
         ip_deny_list=list(syn.ip_range_blacklist),
     )

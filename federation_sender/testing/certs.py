@@ -39,9 +39,11 @@ class LoopbackCA:
     cert_path: Path
 
     @classmethod
-    def create(cls, directory: Path) -> LoopbackCA:
+    def create(cls, directory: Path, name: str = "test CA") -> LoopbackCA:
+        """``name``: the CA's subject; two CAs trusted together need different ones
+        (OpenSSL finds an issuer by its name)."""
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _builder(_name("test CA"), _name("test CA"), key).add_extension(
+        cert = _builder(_name(name), _name(name), key).add_extension(
             x509.BasicConstraints(ca=True, path_length=None), critical=True
         )
         signed = cert.add_extension(_CA_USAGE, critical=True).sign(key, hashes.SHA256())

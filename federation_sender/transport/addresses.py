@@ -114,6 +114,12 @@ class AddressFilter:
         # Verdicts by address as written: the policy is fixed for the filter's life, and
         # a busy sender asks about the same few thousand addresses on every connection.
         self._verdicts: dict[str, bool] = {}
+        self._exempt: set[str] = set()
+        """Addresses of the forward proxies (configured by the operator, usually private)."""
+
+    def exempt(self, address: str) -> None:
+        """Let ``address`` through (a forward proxy's address, see forward_proxy.py)."""
+        self._exempt.add(address)
 
     @property
     def allow_list(self) -> tuple[IPNetwork, ...]:
@@ -148,7 +154,9 @@ class AddressFilter:
     def socket_factory(self, addr_info: tuple[Any, ...]) -> socket.socket:
         """A ``TCPConnector(socket_factory=...)`` hook that checks the final address."""
         family, type_, proto, _canonname, sockaddr = addr_info
-        self.check(str(sockaddr[0]).split("%", 1)[0])
+        address = str(sockaddr[0]).split("%", 1)[0]
+        if address not in self._exempt:
+            self.check(address)
         sock = socket.socket(family=family, type=type_, proto=proto)
         return sock
 
@@ -156,14 +164,26 @@ class AddressFilter:
 class FilteringResolver(AbstractResolver):
     """An aiohttp resolver that removes refused addresses from another's answers."""
 
-    def __init__(self, inner: AbstractResolver, address_filter: AddressFilter) -> None:
+    def __init__(
+        self,
+        inner: AbstractResolver,
+        address_filter: AddressFilter,
+        exempt_hosts: Iterable[str] = (),
+    ) -> None:
+        """``exempt_hosts``: names resolved without the policy (the forward proxies);
+        their addresses are exempted from the socket check as they are resolved."""
         self._inner = inner
         self._filter = address_filter
+        self._exempt_hosts = frozenset(h.lower() for h in exempt_hosts)
 
     async def resolve(
         self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
     ) -> list[ResolveResult]:
         answers = await self._inner.resolve(host, port, family)
+        if host.lower() in self._exempt_hosts:
+            for a in answers:
+                self._filter.exempt(a["host"].split("%", 1)[0])
+            return answers
         allowed = [a for a in answers if self._filter.is_allowed(a["host"].split("%", 1)[0])]
         if not allowed:
             raise AddressRefusedError(

@@ -40,6 +40,7 @@ from federation_sender.errors import RemoteTransientError
 from federation_sender.transport.addresses import AddressRefusedError
 from federation_sender.transport.discovery import InvalidServerName
 from federation_sender.transport.dns import DnsError
+from federation_sender.transport.forward_proxy import ProxyAuthError, ProxyConnectError
 from federation_sender.transport.result import Outcome, SendResult
 
 MAX_ERROR_CHARS = 200
@@ -166,6 +167,8 @@ def classify_exception(exc: BaseException) -> SendResult:
         exc = exc.os_error  # aiohttp's wrapper hides the reason we care about
     if isinstance(exc, CouldNotConnect):
         exc = exc.cause
+    if isinstance(exc, ProxyAuthError | ProxyConnectError):
+        return SendResult(Outcome.TRANSIENT, error=sanitise(str(exc)))
     if isinstance(exc, InvalidServerName):
         return SendResult(Outcome.PERMANENT, error=sanitise(str(exc)))
     if isinstance(exc, AddressRefusedError | DnsError):

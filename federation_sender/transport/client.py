@@ -42,10 +42,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import logging
 import ssl
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Literal, Protocol
@@ -78,8 +79,21 @@ from federation_sender.transport.discovery import (
     parse_server_name,
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
+from federation_sender.transport.domain_metrics import DomainMetrics
+from federation_sender.transport.forward_proxy import (
+    ProxyAuthError,
+    ProxyPolicy,
+    proxy_auth_message,
+)
 from federation_sender.transport.h1 import Http1Pool, request_head
-from federation_sender.transport.http import WellKnownClient, make_ssl_context, read_limited
+from federation_sender.transport.http import (
+    WellKnownClient,
+    compile_globs,
+    make_ssl_context,
+    proxy_headers,
+    read_limited,
+    unverified_context,
+)
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 from federation_sender.transport.signing import SigningKey
@@ -136,6 +150,10 @@ class FederationClient:
         user_agent: str = "federation-sender",
         plain_http: bool = False,
         http_client: Literal["builtin", "aiohttp"] = "builtin",
+        tls_ca_files: Sequence[str] = (),
+        tls_min_version: str | None = None,
+        tls_unverified_names: Sequence[str] = (),
+        proxy_policy: ProxyPolicy | None = None,
     ) -> None:
         """Settings are explicit; the test-only ones are marked.
 
@@ -150,6 +168,11 @@ class FederationClient:
         ``http_client``: ``/send`` over the built-in HTTP/1.1 pool
         (:mod:`federation_sender.transport.h1`) or over aiohttp (well-known discovery
         always uses aiohttp).
+        ``tls_ca_files``: Synapse's ``federation_custom_ca_list`` (replace the system
+        CAs); ``tls_min_version``: ``"1"`` to ``"1.3"``; ``tls_unverified_names``: globs
+        of TLS server names whose certificates are not checked
+        (``federation_certificate_verification_whitelist``); ``proxy_policy``: forward
+        proxies (:mod:`federation_sender.transport.forward_proxy`).
 
         Length: one assignment per setting and per cache (over the house limit of 60
         lines on purpose); grouping them into helper objects would only move the list.
@@ -169,9 +192,22 @@ class FederationClient:
         self._max_per_host = max_connections_per_host
         self._max_response_bytes = max_response_bytes
         self._ssl: ssl.SSLContext | bool = make_ssl_context(
-            verify=tls_verify, extra_ca_file=tls_extra_ca_file
+            verify=tls_verify, extra_ca_file=tls_extra_ca_file, ca_files=tls_ca_files,
+            min_version=tls_min_version,
         )
+        self._unverified = unverified_context(tls_min_version)
+        self._unverified_names = compile_globs(tls_unverified_names)
+        self._tls_choice: dict[str, ssl.SSLContext | bool] = {}
         self._filter = AddressFilter(ip_allow_list, ip_deny_list)
+        self._proxy = proxy_policy if proxy_policy is not None and proxy_policy.enabled else None
+        self._proxy_hosts: tuple[str, ...] = ()
+        if self._proxy is not None:
+            proxies = [p for p in (self._proxy.https_proxy, self._proxy.http_proxy) if p]
+            self._proxy_hosts = tuple(p.host for p in proxies)
+            for host in self._proxy_hosts:
+                if is_ip_literal(host):
+                    self._filter.exempt(host)
+        self._proxy_auth_reported = False
         self._dns = DnsLookup(nameservers)
         self._explicit_nameservers = bool(nameservers)
         self._well_known_port = well_known_port
@@ -183,6 +219,7 @@ class FederationClient:
         self._http_client = http_client
         self._h1: Http1Pool | None = None
         self._session: aiohttp.ClientSession | None = None
+        self._stream_session: aiohttp.ClientSession | None = None
         self._discovery: Discovery | None = None
         self._resolved_overrides: dict[str, ResolvedServer] = {}
         self._urls: dict[tuple[str, int, str], URL] = {}
@@ -190,6 +227,8 @@ class FederationClient:
         self.requests = RequestBuilder(origin=server_name, key=signing_key, clock=clock)
         self.stats = TransportStats()
         self.request_counter: RequestCounter | None = None
+        self.domain_metrics: DomainMetrics | None = None
+        """``federation_metrics_domains``: told of each accepted transaction."""
         self.tracer: trace.Tracer = trace.NoOpTracer()
         """Discovery (when it looks anything up) and each HTTP request are spanned
         with it, as children of the caller's current span (the transaction attempt)."""
@@ -219,13 +258,27 @@ class FederationClient:
             skip_auto_headers=("Accept-Encoding",),
             raise_for_status=False,
         )
+        # The outbound proxy's forwards: a pool of their own, without the per-host limit
+        # (a media download must not hold up a join to the same server), as Synapse's
+        # agent limits persistent connections only.
+        self._stream_session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(
+                limit=self._max_connections, limit_per_host=0, resolver=self._resolver(),
+                socket_factory=self._filter.socket_factory, ssl=self._ssl,
+            ),
+            timeout=self._timeout,
+            auto_decompress=False,
+            skip_auto_headers=("Accept-Encoding",),
+            raise_for_status=False,
+        )
         well_known = WellKnownClient(
             self._session,
             self._filter,
-            ssl_setting=self._ssl,
+            ssl_setting=self._ssl_for if self._unverified_names else self._ssl,
             timeout_s=self._well_known_timeout_s,
             port=self._well_known_port,
             user_agent=self._user_agent,
+            proxy_policy=self._proxy,
         )
         self._discovery = Discovery(
             srv_lookup=self._dns, fetch_well_known=well_known.fetch, clock=self._clock
@@ -233,8 +286,10 @@ class FederationClient:
         if self._http_client == "builtin":
             tls: ssl.SSLContext | None = None
             if self._scheme == "https":
-                tls = self._ssl if isinstance(self._ssl, ssl.SSLContext) else _unverified()
+                tls = self._ssl if isinstance(self._ssl, ssl.SSLContext) else self._unverified
             self._h1 = Http1Pool(
+                ssl_for=self._h1_ssl_for if self._unverified_names else None,
+                proxy_policy=self._proxy,
                 address_filter=self._filter,
                 resolver=self._resolver(),
                 ssl_context=tls,
@@ -250,7 +305,30 @@ class FederationClient:
             if self._explicit_nameservers
             else aiohttp.resolver.DefaultResolver()
         )
-        return FilteringResolver(inner, self._filter)
+        return FilteringResolver(inner, self._filter, exempt_hosts=self._proxy_hosts)
+
+    def _ssl_for(self, tls_name: str | None) -> ssl.SSLContext | bool:
+        """The TLS policy for a server name: unverified if the whitelist matches it."""
+        if tls_name is None or not self._unverified_names:
+            return self._ssl
+        choice = self._tls_choice.get(tls_name)
+        if choice is None:
+            if len(self._tls_choice) >= 10_000:
+                self._tls_choice.clear()
+            matched = any(p.fullmatch(tls_name) for p in self._unverified_names)
+            choice = self._tls_choice[tls_name] = self._unverified if matched else self._ssl
+        return choice
+
+    def _h1_ssl_for(self, tls_name: str | None) -> ssl.SSLContext:
+        choice = self._ssl_for(tls_name)
+        return choice if isinstance(choice, ssl.SSLContext) else self._unverified
+
+    def _proxy_args(self, host: str) -> tuple[str | None, dict[str, str] | None]:
+        """aiohttp's ``proxy=`` and ``proxy_headers=`` for a connection to ``host``."""
+        if self._proxy is None:
+            return None, None
+        proxy = self._proxy.proxy_for(host, tls=self._scheme == "https")
+        return (proxy.url if proxy is not None else None), proxy_headers(proxy)
 
     async def close(self) -> None:
         self._deadlines.close()
@@ -260,7 +338,10 @@ class FederationClient:
             await self._h1.close()
         if self._session is not None:
             await self._session.close()
+        if self._stream_session is not None:
+            await self._stream_session.close()
         self._session = None
+        self._stream_session = None
         self._discovery = None
         self._h1 = None
 
@@ -323,6 +404,72 @@ class FederationClient:
         """Whether anything is cached for ``destination`` alone (discovery aside)."""
         return destination in self._resolved_overrides or self.requests.holds(destination)
 
+    @contextlib.asynccontextmanager
+    async def open_stream(
+        self,
+        method: str,
+        destination: str,
+        path: str,
+        headers: Mapping[str, str],
+        body: AsyncIterable[bytes] | bytes | None,
+        *,
+        timeout_s: float,
+    ) -> AsyncIterator[aiohttp.ClientResponse]:
+        """Any request to ``destination`` (the outbound federation proxy's forward),
+        yielding the response with its body unread: the caller streams it.
+
+        Discovery, the Host header and TLS server name, certificate checks, the address
+        policy and the forward proxy are those of ``/send``, over aiohttp (the built-in
+        client does whole bodies only) with a pool of its own: ``max_connections`` in
+        all, no per-host limit. ``headers`` go as given, the Host
+        header added and our User-Agent when none is given. ``timeout_s`` bounds
+        discovery, connecting and the response head, and then each read of the body.
+        SRV targets are tried in order while connecting fails (the body is not read
+        before a connection is made). ``path`` (with its query) is used as given, never
+        resolved against the target (``//other.host/`` stays a path). Raises what aiohttp
+        or discovery raise."""
+        session = self._stream_session
+        if session is None:
+            raise RuntimeError("FederationClient used before start()")
+        out = {"User-Agent": self._user_agent}
+        for name, value in headers.items():
+            out[name.title() if name.lower() == "user-agent" else name] = value
+        timeout = aiohttp.ClientTimeout(
+            total=None, sock_connect=self._connect_timeout_s, sock_read=timeout_s
+        )
+        async with asyncio.timeout(timeout_s):
+            resolved = await self.resolve(destination)
+            out["Host"] = resolved.host_header
+            response: aiohttp.ClientResponse | None = None
+            last: BaseException | None = None
+            for host, port in resolved.targets:
+                if self._is_ip_literal(host):
+                    self._filter.check(host)
+                raw_path, _, query = path.partition("?")
+                url = URL.build(scheme=self._scheme, host=host, port=port, path=raw_path,
+                                query_string=query, encoded=True)
+                proxy, proxy_auth = self._proxy_args(host)
+                tls = self._scheme == "https"
+                try:
+                    response = await session.request(
+                        method, url, data=body, headers=out, allow_redirects=False,
+                        timeout=timeout, proxy=proxy, proxy_headers=proxy_auth,
+                        ssl=self._ssl_for(resolved.tls_server_name) if tls else False,
+                        server_hostname=resolved.tls_server_name if tls else None,
+                    )  # fmt: skip
+                    break
+                except aiohttp.ClientConnectorError as e:
+                    last = e  # try the next SRV target
+            if response is None:
+                assert last is not None  # discovery always yields at least one target
+                raise last
+        try:
+            yield response
+        except BaseException:
+            response.close()  # part-read: the connection cannot be reused
+            raise
+        response.release()
+
     def build_request(self, txn: Transaction) -> tuple[str, bytes, str]:
         """``(path, body, Authorization header)`` for a transaction."""
         prepared = self.requests.prepare(txn)
@@ -352,7 +499,7 @@ class FederationClient:
                 Outcome.TRANSIENT, error=f"no response within {self._attempt_timeout_s:g} s"
             )
         except (FederationSenderError, aiohttp.ClientError, OSError, ValueError) as e:
-            result = classify_exception(e)
+            result = classify_exception(self._note_proxy_failure(e))
         except Exception as e:
             # The contract is "never raise for what the remote does": aiohttp can
             # surface odd exception types for hostile input. Log it fully, classify
@@ -361,6 +508,19 @@ class FederationClient:
             result = classify_exception(e)
         self.requests.finished(txn.destination, result.outcome)
         return self._finish(txn, result, len(prepared.body), started)
+
+    def _note_proxy_failure(self, exc: BaseException) -> BaseException:
+        """A forward proxy's 407 (either client): one ERROR line, then per-attempt debug."""
+        if isinstance(exc, aiohttp.ClientHttpProxyError) and exc.status in (401, 407):
+            proxy = self._proxy.https_proxy if self._proxy is not None else None
+            exc = ProxyAuthError(proxy_auth_message(
+                proxy.url if proxy is not None else "?", exc.status,
+                proxy.authorization if proxy is not None else None))
+        if isinstance(exc, ProxyAuthError) and not self._proxy_auth_reported:
+            self._proxy_auth_reported = True
+            logger.error("%s: check the credentials in https_proxy (every destination "
+                         "backs off until they are accepted)", exc)
+        return exc
 
     def _finish(
         self, txn: Transaction, result: SendResult, size: int, started: float
@@ -372,6 +532,8 @@ class FederationClient:
             self._clock.monotonic_s() - started,
         )
         self.stats.outcomes[result.outcome.value] += 1
+        if result.outcome is Outcome.SUCCESS and self.domain_metrics is not None:
+            self.domain_metrics.transaction_accepted(txn.destination, txn.pdus)
         self.stats.request_bytes += size
         for event_id, error in result.pdu_errors.items():
             self.stats.pdu_errors += 1
@@ -458,6 +620,7 @@ class FederationClient:
         counter = self.request_counter
         if counter is not None:
             counter.http_request("PUT")
+        proxy, proxy_auth = self._proxy_args(host)
         async with session.put(
             self._url(host, port, prepared.path),
             # A ready payload skips aiohttp's lookup of a payload type per request.
@@ -469,6 +632,9 @@ class FederationClient:
             },
             allow_redirects=False,
             server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
+            ssl=self._ssl_for(resolved.tls_server_name) if self._scheme == "https" else False,
+            proxy=proxy,
+            proxy_headers=proxy_auth,
         ) as response:
             if counter is not None:
                 counter.http_response("PUT", response.status)
@@ -495,12 +661,3 @@ class FederationClient:
                 self._literals.clear()
             known = self._literals[host] = is_ip_literal(host)
         return known
-
-
-def _unverified() -> ssl.SSLContext:
-    """TLS without verification (``tls_verify=False``: tests only)."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    return context
-

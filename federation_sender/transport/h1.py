@@ -45,6 +45,7 @@ import asyncio
 import collections
 import socket
 import ssl
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import cast
@@ -58,6 +59,13 @@ from federation_sender.transport.classify import (
     Disconnected,
     InvalidResponse,
     ResponseTooLarge,
+)
+from federation_sender.transport.forward_proxy import (
+    ForwardProxy,
+    ProxyAuthError,
+    ProxyConnectError,
+    ProxyPolicy,
+    proxy_auth_message,
 )
 
 MAX_HEAD_BYTES = 64 * 1024
@@ -398,11 +406,18 @@ class Http1Pool:
         max_response_bytes: int,
         keepalive_s: float = KEEPALIVE_S,
         dns_ttl_s: float = DNS_TTL_S,
+        ssl_for: Callable[[str | None], ssl.SSLContext] | None = None,
+        proxy_policy: ProxyPolicy | None = None,
     ) -> None:
-        """``ssl_context`` None: plain HTTP (tests and the demo only)."""
+        """``ssl_context`` None: plain HTTP (tests and the demo only). ``ssl_for``: the
+        context for a TLS server name instead of ``ssl_context`` (the certificate
+        verification whitelist). ``proxy_policy``: connect through a forward proxy
+        (``CONNECT``), see :mod:`federation_sender.transport.forward_proxy`."""
         self._filter = address_filter
         self._resolver = resolver
         self._ssl = ssl_context
+        self._ssl_for = ssl_for
+        self._proxy = proxy_policy if proxy_policy is not None and proxy_policy.enabled else None
         self._connect_timeout_s = connect_timeout_s
         self._max_connections = max_connections
         self._max_per_host = max_per_host
@@ -532,8 +547,17 @@ class Http1Pool:
 
     # --- connecting -----------------------------------------------------------------
 
+    def _context(self, tls_name: str | None) -> ssl.SSLContext | None:
+        if self._ssl is None:
+            return None
+        return self._ssl_for(tls_name) if self._ssl_for is not None else self._ssl
+
     async def _connect(self, pool: _Pool) -> _Exchange:
         host, port, tls_name = pool.key
+        if self._proxy is not None:
+            proxy = self._proxy.proxy_for(host, tls=self._ssl is not None)
+            if proxy is not None:
+                return await self._connect_via(pool, proxy)
         try:
             addresses = await self._addresses(host, port)
         except (OSError, ValueError, RemoteTransientError) as e:
@@ -552,7 +576,7 @@ class Http1Pool:
                 _, conn = await loop.create_connection(
                     partial(_Exchange, pool, self._max_body),
                     sock=sock,
-                    ssl=self._ssl,
+                    ssl=self._context(tls_name),
                     server_hostname=tls_name if self._ssl is not None else None,
                 )
                 return conn
@@ -566,6 +590,56 @@ class Http1Pool:
                 raise
         assert last is not None  # _addresses never returns an empty list
         raise CouldNotConnect(last) from last
+
+    async def _connect_via(self, pool: _Pool, proxy: ForwardProxy) -> _Exchange:
+        """A tunnel through ``proxy`` (``CONNECT host:port``), then TLS inside it."""
+        host, port, tls_name = pool.key
+        loop = asyncio.get_running_loop()
+        sock: socket.socket | None = None
+        try:
+            if self._is_literal(host):
+                self._filter.check(host)  # the remote is not resolved here, but a literal is
+            try:
+                infos = await loop.getaddrinfo(proxy.host, proxy.port, type=socket.SOCK_STREAM)
+            except OSError as e:
+                raise CouldNotConnect(e) from e
+            last: OSError | None = None
+            for family, type_, proto, _, sockaddr in infos:
+                sock = socket.socket(family, type_, proto)
+                sock.setblocking(False)
+                try:
+                    async with asyncio.timeout(self._connect_timeout_s):
+                        await loop.sock_connect(sock, sockaddr)
+                        await _connect_tunnel(loop, sock, proxy, host, port)
+                    break
+                except (ProxyAuthError, ProxyConnectError):
+                    raise
+                except OSError as e:
+                    sock.close()
+                    sock = None
+                    last = e
+            if sock is None:
+                assert last is not None
+                raise CouldNotConnect(last) from last
+            _, conn = await loop.create_connection(
+                partial(_Exchange, pool, self._max_body),
+                sock=sock,
+                ssl=self._context(tls_name),
+                server_hostname=tls_name if self._ssl is not None else None,
+            )
+            return conn
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+
+    def _is_literal(self, host: str) -> bool:
+        literal = self._literals.get(host)
+        if literal is None:
+            if len(self._literals) >= _DNS_CACHE_MAX:
+                self._literals.clear()
+            literal = self._literals[host] = is_ip_literal(host)
+        return literal
 
     async def _addresses(self, host: str, port: int) -> list[tuple[int, tuple[str, int]]]:
         literal = self._literals.get(host)
@@ -625,6 +699,41 @@ class Http1Pool:
         self._dns.clear()
         await self._resolver.close()  # handed over at construction: the pool's own
 
+
+
+async def _connect_tunnel(loop: asyncio.AbstractEventLoop, sock: socket.socket,
+                          proxy: ForwardProxy, host: str, port: int) -> None:
+    """Ask the proxy on ``sock`` for a tunnel to ``host:port``; return once it is open."""
+    authority = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
+    if proxy.authorization is not None:
+        lines.append(f"Proxy-Authorization: {proxy.authorization}")
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+    if request.count(b"\n") != len(lines) + 1:
+        raise ValueError("a CONNECT header contains a line break")
+    await loop.sock_sendall(sock, request)
+    head = bytearray()
+    while b"\r\n\r\n" not in head:
+        data = await loop.sock_recv(sock, 4096)
+        if not data:
+            raise ConnectionResetError(f"forward proxy {proxy.url} closed the connection")
+        head += data
+        if len(head) > MAX_HEAD_BYTES:
+            raise ProxyConnectError(f"forward proxy {proxy.url}: response head too long")
+    end = head.index(b"\r\n\r\n")
+    status_line = bytes(head[: head.find(b"\r\n")])
+    try:
+        status, _ = _status_line(status_line)
+    except InvalidResponse:
+        raise ProxyConnectError(f"forward proxy {proxy.url}: not an HTTP response") from None
+    if status in (401, 407):  # 407; some proxies (tinyproxy 1.11) say 401 to bad ones
+        raise ProxyAuthError(proxy_auth_message(proxy.url, status, proxy.authorization))
+    if not 200 <= status < 300:
+        raise ProxyConnectError(f"forward proxy {proxy.url} refused CONNECT {authority}: "
+                                f"{status}")
+    if end + 4 != len(head):
+        # The proxy spoke before the tunnel was used; nothing may come before TLS.
+        raise ProxyConnectError(f"forward proxy {proxy.url}: unexpected bytes after CONNECT")
 
 
 def request_head(path: str, host_header: str, authorization: str, user_agent: str,

@@ -59,7 +59,8 @@ def _write(tmp_path: Path, name: str, data: dict[str, Any]) -> Path:
 
 def test_homeserver_and_worker_files_merge_into_settings(tmp_path: Path) -> None:
     hs = _write(tmp_path, "homeserver.yaml", HOMESERVER)
-    worker = _write(tmp_path, "fed2.yaml", {"worker_app": "x", "worker_name": "fed2"})
+    worker = _write(tmp_path, "fed2.yaml", {"worker_app": "synapse.app.generic_worker",
+                                            "worker_name": "fed2"})
     syn = load_synapse_config([hs, worker])
     ours = Settings(instance_name="ignored", queue=Settings().queue)
     s = merge_settings(ours, syn)
