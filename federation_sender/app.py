@@ -56,6 +56,7 @@ from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.startup import listen, wait_for_database
 from federation_sender.storage.engine import create_engine, is_sqlite
+from federation_sender.storage.instance_lock import InstanceLock, InstanceLockLost, instance_lock
 from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
@@ -128,6 +129,9 @@ class Worker:
     """Beside Synapse: what we say on replication about the ``caches`` stream we write."""
     admin_verifier: TokenVerifier | None = None
     """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
+    lock: InstanceLock | None = None
+    """The instance lock (:mod:`federation_sender.storage.instance_lock`), held from
+    before anything is sent until the worker stops."""
 
     @property
     def admin_url(self) -> str | None:
@@ -178,6 +182,11 @@ class Worker:
         storage, signals = await _open_storage(
             settings, clock, engine, resources, auto_migrate, synapse
         )
+        # Before anything that sends is built: a second copy of this instance stops here.
+        lock = instance_lock(engine.url, settings.instance_name, clock)
+        if lock is not None:
+            await lock.acquire()
+            resources.push_async_callback(lock.release)
         if settings.sharding.mode == "dynamic" and is_sqlite(engine):
             raise ConfigError("sharding.mode", "'single' or 'static' with SQLite", "dynamic")
         key: SigningKey | None = None
@@ -221,6 +230,7 @@ class Worker:
             stop_deadline_s=settings.shutdown_deadline_s,
             signals=signals,
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
+            lock=lock,
         )
 
     async def start(self) -> None:
@@ -251,6 +261,8 @@ class Worker:
         push(self._stop_queues)
         self.supervisor = Supervisor(self.clock)
         push(self.supervisor.shutdown, 5.0)
+        if self.lock is not None:
+            self.supervisor.start("instance-lock", self.lock.hold)
         self.replication = self._start_replication(self.supervisor)
         trimmer = MemoryTrimmer(lambda: self.manager.active_queues, self.clock)
         self.supervisor.start("memory-trim", trimmer.run, restart=True)
@@ -417,9 +429,14 @@ async def _serve(worker: Worker) -> int:
     await worker.start()
     assert worker.supervisor is not None
     failed = await worker.supervisor.wait(stop)
+    deadline_s: float | None = None
     if failed is None:
         log.info("shutdown requested; finishing in-flight transactions")
+    elif isinstance(failed.cause, InstanceLockLost):
+        # Another copy may be sending now: nothing more goes out, in flight or not.
+        log.error("stopping at once: %s", failed.cause)
+        deadline_s = 0.0
     else:
         log.error("stopping: %s", failed)
-    await worker.stop()
+    await worker.stop(deadline_s)
     return 0 if failed is None else 1

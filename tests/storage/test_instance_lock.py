@@ -1,0 +1,129 @@
+"""The instance lock (storage/instance_lock.py) on a real PostgreSQL and on SQLite:
+a second holder of the same name is refused with one line naming the first; another
+name is not; the lock survives its connection being terminated (taken again) and,
+when another process took it meanwhile, the holder stops (InstanceLockLost)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+from sqlalchemy.engine import make_url
+
+from federation_sender.clock import SystemClock
+from federation_sender.errors import StartupError
+from federation_sender.storage.engine import normalise_url
+from federation_sender.storage.instance_lock import (
+    InstanceLockLost,
+    PostgresInstanceLock,
+    SqliteInstanceLock,
+    instance_lock,
+    lock_key,
+)
+from federation_sender.testing.postgres import PostgresCluster
+
+pytestmark = pytest.mark.postgres
+
+
+def _lock(url: str, name: str = "fed1") -> PostgresInstanceLock:
+    return PostgresInstanceLock(
+        make_url(normalise_url(url)), name, SystemClock(),
+        check_interval_s=0.05, timeout_s=2.0, retake_for_s=3.0,
+    )  # fmt: skip
+
+
+def _holder_pid(cluster: PostgresCluster, name: str = "fed1") -> str:
+    classid, objid = lock_key(name)
+    return cluster.psql(
+        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
+        f" AND classid = ({classid})::int::oid AND objid = ({objid})::int::oid"
+    ).strip()
+
+
+async def _until(cond: Callable[[], Awaitable[bool] | bool], what: str) -> None:
+    async def poll() -> None:
+        while True:
+            v = cond()
+            if v if isinstance(v, bool) else await v:
+                return
+            await SystemClock().sleep(0.02)
+
+    try:
+        await asyncio.wait_for(poll(), 10.0)
+    except TimeoutError:
+        raise AssertionError(f"not within 10 s: {what}") from None
+
+
+async def test_second_holder_refused_with_one_line_naming_the_first(
+    pg_url: str, pg_cluster: PostgresCluster
+) -> None:
+    first, second, other = _lock(pg_url), _lock(pg_url), _lock(pg_url, "fed2")
+    await first.acquire()
+    try:
+        pid = _holder_pid(pg_cluster)
+        with pytest.raises(StartupError) as e:
+            await second.acquire()
+        message = str(e.value)
+        assert "\n" not in message
+        assert "running as instance 'fed1'" in message
+        assert f"backend pid {pid}" in message and "'federation-sender fed1 lock'" in message
+        await other.acquire()  # another instance name is another lock
+        await other.release()
+    finally:
+        await first.release()
+    await second.acquire()  # released with the connection
+    await second.release()
+
+
+async def test_terminated_connection_takes_the_lock_again(
+    pg_url: str, pg_cluster: PostgresCluster
+) -> None:
+    lock = _lock(pg_url)
+    await lock.acquire()
+    holder = asyncio.create_task(lock.hold())
+    try:
+        pid = _holder_pid(pg_cluster)
+        pg_cluster.psql(f"SELECT pg_terminate_backend({pid}, 5000)")
+        await _until(lambda: lock.retaken == 1, "the lock taken again")
+        assert _holder_pid(pg_cluster) not in ("", pid)
+        assert not holder.done()
+    finally:
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+        await lock.release()
+
+
+async def test_lock_taken_by_another_while_disconnected_stops_the_holder(
+    pg_url: str, pg_cluster: PostgresCluster
+) -> None:
+    lock = _lock(pg_url)
+    lock.check_interval_s = 0.5  # room for the other process to take it in the gap
+    await lock.acquire()
+    holder = asyncio.create_task(lock.hold())
+    other = _lock(pg_url)
+    try:
+        pg_cluster.psql(f"SELECT pg_terminate_backend({_holder_pid(pg_cluster)}, 5000)")
+        await other.acquire()
+        with pytest.raises(InstanceLockLost, match="another process took it"):
+            await asyncio.wait_for(holder, 10.0)
+    finally:
+        holder.cancel()
+        await asyncio.gather(holder, return_exceptions=True)
+        await lock.release()
+        await other.release()
+
+
+async def test_sqlite_file_lock(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/fs.db"
+    first = instance_lock(url, "fed/1", SystemClock())
+    second = instance_lock(url, "fed/1", SystemClock())
+    assert isinstance(first, SqliteInstanceLock) and isinstance(second, SqliteInstanceLock)
+    await first.acquire()
+    with pytest.raises(StartupError, match="running as instance 'fed/1'"):
+        await second.acquire()
+    await first.release()
+    await second.acquire()
+    await second.release()
+    assert instance_lock("sqlite:///:memory:", "fed1", SystemClock()) is None
