@@ -60,7 +60,7 @@ from federation_sender.storage.instance_lock import InstanceLock, InstanceLockLo
 from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
-from federation_sender.storage.stream_fetchers import stream_fetchers
+from federation_sender.storage.stream_fetchers import stream_fetchers, unfetched_gaps
 from federation_sender.supervisor import Supervisor
 from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
@@ -297,6 +297,7 @@ class Worker:
             instance_name=s.instance_name,
             store=DbPositionStore(self.storage, s.instance_name),
             fetchers=stream_fetchers(self.engine, synapse=self.storage.name == "synapse"),
+            gap_notes=unfetched_gaps(synapse=self.storage.name == "synapse"),
             handler=handler,
             clock=self.clock,
             streams=CONSUMED_STREAMS,
