@@ -135,7 +135,8 @@ class QueueManager:
         }
         behind = sorted(self.queues.needs_catchup)
         log.info(
-            "%d destinations start in catch-up (owed events sent before the last stop)%s",
+            "destinations in catch-up at start: %d (events owed to them were recorded "
+            "before the last stop)%s",
             len(behind),
             f": {', '.join(behind[:5])}{', …' if len(behind) > 5 else ''}" if behind else "",
         )

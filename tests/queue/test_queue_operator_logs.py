@@ -31,8 +31,9 @@ async def test_start_logs_how_many_destinations_start_in_catch_up(
     caplog.set_level(logging.INFO, logger=MANAGER)
     await room_with(h, "!a:l", D, "r2.test")
     await h.start()
-    assert infos(caplog, "start in catch-up") == [
-        "0 destinations start in catch-up (owed events sent before the last stop)"
+    assert infos(caplog, "in catch-up at start") == [
+        "destinations in catch-up at start: 0 (events owed to them were recorded before "
+        "the last stop)"
     ]
     h.fake.behave(D, status=503)
     h.fake.behave("r2.test", status=503)
@@ -42,9 +43,9 @@ async def test_start_logs_how_many_destinations_start_in_catch_up(
     await h.m.stop(0.0)
     caplog.clear()
     await h.start()
-    assert infos(caplog, "start in catch-up") == [
-        "2 destinations start in catch-up (owed events sent before the last stop): "
-        "r1.test, r2.test"
+    assert infos(caplog, "in catch-up at start") == [
+        "destinations in catch-up at start: 2 (events owed to them were recorded before "
+        "the last stop): r1.test, r2.test"
     ]
 
 
