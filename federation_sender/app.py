@@ -249,6 +249,7 @@ class Worker:
             s.replication.transport,
             self.engine.url.get_backend_name(),
         )
+        log.info("%s", catchup_at_start_line(self.manager.catchup_at_start))
 
     async def _start_parts(self) -> None:
         push = self.resources.push_async_callback
@@ -351,6 +352,15 @@ class Worker:
         await self.resources.aclose()
         self.servers.clear()
         log.info("worker %s stopped", self.settings.instance_name)
+
+
+def catchup_at_start_line(behind: list[str]) -> str:
+    """The start's INFO line: how many destinations start in catch-up, five named."""
+    named = f": {', '.join(behind[:5])}{', …' if len(behind) > 5 else ''}" if behind else ""
+    return (
+        f"destinations in catch-up at start: {len(behind)} (events owed to them were "
+        f"recorded before the last stop){named}"
+    )
 
 
 def _signing_key(settings: Settings, synapse: SynapseConfig | None) -> SigningKey:

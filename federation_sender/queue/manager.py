@@ -124,6 +124,9 @@ class QueueManager:
         )
         self.housekeeping = Housekeeping.from_settings(self, self.store, clock, rng, settings)
         self.wake_log = WakeLog(clock)
+        self.catchup_at_start: list[str] = []
+        """Destinations owed events recorded before the last stop, found at start (the
+        worker logs how many)."""
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -133,13 +136,7 @@ class QueueManager:
         self.queues.needs_catchup = {
             d for d in await self.store.destinations_behind() if self.shard_filter(d)
         }
-        behind = sorted(self.queues.needs_catchup)
-        log.info(
-            "destinations in catch-up at start: %d (events owed to them were recorded "
-            "before the last stop)%s",
-            len(behind),
-            f": {', '.join(behind[:5])}{', …' if len(behind) > 5 else ''}" if behind else "",
-        )
+        self.catchup_at_start = sorted(self.queues.needs_catchup)
         self.queues.started = True
         self._background = [
             asyncio.create_task(self._supervise("intake", self.intake.run)),

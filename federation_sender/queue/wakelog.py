@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from federation_sender.clock import Clock
+from federation_sender.telemetry.logging import log_context
 
 log = logging.getLogger("federation_sender.queue.manager")
 
@@ -38,4 +39,5 @@ class WakeLog:
             self.suppressed += 1
             return
         self._logged += 1
-        log.info("destination %s woken: %s%s", destination, why, earlier)
+        with log_context(destination=destination):
+            log.info("destination %s woken: %s%s", destination, why, earlier)

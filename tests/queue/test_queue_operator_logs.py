@@ -1,6 +1,7 @@
-"""What an operator reads in the queue's INFO lines: how many destinations start in
-catch-up, and a destination woken by another process's signal (main's retry-timings
-invalidation, ``REMOTE_SERVER_UP``), rate-limited. Real HTTP, fake clock."""
+"""What an operator reads in the INFO lines: how many destinations start in catch-up
+(the worker's start line), and a destination woken by another process's signal (main's
+retry-timings invalidation, ``REMOTE_SERVER_UP``), rate-limited, with the destination
+in the line's context like every queue line. Real HTTP, fake clock."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import logging
 
 import pytest
 
+from federation_sender.app import catchup_at_start_line
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage import destinations as dst
+from federation_sender.telemetry.logging import ContextFilter
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 
@@ -25,28 +28,26 @@ def infos(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
     ]  # fmt: skip
 
 
-async def test_start_logs_how_many_destinations_start_in_catch_up(
-    h: Harness, caplog: pytest.LogCaptureFixture
-) -> None:
-    caplog.set_level(logging.INFO, logger=MANAGER)
+async def test_start_finds_the_destinations_in_catch_up(h: Harness) -> None:
+    """What the worker's start line counts (app.py, ``catchup_at_start_line``)."""
     await room_with(h, "!a:l", D, "r2.test")
     await h.start()
-    assert infos(caplog, "in catch-up at start") == [
+    assert h.m.catchup_at_start == []
+    assert catchup_at_start_line([]) == (
         "destinations in catch-up at start: 0 (events owed to them were recorded before "
         "the last stop)"
-    ]
+    )
     h.fake.behave(D, status=503)
     h.fake.behave("r2.test", status=503)
     await h.writer.message("!a:l", ALICE)
     h.poke()
     await h.settle()
     await h.m.stop(0.0)
-    caplog.clear()
     await h.start()
-    assert infos(caplog, "in catch-up at start") == [
-        "destinations in catch-up at start: 2 (events owed to them were recorded before "
-        "the last stop): r1.test, r2.test"
-    ]
+    assert h.m.catchup_at_start == [D, "r2.test"]
+    assert catchup_at_start_line([f"d{i}" for i in range(7)]).endswith(
+        "before the last stop): d0, d1, d2, d3, d4, …"
+    )
 
 
 async def backing_off(h: Harness) -> None:
@@ -64,10 +65,13 @@ async def test_remote_server_up_wake_is_logged(
     h: Harness, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO, logger=MANAGER)
+    caplog.handler.addFilter(ContextFilter())
     await backing_off(h)
     await h.m.remote_server_up(D)
     await h.settle()
     assert infos(caplog, "woken") == [f"destination {D} woken: REMOTE_SERVER_UP"]
+    woken = [r for r in caplog.records if "woken" in r.getMessage()]
+    assert [getattr(r, "context", {}).get("destination") for r in woken] == [D]
 
 
 async def test_invalidation_wake_is_logged_once_and_not_when_nothing_woke(
