@@ -11,6 +11,10 @@ second copy refuses to start with one line (:class:`StartupError`, exit status 1
   dedicated connection (autocommit, outside the engine's pool, ``application_name``
   ``federation-sender <instance> lock``) that stays open for the worker's life. The
   refusal names the holder's backend pid and client address from ``pg_stat_activity``.
+  The session asks the server for TCP keepalives (10 s idle, 5 s apart, 3 probes):
+  when the holder's host vanishes without closing the connection, the server ends the
+  session and frees the lock within about 25 s. Connect directly or through a pooler in
+  session mode: a transaction-mode pooler cannot hold a session lock.
   A session lock lives exactly as long as its connection, so the holder checks the
   connection every ``check_interval_s`` (a ``SELECT 1`` bounded by ``timeout_s``).
   When it is gone (the server restarted, the backend was terminated, the network
@@ -59,6 +63,13 @@ def lock_key(instance_name: str) -> tuple[int, int]:
     return LOCK_CLASS, objid
 
 
+SERVER_KEEPALIVES = (
+    "SET tcp_keepalives_idle = 10; SET tcp_keepalives_interval = 5;"
+    " SET tcp_keepalives_count = 3"
+)
+"""Per-session settings of the lock's connection (ignored on a Unix socket)."""
+
+
 class InstanceLockLost(LocalPermanentError):
     """The lock's connection ended and the lock could not be taken again."""
 
@@ -99,7 +110,7 @@ class PostgresInstanceLock:
     async def _connect(self) -> Any:
         import psycopg
 
-        return await asyncio.wait_for(
+        conn = await asyncio.wait_for(
             psycopg.AsyncConnection.connect(
                 _conninfo(self.url),
                 autocommit=True,
@@ -108,6 +119,14 @@ class PostgresInstanceLock:
             ),
             self.timeout_s + 1,
         )
+        try:
+            # The server ends this session (and frees the lock) about 25 s after our
+            # host vanished, instead of after the system's keepalive default (hours).
+            await asyncio.wait_for(conn.execute(SERVER_KEEPALIVES), self.timeout_s)
+        except BaseException:
+            await conn.close()
+            raise
+        return conn
 
     async def _try_lock(self, conn: Any) -> bool:
         cur = await conn.execute("SELECT pg_try_advisory_lock(%s, %s)", self.key)

@@ -42,6 +42,12 @@ def _holder_pid(cluster: PostgresCluster, name: str = "fed1") -> str:
     ).strip()
 
 
+async def _lock_session_setting(lock: PostgresInstanceLock, name: str) -> str:
+    cur = await lock._conn.execute(f"SHOW {name}")
+    row = await cur.fetchone()
+    return str(row[0])
+
+
 async def _until(cond: Callable[[], Awaitable[bool] | bool], what: str) -> None:
     async def poll() -> None:
         while True:
@@ -63,6 +69,8 @@ async def test_second_holder_refused_with_one_line_naming_the_first(
     await first.acquire()
     try:
         pid = _holder_pid(pg_cluster)
+        # The server ends the session ~25 s after our host vanished (TCP keepalives).
+        assert await _lock_session_setting(first, "tcp_keepalives_idle") == "10"
         with pytest.raises(StartupError) as e:
             await second.acquire()
         message = str(e.value)
