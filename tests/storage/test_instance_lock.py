@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.clock import SystemClock
 from federation_sender.errors import StartupError
@@ -135,3 +136,31 @@ async def test_sqlite_file_lock(tmp_path: Path) -> None:
     await second.acquire()
     await second.release()
     assert instance_lock("sqlite:///:memory:", "fed1", SystemClock()) is None
+
+
+async def test_native_worker_second_copy_refused_on_either_database(
+    db_url: str, engine: AsyncEngine, tmp_path: Path
+) -> None:
+    """The native backend takes the same lock: two workers as ``fed1`` on one database
+    (PostgreSQL: advisory lock; SQLite: the file lock) are one too many; ``fed2`` is
+    another instance; the first's stop releases it. (``engine``: the schema migrated.)"""
+    from federation_sender.app import Worker
+    from federation_sender.config import AdminSettings, DatabaseSettings, Settings
+
+    def settings(name: str, directory: str) -> Settings:
+        return Settings(
+            instance_name=name, data_dir=str(tmp_path / directory),
+            database=DatabaseSettings(url=db_url),
+            admin=AdminSettings(token="t" * 32),
+        )  # fmt: skip
+
+    first = await Worker.create(settings("fed1", "a"))
+    try:
+        with pytest.raises(StartupError, match="running as instance 'fed1'"):
+            await Worker.create(settings("fed1", "b"))
+        other = await Worker.create(settings("fed2", "c"))
+        await other.stop()
+    finally:
+        await first.stop()
+    again = await Worker.create(settings("fed1", "b"))
+    await again.stop()
