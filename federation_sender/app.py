@@ -46,6 +46,7 @@ from federation_sender.builders import (
     load_or_create_admin_token,
     load_or_create_signing_key,
     read_admin_token,
+    signing_key_path,
 )
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
@@ -129,6 +130,8 @@ class Worker:
     """Beside Synapse: what we say on replication about the ``caches`` stream we write."""
     admin_verifier: TokenVerifier | None = None
     """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
+    listening: dict[str, str] = field(default_factory=dict)
+    """Listener config key -> base URL it answers on (``admin.port``...), once started."""
     lock: InstanceLock | None = None
     """The instance lock (:mod:`federation_sender.storage.instance_lock`), held from
     before anything is sent until the worker stops."""
@@ -243,13 +246,33 @@ class Worker:
         s = self.settings
         self.ready = True
         log.info(
-            "worker %s started for %s (replication: %s, database: %s)",
+            "worker %s started for %s (replication: %s, database: %s); %s",
             s.instance_name,
             s.server_name,
             s.replication.transport,
             self.engine.url.get_backend_name(),
+            self.listening_description(),
         )
         log.info("%s", catchup_at_start_line(self.manager.catchup_at_start))
+
+    def listening_description(self) -> str:
+        """Where the listeners answer, for the start-up line: ``admin API
+        http://127.0.0.1:9293/_synapse/admin/v1/federation/destinations, dashboard
+        http://127.0.0.1:9293/dashboard, metrics http://127.0.0.1:9094/metrics``."""
+        parts = []
+        admin = self.listening.get("admin.port")
+        if admin is not None:
+            parts += [f"admin API {admin}/_synapse/admin/v1/federation/destinations",
+                      f"dashboard {admin}/dashboard"]
+        else:
+            parts.append("admin API off (admin.enabled: false)")
+        metrics = self.listening.get("telemetry.metrics_port")
+        parts.append(f"metrics {metrics}/metrics" if metrics is not None else
+                     "metrics off (telemetry.metrics_port: null)")
+        keys = self.listening.get("federation.key_listener_port")
+        if keys is not None:
+            parts.append(f"signing keys {keys}/_matrix/key/v2/server")
+        return ", ".join(parts)
 
     async def _start_parts(self) -> None:
         push = self.resources.push_async_callback
@@ -272,6 +295,7 @@ class Worker:
                 key, bind, port, start_http_server(app, bind, port, ssl_context=tls)
             )
             self.servers.append(server)
+            self.listening[key] = server.url
             push(server.stop)
 
     async def _stop_queues(self) -> None:
@@ -334,6 +358,7 @@ class Worker:
                 ready=self.is_ready,
                 counters=self.metrics.dashboard_counters,
                 verifier=self.admin_verifier,
+                server_name=self.settings.server_name,
             )
         return build_listeners(self.settings, admin, self.registry, self.signing_key, self.clock)
 
@@ -351,6 +376,7 @@ class Worker:
             self.stop_deadline_s = deadline_s
         await self.resources.aclose()
         self.servers.clear()
+        self.listening.clear()
         log.info("worker %s stopped", self.settings.instance_name)
 
 
@@ -365,8 +391,8 @@ def catchup_at_start_line(behind: list[str]) -> str:
 
 def _signing_key(settings: Settings, synapse: SynapseConfig | None) -> SigningKey:
     """Beside Synapse, its key (never generated); standalone, ours (generated once)."""
-    path = settings.federation.signing_key_path
-    return load_synapse_signing_key(path) if synapse is not None else (
+    path = signing_key_path(settings)
+    return load_synapse_signing_key(str(path)) if synapse is not None else (
         load_or_create_signing_key(path)
     )
 

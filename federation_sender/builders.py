@@ -34,13 +34,19 @@ Listener = tuple[str, str, int, web.Application, ssl.SSLContext | None]
 """(config key, bind, port, application, TLS context or None for plain HTTP)"""
 
 
-def load_or_create_signing_key(path: str) -> SigningKey:
+def load_or_create_signing_key(path: str | Path) -> SigningKey:
     p = Path(path)
     if not p.exists():
         p.parent.mkdir(parents=True, exist_ok=True)
         log.info("no signing key at %s; generating one", p)
         return generate_key_file(p)
     return load_signing_key(p)
+
+
+def signing_key_path(settings: Settings) -> Path:
+    """``federation.signing_key_path``, else ``<data_dir>/signing.key``."""
+    configured = settings.federation.signing_key_path
+    return Path(configured) if configured else Path(settings.data_dir) / "signing.key"
 
 
 def admin_token_path(settings: Settings) -> Path:

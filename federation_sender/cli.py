@@ -11,10 +11,13 @@ import argparse
 import asyncio
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from federation_sender.config import Settings, load_settings
 from federation_sender.errors import ConfigError, FederationSenderError, SchemaVersionError
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 EXIT_CONFIG = 2
 EXIT_SCHEMA = 3
@@ -99,16 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="use this PostgreSQL database instead of the embedded SQLite",
     )
     p.add_argument("--no-live", action="store_true", help="plain log lines instead of the table")
+    p.add_argument("--keep-running", action="store_true",
+                   help="after the delivery check, keep the worker, its dashboard and the "
+                   "simulated remotes running until Ctrl-C (or SIGTERM)")
     p.add_argument("--port-base", type=_port_base, default=None, metavar="N",
                    help="fixed ports instead of random ones: admin API and dashboard N, "
                    "metrics N+1, replication N+2, the simulated remotes from N+10")
 
-    try:
-        from federation_sender.batch.cli import add_batch_parser
-    except ImportError:  # pragma: no cover - batch jobs need pyspark
-        pass
-    else:
-        add_batch_parser(sub)
+    # Imports no pyspark: without the batch extra, 'batch' says how to install it.
+    from federation_sender.batch.cli import add_batch_parser
+
+    add_batch_parser(sub)
     return parser
 
 
@@ -220,12 +224,16 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 def _init(settings: Settings) -> int:
     """Create what workers sharing a data directory must not race to create."""
-    from pathlib import Path
 
-    from federation_sender.builders import admin_token_path, create_admin_token, read_admin_token
+    from federation_sender.builders import (
+        admin_token_path,
+        create_admin_token,
+        read_admin_token,
+        signing_key_path,
+    )
     from federation_sender.transport.signing import generate_key_file, load_signing_key
 
-    key_path = Path(settings.federation.signing_key_path)
+    key_path = signing_key_path(settings)
     if key_path.exists():
         key = load_signing_key(key_path)
         print(f"signing key {key.key_id} already in {key_path}")
@@ -246,7 +254,7 @@ def _displayable(settings: Settings) -> dict[str, Any]:
     every URL (database, Redis) replaced."""
     import dataclasses
 
-    from federation_sender.telemetry.logging import REDACTED, redact_url
+    from federation_sender.redaction import REDACTED, redact_url
 
     def clean(value: Any) -> Any:
         if isinstance(value, dict):
@@ -261,12 +269,24 @@ def _displayable(settings: Settings) -> dict[str, Any]:
     return data
 
 
+async def _reachable(settings: Settings, engine: AsyncEngine) -> None:
+    """Wait for the database as the worker does (``database.connect_attempts``): an
+    unreachable one ends in one line (StartupError), not a driver's traceback."""
+    from federation_sender.clock import SystemClock
+    from federation_sender.startup import wait_for_database
+
+    db = settings.database
+    await wait_for_database(engine, attempts=db.connect_attempts,
+                            interval_s=db.connect_retry_s, clock=SystemClock())
+
+
 async def _migrate(settings: Settings, revision: str) -> int:
     from federation_sender.storage.engine import create_engine
     from federation_sender.storage.migrate import current_revision, upgrade
 
     engine = create_engine(settings.database.url)
     try:
+        await _reachable(settings, engine)
         before = await current_revision(engine)
         await upgrade(engine, revision)
         after = await current_revision(engine)
@@ -289,6 +309,7 @@ async def _migrate_beside_synapse(settings: Settings, revision: str) -> int:
 
     engine = create_synapse_engine(settings.database.url)
     try:
+        await _reachable(settings, engine)
         before = await own_revision(engine)
         await upgrade_own_schema(engine, revision)
         after = await own_revision(engine)

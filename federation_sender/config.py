@@ -25,6 +25,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from federation_sender.errors import ConfigError
+from federation_sender.redaction import redact_url
 
 ENV_PREFIX = "FEDERATION_SENDER__"
 
@@ -54,8 +55,9 @@ class ReplicationSettings:
 
 @dataclass(frozen=True)
 class FederationSettings:
-    signing_key_path: str = "./data/signing.key"
-    """Synapse-format ed25519 key file; generated on first run when missing."""
+    signing_key_path: str | None = None
+    """Synapse-format ed25519 key file; generated on first run when missing. Unset:
+    ``<data_dir>/signing.key`` (as the admin token follows ``data_dir``)."""
     verify_tls: bool = True
     extra_ca_file: str | None = None
     ip_allow_list: list[str] = field(default_factory=list)
@@ -324,8 +326,6 @@ no driver for SQLite means aiosqlite: see ``storage.engine.normalise_url``)."""
 def _check_database_url(url: str) -> None:
     from sqlalchemy.engine import make_url
     from sqlalchemy.exc import ArgumentError
-
-    from federation_sender.telemetry.logging import redact_url
 
     expected = "postgresql://user:password@host/database or sqlite:///path/to/file.db"
     try:

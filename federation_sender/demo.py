@@ -28,17 +28,21 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import logging
 import random
 import shutil
+import signal
+import socket
 import sys
 from pathlib import Path
 from typing import IO
 
 from federation_sender.app import Worker
-from federation_sender.builders import load_or_create_signing_key
+from federation_sender.builders import load_or_create_signing_key, signing_key_path
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
+from federation_sender.errors import StartupError
 from federation_sender.queue import DestinationStatus
 from federation_sender.sim.check import DeliveryReport, check_delivery
 from federation_sender.sim.driver import Driver, Scenario
@@ -58,6 +62,33 @@ SERVER_NAME = "demo.local"
 
 REMOTES_PORT_OFFSET = 10
 """With ``--port-base N``: admin N, metrics N+1, replication N+2, remotes from N+10."""
+
+
+class PortTaken(Exception):
+    """A port of ``--port-base``'s range is in use: one line, exit 2."""
+
+    def __init__(self, port: int, base: int, last: int) -> None:
+        super().__init__(
+            f"port {port} (of --port-base {base}'s range {base}-{last}) is already in "
+            f"use: choose another --port-base, or omit it for free random ports")
+
+
+def demo_ports(port_base: int, destinations: int) -> list[int]:
+    """Every port ``--port-base`` fixes: admin, metrics, replication, one per remote."""
+    remotes = port_base + REMOTES_PORT_OFFSET
+    return [port_base, port_base + 1, port_base + 2, *range(remotes, remotes + destinations)]
+
+
+def check_ports_free(port_base: int, destinations: int, host: str = "127.0.0.1") -> None:
+    """Raise :class:`PortTaken` for the first port of the range that cannot be bound."""
+    ports = demo_ports(port_base, destinations)
+    for port in ports:
+        with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                probe.bind((host, port))
+            except OSError:
+                raise PortTaken(port, port_base, ports[-1]) from None
 
 
 def demo_settings(base: Settings, args: argparse.Namespace, data: Path) -> Settings:
@@ -158,7 +189,7 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
 
     engine = create_engine(settings.database.url)
     await upgrade(engine)
-    key = load_or_create_signing_key(settings.federation.signing_key_path)
+    key = load_or_create_signing_key(signing_key_path(settings))
     scenario = _scenario(args)
     names = scenario.remote_server_names
     outage_end = max(10.0, args.duration * 0.6)
@@ -196,14 +227,34 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
         start = clock.monotonic_s()
         try:
             report = await _watch(worker, driver, fleet, clock, args, live, out)
+            elapsed = clock.monotonic_s() - start
+            records = fleet.records()
+            if getattr(args, "keep_running", False):
+                _print_totals(report, driver, records, elapsed, out)
+                print(f"still running (--keep-running): dashboard {worker.admin_url}/dashboard;"
+                      " Ctrl-C to stop", file=out, flush=True)
+                await _until_interrupted()
         finally:
             await worker.stop(deadline_s=5.0)
-        elapsed = clock.monotonic_s() - start
-        records = fleet.records()
     await engine.dispose()
     log_file.close()
-    _print_totals(report, driver, records, elapsed, out)
+    if not getattr(args, "keep_running", False):
+        _print_totals(report, driver, records, elapsed, out)
     return 0 if report.ok else 1
+
+
+async def _until_interrupted() -> None:
+    """Return on SIGINT (Ctrl-C) or SIGTERM."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 def _scenario(args: argparse.Namespace) -> Scenario:
@@ -284,8 +335,37 @@ def _print_totals(
         f"by {len(records)} remotes, in {elapsed:.1f}s",
         file=out,
     )
+    if got < want:
+        missing = want - got
+        print(f"({missing} expected deliver{'y' if missing == 1 else 'ies'} not seen: a "
+              "destination that went through "
+              "catch-up receives each room's newest event, which stands for the older ones "
+              "it missed; the delivery check counts the room as up to date)", file=out)
 
 
 def run_demo(settings: Settings, args: argparse.Namespace) -> int:
     logging.getLogger("asyncio").setLevel(logging.WARNING)
-    return asyncio.run(_run(settings, args, sys.stdout))
+    port_base: int | None = getattr(args, "port_base", None)
+    try:
+        if port_base:
+            check_ports_free(port_base, args.destinations)
+        return asyncio.run(_run(settings, args, sys.stdout))
+    except PortTaken as e:
+        print(f"federation-sender demo: {e}", file=sys.stderr)
+        return EXIT_PORT_TAKEN
+    except (OSError, StartupError) as e:
+        # Taken between the check and the bind (another process was quicker).
+        if not port_base or not _address_in_use(e):
+            raise
+        print(f"federation-sender demo: {e}: choose another --port-base, or omit it "
+              "for free random ports", file=sys.stderr)
+        return EXIT_PORT_TAKEN
+
+
+EXIT_PORT_TAKEN = 2
+
+
+def _address_in_use(e: BaseException) -> bool:
+    if isinstance(e, OSError):
+        return e.errno == errno.EADDRINUSE
+    return "already in use" in str(e)

@@ -223,3 +223,51 @@ def test_init_creates_the_shared_secrets_once(tmp_path: Path) -> None:
     assert second.returncode == 0, second.stderr
     assert "already" in second.stdout and "wrote" not in second.stdout
     assert (key.read_bytes(), token.read_bytes()) == before
+
+
+def test_check_config_hides_secret_query_parameters() -> None:
+    url = ("postgresql://fs@db/fs?password=q-s3cret&sslpassword=ssl-s3cret"
+           "&sslmode=verify-full&sslkey=/etc/fs/client.key")
+    proc = _cli("check-config", env={
+        "FEDERATION_SENDER__DATABASE__URL": url,
+        "FEDERATION_SENDER__REPLICATION__REDIS_URL": "redis://redis/0?token=t-s3cret"})
+    assert proc.returncode == 0, proc.stderr
+    assert "s3cret" not in proc.stdout
+    assert ("postgresql://fs@db/fs?password=<redacted>&sslpassword=<redacted>"
+            "&sslmode=verify-full&sslkey=/etc/fs/client.key") in proc.stdout
+    assert "redis://redis/0?token=<redacted>" in proc.stdout
+
+
+def test_config_does_not_import_telemetry() -> None:
+    """config and telemetry.logging share the redaction, which sits below both."""
+    code = ("import sys, federation_sender.config as c; c.load_settings(None, environ={}); "
+            "print(sorted(m for m in sys.modules if m.startswith('federation_sender.tele')))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert proc.stdout.strip() == "[]"
+
+
+def test_signing_key_follows_data_dir(tmp_path: Path) -> None:
+    env = {"FEDERATION_SENDER__DATA_DIR": str(tmp_path / "elsewhere")}
+    proc = _cli("init", cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "elsewhere" / "signing.key").exists()
+    assert (tmp_path / "elsewhere" / "admin.token").exists()
+    assert not (tmp_path / "data").exists()
+
+
+def test_migrate_with_the_database_down_is_one_line() -> None:
+    from federation_sender.testing.ports import free_port
+
+    port = free_port()  # nothing listens there
+    proc = _cli("migrate", env={
+        "FEDERATION_SENDER__DATABASE__URL": f"postgresql://fs:pw@127.0.0.1:{port}/fs",
+        "FEDERATION_SENDER__DATABASE__CONNECT_ATTEMPTS": "2",
+        "FEDERATION_SENDER__DATABASE__CONNECT_RETRY_S": "0"})
+    assert proc.returncode == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 2, lines  # the retry's warning, then the verdict
+    assert lines[-1].startswith(
+        f"federation-sender: database postgresql 127.0.0.1:{port}/fs unreachable after 2")
+    assert "pw" not in proc.stderr

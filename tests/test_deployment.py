@@ -173,6 +173,58 @@ def test_the_grafana_dashboard_reads_only_series_the_worker_exports() -> None:
         ":ro" in services["grafana"]["volumes"]
 
 
+def _dockerfile_stages() -> dict[str, list[str]]:
+    """The Dockerfile's stages by name, each as its instruction lines (continuations
+    joined), in order; the last one is what ``docker build .`` produces."""
+    stages: dict[str, list[str]] = {}
+    current: list[str] = []
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.upper().startswith("FROM "):
+            current = []
+            stages[line.split()[-1]] = current
+        current.append(line)
+    return stages
+
+
+def test_the_worker_image_is_the_default_and_carries_no_java_or_spark() -> None:
+    stages = _dockerfile_stages()
+    assert list(stages)[-1] == "worker", "docker build . must give the worker image"
+    worker = " ".join(stages["worker"])
+    assert stages["worker"][0] == "FROM base AS worker"
+    assert "apt-get" not in worker and "java" not in worker.lower()
+    # The wheel without extras: the runtime dependencies only (tests/test_install.py runs
+    # that install and the demo in an empty virtualenv).
+    assert "pip install /dist/federation_sender-*.whl" in worker
+    assert "[batch]" not in worker and "-e " not in worker
+    assert stages["worker"][-2:] == ["USER fedsender", 'CMD ["federation-sender", "worker"]']
+    base = " ".join(stages["base"])
+    assert "--uid 991" in base  # Synapse's user: reads Synapse's signing key beside it
+
+
+def test_the_batch_image_adds_java_the_jdbc_drivers_and_the_batch_extra() -> None:
+    batch = " ".join(_dockerfile_stages()["batch"])
+    for package in ("openjdk-17-jre-headless", "libpostgresql-jdbc-java",
+                    "libxerial-sqlite-jdbc-java"):
+        assert package in batch
+    assert "[batch]" in batch
+    assert "USER fedsender" in batch
+
+
+def test_images_are_built_from_the_wheel_and_compose_uses_the_worker_target() -> None:
+    build = " ".join(_dockerfile_stages()["build"])
+    assert "python -m build" in build
+    services = _compose()["services"]
+    ours = {n: s for n, s in services.items() if "federation-sender" in str(s.get("image"))}
+    for name, svc in ours.items():
+        want = "batch" if name == "batch" else "worker"
+        assert svc["build"] == {"context": ".", "target": want}, name
+    assert services["synapse-federation-sender"]["build"]["target"] == "worker"
+
+
 def test_default_listener_ports_are_not_synapses_replication_port() -> None:
     """Our default admin and metrics ports differ from the replication listener port
     docs/synapse.md and the compose deployment give Synapse's main (9093, as in

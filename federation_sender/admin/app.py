@@ -13,7 +13,9 @@ Routes (all under ``/_synapse/admin/v1/federation`` need the bearer token):
   state on every destination.
 
 ``GET /_synapse/admin/v1/server_version`` answers ``{"server_version": ...}`` without a
-token, as Synapse does (synapse-admin asks it on its login page).
+token, as Synapse does (synapse-admin asks it on its login page). For synapse-admin's
+login with an access token: ``GET /_matrix/client/versions`` (open) and
+``GET /_matrix/client/v3/account/whoami`` (the token's user id; 401 as Synapse's).
 
 Open routes: ``/health`` (the process answers), ``/ready`` (the readiness check passed
 in), ``/openapi.json`` (the API description, checked against the routes in a test)
@@ -45,7 +47,7 @@ from federation_sender.admin.handlers import (
     CounterSource,
     ReadinessCheck,
 )
-from federation_sender.admin.middleware import error_middleware, make_auth_middleware
+from federation_sender.admin.middleware import USER_ID, error_middleware, make_auth_middleware
 from federation_sender.admin.protocols import QueueControl, TokenVerifier
 from federation_sender.clock import Clock
 from federation_sender.storage.protocols import Backend
@@ -108,6 +110,30 @@ async def _server_version(request: web.Request) -> web.Response:
     return web.json_response({"server_version": server_version()})
 
 
+CLIENT_VERSIONS = ("r0.6.1", *(f"v1.{minor}" for minor in range(1, 13)))
+"""The Matrix client-server spec versions ``/_matrix/client/versions`` lists (those
+Synapse 1.163 lists from r0.6.1 on): synapse-admin checks the server answers before
+it asks ``whoami``. Only ``whoami`` of the client API is served here."""
+
+
+async def _client_versions(request: web.Request) -> web.Response:
+    return web.json_response({"versions": list(CLIENT_VERSIONS), "unstable_features": {}})
+
+
+async def _whoami(request: web.Request) -> web.Response:
+    """Synapse's answer for the token's user (no device: the admin token has none)."""
+    return web.json_response({"user_id": request[USER_ID], "is_guest": False})
+
+
+def admin_user_id(server_name: str) -> str:
+    """The user id ``whoami`` gives the static admin token: a name no Synapse user is
+    likely to have, on our server name."""
+    return f"@{ADMIN_LOCALPART}:{server_name}"
+
+
+ADMIN_LOCALPART = "federation-sender-admin"
+
+
 async def _openapi(request: web.Request) -> web.Response:
     return web.json_response(openapi_document())
 
@@ -131,13 +157,17 @@ def build_admin_app(
     ready: ReadinessCheck | None = None,
     counters: CounterSource | None = None,
     verifier: TokenVerifier | None = None,
+    server_name: str = "localhost",
 ) -> web.Application:
     """Build the admin application. ``token`` must be non-empty; ``ready`` returns
     (or resolves to) whether the worker is ready (``/ready`` answers 503 when not);
     ``counters`` gives the running totals the dashboard charts (``summary.counters``);
-    ``verifier`` checks bearer tokens other than ``token`` (none: only ``token``)."""
-    app = web.Application(
-        middlewares=[error_middleware, make_auth_middleware(token, verifier)])
+    ``verifier`` checks bearer tokens other than ``token`` (none: only ``token``);
+    ``server_name`` is the server part of the user id ``whoami`` gives ``token``."""
+    app = web.Application(middlewares=[
+        error_middleware,
+        make_auth_middleware(token, verifier, admin_user_id(server_name)),
+    ])
     app[STORAGE] = storage
     app[QUEUES] = queues
     app[CLOCK] = clock
@@ -151,6 +181,8 @@ def build_admin_app(
     app.router.add_post(dest + "/reset_connection", handlers.reset_connection)
     app.router.add_get(API + "/summary", handlers.summary)
     app.router.add_get("/_synapse/admin/v1/server_version", _server_version)
+    app.router.add_get("/_matrix/client/versions", _client_versions)
+    app.router.add_get("/_matrix/client/v3/account/whoami", _whoami)
     app.router.add_get("/health", handlers.health)
     app.router.add_get("/ready", handlers.ready)
     app.router.add_get("/openapi.json", _openapi)

@@ -1,6 +1,7 @@
 """Request middleware: Matrix-style errors, bearer-token auth, CORS.
 
-Auth: every path under ``/_synapse/admin/`` needs ``Authorization: Bearer <token>``,
+Auth: every path under ``/_synapse/admin/`` and ``/_matrix/client/`` (only ``whoami``
+is served there, and the open ``versions``) needs ``Authorization: Bearer <token>``,
 compared in constant time. The token is never read from the query string (URLs end
 up in access logs and browser history). A token that is not the static one goes to
 the :class:`TokenVerifier`, when there is one (beside Synapse: a server admin's access
@@ -31,9 +32,15 @@ audit = logging.getLogger("federation_sender.admin.audit")
 
 PRINCIPAL = web.RequestKey("admin_principal", str)
 """Who made the request, as the audit line names them (never the token itself)."""
+USER_ID = web.RequestKey("admin_user_id", str)
+"""The Matrix user id the token stands for (``whoami``): the static token's
+configured one, or the Synapse admin the verifier accepted (the puppeted user)."""
 
 ADMIN_PREFIX = "/_synapse/admin/"
-OPEN_ADMIN_PATHS = frozenset({"/_synapse/admin/v1/server_version"})
+CLIENT_PREFIX = "/_matrix/client/"
+"""The two client-API routes synapse-admin asks to log in (``versions``, ``whoami``)."""
+OPEN_ADMIN_PATHS = frozenset({"/_synapse/admin/v1/server_version",
+                              "/_matrix/client/versions"})
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -48,13 +55,26 @@ def token_matches(presented: str, expected: str) -> bool:
     return hmac.compare_digest(presented.encode("utf-8"), expected.encode("utf-8"))
 
 
-def make_auth_middleware(token: str, verifier: TokenVerifier | None = None) -> Middleware:
+def _api_path(path: str) -> bool:
+    return path.startswith(ADMIN_PREFIX) or path.startswith(CLIENT_PREFIX)
+
+
+def acting_user(principal: str) -> str:
+    """The user a verifier's principal acts as: its last ``@user:server`` word
+    (``Synapse admin @ops:hs``, ``Synapse admin @ops:hs as @other:hs``)."""
+    words = [w for w in principal.split() if w.startswith("@")]
+    return words[-1] if words else principal
+
+
+def make_auth_middleware(token: str, verifier: TokenVerifier | None = None,
+                         user_id: str = "") -> Middleware:
+    """``user_id``: what ``whoami`` answers for the static token."""
     if not token:
         raise ValueError("the admin token must not be empty")
 
     @web.middleware
     async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if (request.method == "OPTIONS" or not request.path.startswith(ADMIN_PREFIX)
+        if (request.method == "OPTIONS" or not _api_path(request.path)
                 or request.path in OPEN_ADMIN_PATHS):
             return await handler(request)
         header = request.headers.get("Authorization")
@@ -66,8 +86,10 @@ def make_auth_middleware(token: str, verifier: TokenVerifier | None = None) -> M
         presented = presented.strip()
         if token_matches(presented, token):
             request[PRINCIPAL] = "admin token"
+            request[USER_ID] = user_id
         elif verifier is not None:
-            request[PRINCIPAL] = await verifier.verify(presented)
+            request[PRINCIPAL] = principal = await verifier.verify(presented)
+            request[USER_ID] = acting_user(principal)
         else:
             raise AdminError(401, Codes.UNKNOWN_TOKEN, "Unrecognised access token.")
         return await handler(request)
@@ -78,7 +100,7 @@ def make_auth_middleware(token: str, verifier: TokenVerifier | None = None) -> M
 @web.middleware
 async def error_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Outermost: turn every failure into JSON and add CORS headers to API replies."""
-    if request.method == "OPTIONS" and request.path.startswith(ADMIN_PREFIX):
+    if request.method == "OPTIONS" and _api_path(request.path):
         return web.Response(status=204, headers=_CORS_HEADERS)
     try:
         response = await handler(request)
@@ -97,7 +119,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         # The top of a request: log with context and answer 500 rather than drop it.
         log.exception("admin request %s %s failed", request.method, request.path)
         response = error_response(500, Codes.UNKNOWN, "Internal server error")
-    if request.path.startswith(ADMIN_PREFIX):
+    if _api_path(request.path):
         if not response.prepared:
             response.headers.update(_CORS_HEADERS)
         if request.method not in ("GET", "HEAD"):

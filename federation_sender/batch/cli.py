@@ -3,8 +3,11 @@
 Jobs: ``backfill-destination-rooms`` (``--dry-run``), ``audit`` (``--repair``),
 ``health-report`` (``--output``) and ``snapshot`` (copy the tables the jobs read to a
 Parquet directory, for ``--snapshot`` runs on a cluster). Exit status: 0 success,
-1 the job failed, 2 bad arguments or configuration, 4 the audit found lost or
-mismatched rows.
+1 the job failed, 2 bad arguments or configuration, or a missing prerequisite (the
+``batch`` extra, Java: :mod:`.requirements`), 4 the audit found lost or mismatched rows.
+
+This module imports no pyspark (the jobs are imported when one runs), so the main
+command line and the worker work without the ``batch`` extra.
 """
 
 from __future__ import annotations
@@ -15,11 +18,17 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from federation_sender.batch import audit, backfill, health
 from federation_sender.batch.io import Database, JdbcSource, SnapshotSource, Source, write_snapshot
 from federation_sender.batch.job import JobContext, JobResult
 from federation_sender.batch.progress import Progress, format_summary
-from federation_sender.batch.session import SessionOptions, build_session
+from federation_sender.batch.requirements import (
+    INSTALL_JAVA,
+    MissingPrerequisite,
+    check_java,
+    check_modules,
+    check_sqlite_jdbc,
+)
+from federation_sender.batch.session import SQLITE_JDBC_JAR, SessionOptions, build_session
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
 
@@ -47,8 +56,9 @@ file the demo and the default configuration use).
   health-report               per-destination health: Parquet, CSV and HTML
   snapshot                    copy the tables to Parquet, for --snapshot runs
 
-Exit status: 0 success, 1 the job failed, 2 bad arguments or configuration,
-4 the audit found lost or mismatched rows. 'federation-sender batch JOB --help'
+Exit status: 0 success, 1 the job failed, 2 bad arguments or configuration, or
+a missing prerequisite (the batch extra, Java), 4 the audit found lost or
+mismatched rows. 'federation-sender batch JOB --help'
 lists a job's options."""
 
 
@@ -114,6 +124,12 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     out = out if out is not None else sys.stdout
     clock = clock if clock is not None else SystemClock()
     job: str = args.job
+    if spark is None:
+        # The extra first: without pyspark nothing else about the run matters.
+        try:
+            check_modules()
+        except MissingPrerequisite as e:
+            return _usage(str(e))
     server_name = args.server_name or settings.server_name
     db_url = args.database_url or settings.database.url
     demo = None if args.database_url or args.snapshot else _demo_database(settings)
@@ -145,10 +161,24 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
         conf[key] = value
     owned = spark is None
     if spark is None:
-        spark = build_session(SessionOptions(
-            master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
-            progress_bar=args.spark_progress, conf=conf,
-        ))
+        try:
+            if not args.remote:
+                check_java()
+            if db is not None and db.sqlite and not args.snapshot and "spark.jars" not in conf:
+                check_sqlite_jdbc(SQLITE_JDBC_JAR)
+        except MissingPrerequisite as e:
+            return _usage(str(e))
+        try:
+            spark = build_session(SessionOptions(
+                master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
+                progress_bar=args.spark_progress, conf=conf,
+            ))
+        except Exception as e:  # Py4J's gateway, Spark Connect's channel: one line
+            print(f"federation-sender batch {job}: could not start Spark: "
+                  f"{_first_line(e)}" + ("" if args.remote else
+                                         f" (is Java working? {INSTALL_JAVA})"),
+                  file=sys.stderr)
+            return EXIT_FAILED
     if args.partitions and not args.remote:
         spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
     progress = Progress(job, clock, enabled=not args.quiet)
@@ -156,8 +186,8 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     try:
         result = _run(job, args, spark, db, server_name, progress, clock)
     except Exception as e:  # top of the command: report and fail
-        print(f"federation-sender batch {job}: failed: {type(e).__name__}: {e}",
-              file=sys.stderr)
+        # One line: a Py4J error's text carries the whole Java stack.
+        print(f"federation-sender batch {job}: failed: {_first_line(e)}", file=sys.stderr)
         return EXIT_FAILED
     finally:
         if owned:
@@ -165,6 +195,11 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     result.summary["spark_master"] = master
     _print(result, progress, out, as_json=args.json)
     return result.exit_status
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
 
 
 def _demo_database(settings: Settings) -> tuple[str, str] | None:
@@ -189,6 +224,9 @@ def _demo_database(settings: Settings) -> tuple[str, str] | None:
 
 def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database | None,
          server_name: str, progress: Progress, clock: Clock) -> JobResult:
+    # The jobs import pyspark at module level: only here, once it is known installed.
+    from federation_sender.batch import audit, backfill, health
+
     # Each JDBC partition is one database connection: cap the default.
     partitions = args.partitions or min(
         int(spark.conf.get("spark.sql.shuffle.partitions") or 4), 16

@@ -7,9 +7,13 @@ Synapse's schedule, every number configurable: the first failure backs off
 Once the interval exceeds ``catchup_threshold_s`` (1 hour) the queue gives up its
 in-memory items and relies on catch-up instead.
 
-A 429 is not a failure: :class:`RateLimit` pauses the queue for the peer's
-``Retry-After`` (else 2 s, doubling while 429s continue, at most 60 s), in memory only,
-and the persisted schedule is not touched.
+A 429 is first not a failure: :class:`RateLimit` pauses the queue, in memory only, and
+the persisted schedule is not touched. The pause is 2 s, doubling while 429s continue (at
+most 60 s); the peer's ``Retry-After`` may lengthen it, never shorten it, so a peer that
+answers ``Retry-After: 0`` (or a negative or tiny ``retry_after_ms``) to every attempt
+gets three attempts in ten seconds, not one a millisecond. The
+:data:`RATE_LIMIT_MAX_IN_A_ROW`-th 429 in a row (after about three minutes of pauses) is
+a failure with the persisted backoff, and so is every further one until a success.
 
 The policy never reads the clock or a global random source: ``now_ms`` and an
 ``random.Random`` are passed in, so tests pin every value.
@@ -106,7 +110,13 @@ class BackoffPolicy:
 
 
 RATE_LIMIT_BASE_MS = 2_000
+"""The first 429's pause, and the least any 429 pauses: a hint of 0 is not a licence to
+retry at once."""
 RATE_LIMIT_CAP_MS = 60_000
+"""The longest unhinted pause (a hint up to ``RateLimit.longest_s`` is honoured)."""
+RATE_LIMIT_MAX_IN_A_ROW = 8
+"""The 8th 429 in a row, after pauses of 2, 4, 8, 16, 32, 60 and 60 s (182 s), and every
+one after it until a success, counts as a failure (Synapse backs off on the first)."""
 
 
 class RateLimit:
@@ -121,21 +131,35 @@ class RateLimit:
         self.until_ms = 0
         self._in_a_row = 0
 
+    @property
+    def in_a_row(self) -> int:
+        """429s since the last success."""
+        return self._in_a_row
+
     def active_at(self, now_ms: int) -> bool:
         if self.until_ms and self.until_ms <= now_ms:
             self.until_ms = 0
         return self.until_ms > now_ms
 
+    def pause_ms(self, retry_after_s: float | None) -> int | None:
+        """The pause the next 429 would get; None if it is to count as a failure
+        instead (too many in a row, or a hint longer than ``longest_s``)."""
+        if self._in_a_row + 1 >= RATE_LIMIT_MAX_IN_A_ROW:
+            return None
+        wait_ms = min(RATE_LIMIT_CAP_MS, RATE_LIMIT_BASE_MS << self._in_a_row)
+        if retry_after_s is not None and retry_after_s > 0:  # NaN and negatives: no hint
+            if retry_after_s > self.longest_s:
+                return None
+            wait_ms = max(wait_ms, int(retry_after_s * 1000))
+        return wait_ms
+
     def on_429(self, retry_after_s: float | None, now_ms: int) -> bool:
-        """Pause; False if the peer asks for longer than ``longest_s``."""
-        if retry_after_s is not None:
-            wait_ms = int(retry_after_s * 1000)
-            if wait_ms > self.longest_s * 1000:
-                return False
-        else:
-            wait_ms = min(RATE_LIMIT_CAP_MS, RATE_LIMIT_BASE_MS << min(self._in_a_row, 16))
+        """Pause (True), or False: the caller treats this 429 as a failure."""
+        wait_ms = self.pause_ms(retry_after_s)
         self._in_a_row += 1
-        self.until_ms = now_ms + max(wait_ms, 1)
+        if wait_ms is None:
+            return False
+        self.until_ms = now_ms + wait_ms
         return True
 
     def on_success(self) -> None:

@@ -18,7 +18,8 @@ Invariants:
 * Refusals are judged by :class:`~federation_sender.queue.isolation.ItemIsolation`
   (split, quarantine with spaced retries, probe, drop only with successes in between,
   or blame the destination).
-* A 429 pauses the queue briefly (:class:`~federation_sender.queue.backoff.RateLimit`).
+* A 429 pauses the queue briefly (:class:`~federation_sender.queue.backoff.RateLimit`),
+  longer at each 429 in a row whatever the peer's hint; past a bound 429s are failures.
   Every real success reports ``succeeded`` (the store resets the persisted backoff,
   whoever wrote it).
 """
@@ -331,10 +332,14 @@ class DestinationCore:
             else:
                 self._drop(batch, "too_large", eff)
             return eff
-        if result.status == 429 and self.rate_limit.on_429(result.retry_after_s, now_ms):
-            # Overloaded, not failed: resend the same transaction after a brief pause.
-            self.current = FrozenTxn(txn.txn_id, batch, txn.attempts + 1)
-            return eff
+        if result.status == 429:
+            first = self.rate_limit.in_a_row == 0
+            if self.rate_limit.on_429(result.retry_after_s, now_ms):
+                # Overloaded, not failed: resend the same transaction after a pause.
+                if first:
+                    eff.rate_limited_ms = self.rate_limit.until_ms - now_ms
+                self.current = FrozenTxn(txn.txn_id, batch, txn.attempts + 1)
+                return eff
         if self.isolation.is_refusal(result.status, batch):
             verdict = self.isolation.on_refusal(batch, result.status, now_ms)
             if verdict is not Verdict.DESTINATION:
@@ -355,7 +360,9 @@ class DestinationCore:
             # Only an answer clears it: an empty catch-up step advancing locally says
             # nothing about the destination.
             self.last_error = None
-        self.rate_limit.on_success()
+        if self.rate_limit.in_a_row:
+            eff.rate_limit_ended = self.rate_limit.in_a_row
+            self.rate_limit.on_success()
         self.isolation.on_success(batch)
         eff.succeeded = bool(batch)
         if self.backoff != RESET:

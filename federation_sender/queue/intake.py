@@ -177,6 +177,7 @@ class EventIntake:
         """Handle one batch (one database transaction, then the hand-over); returns how
         many PDUs were handed to queues."""
         after, upto = self.position, self.target
+        started = self.clock.monotonic_s()
 
         async def fn(tx: Tx) -> _Batch:
             rows = await tx.events.events_after(after, upto, self.batch_size)
@@ -202,7 +203,8 @@ class EventIntake:
         if self.gate is not None:
             self.gate.handed_over()
         rooms = len({e.room_id for e, _ in b.fanout})
-        self.observer.events_processed(b.events, b.new_position, n, pdus=pdus, rooms=rooms)
+        self.observer.events_processed(b.events, b.new_position, n, pdus=pdus, rooms=rooms,
+                                       duration_s=self.clock.monotonic_s() - started)
         return n
 
     def _hand_over(

@@ -70,10 +70,10 @@ class QueueObserver(Protocol):
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None: ...
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
-                         pdus: int = 0, rooms: int = 0) -> None:
+                         pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         """The intake finished a batch: events read, new position, (PDU, destination)
         pairs enqueued, PDUs enqueued for at least one destination, rooms of the
-        batch's sendable events."""
+        batch's sendable events, and how long the batch took (read to hand-over)."""
 
     def queues_changed(self, active: int) -> None:
         """The number of live destination queues changed."""
@@ -123,7 +123,7 @@ class NoopObserver:
         pass
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
-                         pdus: int = 0, rooms: int = 0) -> None:
+                         pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         pass
 
     def queues_changed(self, active: int) -> None:
@@ -148,6 +148,17 @@ def report(
                       d, result.error or result.outcome.value, interval_s)
         elif was_failing:
             log.info("destination %s answers again; backoff cleared", d)
+    if eff.rate_limited_ms is not None:
+        # Once per run of 429s (the next line is at its end): a peer answering 429 to
+        # every attempt would otherwise log one line per attempt.
+        log.info("destination %s is rate limiting us (%s%s); pausing %gs, longer at "
+                 "each further 429, until it accepts a transaction",
+                 d, result.error or "HTTP 429",
+                 "" if result.retry_after_s is None else f", retry after {result.retry_after_s:g}s",
+                 eff.rate_limited_ms / 1000.0)
+    if eff.rate_limit_ended:
+        log.info("destination %s accepts transactions again after %d 429s in a row",
+                 d, eff.rate_limit_ended)
     for item, reason in eff.dropped:
         kind = "pdu" if isinstance(item, PduItem) else item.edu_type
         log.warning("dropping %s for %s: %s (last error: %s)",

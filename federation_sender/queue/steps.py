@@ -68,6 +68,10 @@ class Effects:
     succeeded: bool = False
     """The destination accepted a transaction: the persisted backoff must be reset,
     whoever wrote it."""
+    rate_limited_ms: int | None = None
+    """The first 429 after a success (or since loading): paused this long."""
+    rate_limit_ended: int = 0
+    """A success after this many 429s in a row."""
 
 
 def outbox_keys(items: Iterable[PduItem | EduItem], eff: Effects) -> None:

@@ -15,7 +15,8 @@ Layers, from pure to I/O (each module's docstring is its theory of operation):
   persistence of finished positions.
 
 Invariants: any input either parses or raises ``ProtocolError``; a bad input
-costs one reconnect, never the process and never a persisted position; a
+costs one reconnect on TCP and one skipped message on the Redis bus, never the
+process and never a persisted position; a
 writer reset never makes new rows look stale. The wire protocol, extension
 included, is documented in ``docs/replication-protocol.md``.
 """

@@ -276,6 +276,10 @@ class ReplicationClient:
                 try:
                     row = parser(command.row)
                 except ProtocolError as e:
+                    if session.skips_bad_input:
+                        logger.warning("replication: failed to parse an RDATA row, "
+                                       "skipped: %s", e)
+                        continue
                     session.abort(str(e))
                     raise
                 key = (stream, command.instance_name)

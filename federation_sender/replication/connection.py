@@ -27,7 +27,11 @@ Policy enforced here, identically on every transport:
 
 Any violation raises :class:`ProtocolError` (once) from :meth:`next_command`,
 queues ``ERROR <reason>`` for the peer and marks the connection closed; the
-shell then flushes :meth:`data_to_send` and closes the transport.
+shell then flushes :meth:`data_to_send` and closes the transport. A message
+handed to :meth:`receive_line` (the Redis bus, which frames messages itself) is
+the exception: a bad one raises ``ProtocolError`` and leaves the connection
+open, since on a bus it is one publisher's message and says nothing about the
+next (:data:`MAX_BUS_MESSAGE_BYTES` is the bus's limit).
 """
 
 from __future__ import annotations
@@ -41,6 +45,18 @@ from federation_sender.errors import ProtocolError
 from federation_sender.replication import commands as c
 
 MAX_LINE_BYTES = c.MAX_LINE_BYTES
+
+MAX_BUS_MESSAGE_BYTES = 1024 * 1024
+"""The longest message accepted on the Redis bus. Synapse caps lines at 16 KiB on TCP
+only; on Redis it publishes whatever a row serialises to, and a presence row carries the
+user's ``status_msg``, which only the client API's request size bounds (12.5 MiB, or
+``max_upload_size``, 50 MB, where the process serves media). Measured on 1.163: a status
+of n ASCII characters makes a line of n + 100 bytes (a non-ASCII one is escaped to 6
+bytes); main accepted and published a 13 MB one. 1 MiB is 64 times the TCP limit, a
+status of a million ASCII characters (the real-Synapse test's 100 kB one is a tenth of
+it), a quarter of our 4 MB transaction limit, so that the EDU still fits one, and it
+bounds what one message makes us parse and hold. A longer message is skipped with a
+warning like any bad one: that presence update is not sent, a later one under the limit is."""
 
 
 class Role(enum.Enum):
@@ -93,6 +109,7 @@ class Limits:
 
 
 DEFAULT_LIMITS = Limits()
+BUS_LIMITS = Limits(max_line_bytes=MAX_BUS_MESSAGE_BYTES)
 
 
 class ReplicationConnection:
@@ -139,15 +156,13 @@ class ReplicationConnection:
             self._data_time_s = self._clock.monotonic_s()
 
     def receive_line(self, line: bytes) -> c.Command | None:
-        """Handle one already-framed line (the Redis bus delivers messages, not bytes)."""
+        """Handle one already-framed message (the Redis bus delivers messages, not
+        bytes). A bad one raises ``ProtocolError`` and, unlike a bad line in a byte
+        stream, leaves the connection open: the next message does not depend on it."""
         if self.closed:
             return None
         self._data_time_s = self._clock.monotonic_s()
-        try:
-            return self._handle_line(line)
-        except ProtocolError as e:
-            self._fail(str(e))
-            raise
+        return self._handle_line(line)
 
     def next_command(self) -> c.Command | None:
         """The next complete command, or ``None`` when more data is needed or closed."""

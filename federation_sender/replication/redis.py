@@ -16,10 +16,15 @@ harmless. RDATA and POSITION naming our own instance are also ignored by the
 client.
 
 Policy differs from TCP in one way: there is no single peer to blame or to send
-``ERROR`` to. Unknown commands (newer Synapse versions add some) are skipped;
-a malformed known command ends the session, and the client resubscribes and
-sends ``REPLICATE``, whose POSITIONs make it fetch whatever it missed. Redis
-does its own keepalive, so the PING timers are off.
+``ERROR`` to, and any process may publish on the channel. Unknown commands
+(newer Synapse versions add some) are skipped silently; a bad message (longer
+than :data:`~federation_sender.replication.connection.MAX_BUS_MESSAGE_BYTES`,
+not UTF-8, a malformed command, a POSITION going backwards, an RDATA row that
+does not parse) is skipped with one warning, as Synapse does ("Failed to parse
+replication line"), and the subscription stays. Dropping it instead, as this
+module once did, lost whatever was published while resubscribing (0.3-1 s):
+typing and presence rows have no gap fetcher to bring them back. Redis does its
+own keepalive, so the PING timers are off.
 
 :class:`RedisTransport` is the reader's ``Transport``; :class:`RedisWriterBridge`
 publishes a :class:`ReplicationWriter` on the channel and answers REPLICATE.
@@ -39,9 +44,10 @@ from redis.exceptions import RedisError
 
 from federation_sender.clock import Clock
 from federation_sender.errors import ProtocolError
+from federation_sender.redaction import redact_url
 from federation_sender.replication import commands as c
 from federation_sender.replication.connection import (
-    DEFAULT_LIMITS,
+    BUS_LIMITS,
     Limits,
     ReplicationConnection,
     Role,
@@ -49,7 +55,6 @@ from federation_sender.replication.connection import (
 from federation_sender.replication.reconnect import DEFAULT_BACKOFF, Backoff
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.transport import ConnectionLost, cancel_and_wait
-from federation_sender.telemetry.logging import redact_url
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +79,12 @@ async def _get_message(
     return message
 
 
+def excerpt(payload: bytes, limit: int = 100) -> str:
+    """A log-safe look at a message: its first bytes and its length."""
+    head = repr(payload[:limit])
+    return head if len(payload) <= limit else f"{head}... ({len(payload)} bytes)"
+
+
 def channel_for(server_name: str, command: c.Command) -> str:
     if isinstance(command, c.HistoryCommand):
         return f"{server_name}/psync"
@@ -86,6 +97,7 @@ class RedisSession:
     """One subscription (implements ``transport.Session``)."""
 
     supports_psync = True
+    skips_bad_input = True
 
     def __init__(
         self,
@@ -142,9 +154,10 @@ class RedisSession:
                 continue
             try:
                 command = self._conn.receive_line(payload)
-            except ProtocolError:
-                self._closed_reason = "bad input on the bus"
-                raise
+            except ProtocolError as e:
+                logger.warning("replication: failed to parse a message on redis channel "
+                               "%s, skipped: %s: %s", self._server_name, e, excerpt(payload))
+                continue
             if command is not None:
                 return [command]
 
@@ -170,7 +183,7 @@ class RedisTransport:
         server_name: str,
         *,
         clock: Clock,
-        limits: Limits = DEFAULT_LIMITS,
+        limits: Limits = BUS_LIMITS,
     ) -> None:
         self.url = url
         self.server_name = server_name

@@ -74,6 +74,7 @@ class TcpSession:
     """One reader-side TCP connection (implements ``transport.Session``)."""
 
     supports_psync = True
+    skips_bad_input = False
 
     def __init__(
         self,

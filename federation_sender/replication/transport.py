@@ -6,9 +6,10 @@ connection (TCP) or one subscription (Redis). The client sends through
 :meth:`Session.receive`, which raises :class:`ConnectionLost` when the session
 is over (peer closed, keepalive timeout, congestion, our own abort) and
 ``ProtocolError`` for bad input (the session has already told the peer and
-closed). ``Transport.open`` returns only when sending ``REPLICATE`` is safe:
-for TCP after ``NAME`` and ``PING`` are queued, for Redis after the
-subscription is confirmed, so no reply to it can be missed.
+closed), except on a session that ``skips_bad_input`` (the Redis bus), which
+logs it and reads on. ``Transport.open`` returns only when sending
+``REPLICATE`` is safe: for TCP after ``NAME`` and ``PING`` are queued, for
+Redis after the subscription is confirmed, so no reply to it can be missed.
 """
 
 from __future__ import annotations
@@ -29,6 +30,12 @@ class Session(Protocol):
     supports_psync: bool
     """Whether ``REPLICATE`` may carry the PSYNC offer (always safe: plain peers
     ignore it), and whether ``HISTORY`` can arrive on this session."""
+
+    skips_bad_input: bool
+    """Whether bad input (a line or row that does not parse) is skipped with a warning
+    rather than ending the session. True on the Redis bus, where any process may publish
+    and the next message does not depend on the bad one; False on TCP, where Synapse
+    answers ``ERROR`` and closes, and we do the same."""
 
     def send(self, command: c.Command) -> None:
         """Queue a command for the peer(s); never blocks."""

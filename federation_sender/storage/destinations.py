@@ -134,8 +134,10 @@ _SET_RETRY_TIMINGS = text(
     " VALUES (:destination, :failure_ts, :retry_last_ts, :retry_interval)"
     " ON CONFLICT (destination) DO UPDATE SET failure_ts = excluded.failure_ts,"
     " retry_last_ts = excluded.retry_last_ts, retry_interval = excluded.retry_interval"
-    " WHERE destinations.retry_interval IS NULL"
-    " OR destinations.retry_interval < excluded.retry_interval OR excluded.retry_interval = 0"
+    " WHERE excluded.retry_interval = 0 OR excluded.retry_last_ts = 0"
+    " OR destinations.retry_interval IS NULL"
+    " OR destinations.retry_interval < excluded.retry_interval"
+    " OR destinations.retry_last_ts < excluded.retry_last_ts"
 )
 """One text for PostgreSQL and SQLite (both speak this ON CONFLICT): SQLAlchemy cannot
 cache a dialect ``insert().on_conflict_do_update()`` and compiled it on every call, 7 %
@@ -149,8 +151,10 @@ async def set_retry_timings(
     retry_last_ts: int,
     retry_interval: int,
 ) -> None:
-    """Persist backoff. ``retry_interval == 0`` resets; otherwise the stored interval is
-    only replaced by a longer one."""
+    """Persist backoff, with Synapse's condition: ``retry_interval == 0`` resets;
+    otherwise the stored row is replaced by a longer interval or a later attempt
+    (``retry_last_ts`` advances at every attempt, also once the interval is at its cap),
+    never by an older attempt's."""
     await conn.execute(
         _SET_RETRY_TIMINGS,
         {

@@ -25,7 +25,8 @@ from federation_sender.errors import SchemaVersionError
 if TYPE_CHECKING:
     from alembic.config import Config
 
-_ROOT = Path(__file__).resolve().parents[2]
+_MIGRATIONS = Path(__file__).resolve().parent / "migrations"
+"""Shipped inside the package, so an installed wheel migrates as a checkout does."""
 
 HEAD = "0001"
 """The newest revision in ``migrations/versions`` (a test compares it with alembic's)."""
@@ -34,8 +35,10 @@ HEAD = "0001"
 def alembic_config() -> Config:
     from alembic.config import Config
 
-    cfg = Config(str(_ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(_ROOT / "migrations"))
+    cfg = Config()
+    cfg.set_main_option("script_location", str(_MIGRATIONS))
+    # A module name may not start with a digit (check-wheel-contents W004).
+    cfg.set_main_option("file_template", "r%%(rev)s_%%(slug)s")
     return cfg
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar, Token
@@ -20,6 +19,7 @@ from types import MappingProxyType
 from typing import IO, Any
 
 from federation_sender.config import TelemetrySettings
+from federation_sender.redaction import redact
 
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 _context: ContextVar[Mapping[str, Any]] = ContextVar("federation_sender_log_context",
@@ -27,39 +27,6 @@ _context: ContextVar[Mapping[str, Any]] = ContextVar("federation_sender_log_cont
 
 CONTEXT_KEYS_FIRST = ("destination", "txn_id")
 """Rendered first, and always present in JSON (null when unset)."""
-
-REDACTED = "<redacted>"
-
-_URL_PASSWORD = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://[^\s/@:\"']*:)[^\s/@\"']+@")
-"""``scheme://user:password@host``: the password (a database or Redis URL)."""
-
-_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    (_URL_PASSWORD, r"\1" + REDACTED + "@"),
-    # Authorization: Bearer <token>
-    (re.compile(r"(?i)\b(bearer)\s+[A-Za-z0-9._~+/=-]+"), r"\1 " + REDACTED),
-    # X-Matrix auth header signature: sig="..."
-    (re.compile(r"(?i)\b(sig)\s*=\s*\"?[A-Za-z0-9+/=_-]+\"?"), r'\1="' + REDACTED + '"'),
-    # key/value secrets in JSON, repr or query strings: token=..., "password": "..."
-    (re.compile(r"(?i)(\b(?:access_token|token|password|secret|signing_key|private_key)"
-                r"[\"']?\s*[:=]\s*[\"']?)[^\"'\s,&}]+"), r"\1" + REDACTED),
-    # Synapse signing key file lines: "ed25519 a_AbCd <base64 seed>"
-    (re.compile(r"(\bed25519\s+[A-Za-z0-9_]+\s+)[A-Za-z0-9+/]{32,}={0,2}"), r"\1" + REDACTED),
-)
-
-
-def redact(text: str, secrets: Iterable[str] = ()) -> str:
-    for secret in secrets:
-        if secret:
-            text = text.replace(secret, REDACTED)
-    for pattern, repl in _PATTERNS:
-        text = pattern.sub(repl, text)
-    return text
-
-
-def redact_url(url: str) -> str:
-    """``url`` with the password of its userinfo replaced (for display)."""
-    return _URL_PASSWORD.sub(r"\1" + REDACTED + "@", url)
-
 
 class LogContext:
     """The context manager :func:`log_context` returns. A class rather than a

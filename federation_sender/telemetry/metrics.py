@@ -149,6 +149,12 @@ class Metrics:
         self._last_ts = Gauge(n.EVENT_PROCESSING_LAST_TS,
                               "Persistence time (ms) of the last processed event", ["name"],
                               registry=r)
+        self._lag_by_event = Histogram(n.EVENT_PROCESSING_LAG_BY_EVENT,
+                                       "Time between an event being persisted and it being "
+                                       "queued up to be sent to the relevant remote servers",
+                                       ["name"], registry=r)
+        self._block_count = Counter(n.BLOCK_COUNT, "", ["block_name"], registry=r)
+        self._block_time = Counter(n.BLOCK_TIME, "", ["block_name"], registry=r)
         self._catchup_steps = Counter(n.CATCHUP_STEPS, "Catch-up steps by outcome",
                                       ["outcome"], registry=r)
         self._live_instances = Gauge(n.SHARD_LIVE_INSTANCES,
@@ -166,6 +172,11 @@ class Metrics:
         self._lag_ms_child = self._lag_ms.labels(n.EVENT_PROCESSING_NAME)
         self._position_child = self._positions.labels(n.EVENT_PROCESSING_NAME)
         self._last_ts_child = self._last_ts.labels(n.EVENT_PROCESSING_NAME)
+        self._lag_by_event_child = self._lag_by_event.labels(n.EVENT_PROCESSING_NAME)
+        self._send_block = (self._block_count.labels(n.BLOCK_SEND_TRANSACTION),
+                            self._block_time.labels(n.BLOCK_SEND_TRANSACTION))
+        self._rooms_block = (self._block_count.labels(n.BLOCK_HANDLE_ROOM_EVENTS),
+                             self._block_time.labels(n.BLOCK_HANDLE_ROOM_EVENTS))
         self._requests: dict[str, Counter] = {"PUT": self._http_requests.labels("PUT")}
         self._responses: dict[tuple[str, int], Counter] = {}
         self._edus_by_type: dict[str, Counter] = {}
@@ -189,6 +200,8 @@ class Metrics:
             raise ValueError(f"unknown transaction outcome {outcome!r}")
         children[0].inc()
         children[1].observe(max(0.0, duration_s))
+        self._send_block[0].inc()
+        self._send_block[1].inc(max(0.0, duration_s))
         if outcome != "success":
             return
         self._sent_txns.inc()
@@ -204,9 +217,14 @@ class Metrics:
             self._sent_edus.inc(total_edus)
 
     def events_fanned_out(self, events: int, rooms: int, pdus: int,
-                          pdu_destinations: int) -> None:
+                          pdu_destinations: int, *, duration_s: float = 0.0) -> None:
         """One fan-out batch: ``events`` read, in ``rooms`` rooms; ``pdus`` of them
-        queued for ``pdu_destinations`` (PDU, destination) pairs."""
+        queued for ``pdu_destinations`` (PDU, destination) pairs, in ``duration_s``
+        (Synapse's ``handle_room_events`` block, once per room: the batch's time is
+        counted once, where Synapse's concurrent per-room blocks each count theirs)."""
+        if rooms:
+            self._rooms_block[0].inc(rooms)
+            self._rooms_block[1].inc(max(0.0, duration_s))
         self._events_processed.inc(events)
         self._loop.inc()
         self._loop_room.inc(rooms)
@@ -260,6 +278,14 @@ class Metrics:
             self._position_child.set(position)
         if last_ts_ms is not None:
             self._last_ts_child.set(last_ts_ms)
+
+    def pdus_queued_lag(self, seconds: float, pdus: int) -> None:
+        """``pdus`` PDUs of one fan-out batch were queued ``seconds`` after the newest
+        of them was announced (Synapse's ``event_processing_lag_by_event``, one
+        observation per PDU; the batch's older PDUs are counted with its newest's lag)."""
+        child, seconds = self._lag_by_event_child, max(0.0, seconds)
+        for _ in range(pdus):
+            child.observe(seconds)
 
     def catchup_step(self, outcome: str) -> None:
         self._catchup_steps.labels(outcome).inc()

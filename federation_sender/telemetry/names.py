@@ -34,6 +34,18 @@ EVENT_PROCESSING_LAG_MS = "synapse_event_processing_lag"
 EVENT_PROCESSING_POSITIONS = "synapse_event_processing_positions"
 EVENT_PROCESSING_LAST_TS = "synapse_event_processing_last_ts"
 EVENT_PROCESSING_NAME = "federation_sender"
+EVENT_PROCESSING_LAG_BY_EVENT = "synapse_event_processing_lag_by_event"
+"""Histogram (seconds, Prometheus' default buckets as Synapse's), label
+``name="federation_sender"``: per PDU queued for one or more destinations, from its
+announcement to its hand-over to the queues (Grafana's "Federation send PDU lag")."""
+BLOCK_COUNT = "synapse_util_metrics_block_count"
+"""Synapse's ``Measure`` blocks, label ``block_name``: ``_send_new_transaction`` (every
+transaction attempt, whatever its outcome: Grafana's failed-transactions line is this
+rate minus ``synapse_federation_client_sent_transactions``) and ``handle_room_events``
+(once per room of each fan-out batch)."""
+BLOCK_TIME = "synapse_util_metrics_block_time_seconds"
+BLOCK_SEND_TRANSACTION = "_send_new_transaction"
+BLOCK_HANDLE_ROOM_EVENTS = "handle_room_events"
 
 # --- metrics: ours ----------------------------------------------------------------------
 DELIVERED_PDUS = "federation_sender_delivered_pdus"

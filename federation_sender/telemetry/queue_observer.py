@@ -142,8 +142,8 @@ class TelemetryObserver:
         step.set_attribute(n.ATTR_EVENTS, pdus)
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
-                         pdus: int = 0, rooms: int = 0) -> None:
-        self._metrics.events_fanned_out(count, rooms, pdus, fanned_out)
+                         pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
+        self._metrics.events_fanned_out(count, rooms, pdus, fanned_out, duration_s=duration_s)
         self.events_processed_total += count
         self.last_position = position
         announced: float | None = None
@@ -155,6 +155,8 @@ class TelemetryObserver:
         self._metrics.event_processing_lag(
             lag, position=position, last_ts_ms=int(self._clock.time_s() * 1000)
         )
+        if announced is not None and pdus:
+            self._metrics.pdus_queued_lag(lag, pdus)
 
     def queues_changed(self, active: int) -> None:
         pass

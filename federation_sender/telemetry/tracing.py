@@ -52,17 +52,28 @@ from federation_sender.telemetry.logging import log_context
 SERVICE_NAME = "federation-sender"
 
 
+LOW_PRIORITY_ROOTS = frozenset({n.SPAN_REPLICATION_BATCH})
+"""Roots traced only from what transactions leave (:class:`RateLimitedSampler`)."""
+
+
 class RateLimitedSampler(Sampler):
     """Roots kept by ``inner`` (a ratio by trace id), at most ``max_per_s`` a second:
     a token bucket holding one second's worth (at least one), refilled continuously on
     ``clock``. What the bucket refuses is dropped, so tracing costs at most
     ``max_per_s`` traces a second however busy the worker is, and a quiet worker still
-    traces everything the ratio keeps. ``max_per_s`` 0: no limit."""
+    traces everything the ratio keeps. ``max_per_s`` 0: no limit.
+
+    Transactions (and catch-up steps) get the budget first: a low-priority root (a
+    replication batch, :data:`LOW_PRIORITY_ROOTS`, dozens a second of one event each)
+    takes a token only while the bucket holds more than half its capacity, so it is
+    traced from what transactions leave and never drains the tokens they need."""
 
     def __init__(self, inner: Sampler, max_per_s: float, clock: Clock) -> None:
         self._inner = inner
         self._rate = max_per_s
         self._capacity = max(1.0, max_per_s)
+        self._reserve = max(1.0, self._capacity / 2)
+        """Tokens a low-priority root leaves in the bucket for transactions."""
         self._tokens = self._capacity
         self._clock = clock
         self._last = clock.monotonic_s()
@@ -84,7 +95,8 @@ class RateLimitedSampler(Sampler):
         now = self._clock.monotonic_s()
         self._tokens = min(self._capacity, self._tokens + (now - self._last) * self._rate)
         self._last = now
-        if self._tokens < 1.0:
+        floor = 1.0 + self._reserve if name in LOW_PRIORITY_ROOTS else 1.0
+        if self._tokens < floor:
             return SamplingResult(Decision.DROP, None, result.trace_state)
         self._tokens -= 1.0
         return result

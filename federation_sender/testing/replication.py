@@ -146,6 +146,7 @@ class MemorySession:
     """
 
     supports_psync = True
+    skips_bad_input = False
 
     def __init__(self, chunks: Sequence[bytes], clock: Clock, *, hold_open: bool = False) -> None:
         self._chunks = list(chunks)

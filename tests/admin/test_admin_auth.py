@@ -61,3 +61,29 @@ async def test_empty_token_is_refused() -> None:
 
     with pytest.raises(ValueError):
         make_auth_middleware("")
+
+
+WHOAMI = "/_matrix/client/v3/account/whoami"
+
+
+async def test_synapse_admin_can_log_in_with_the_admin_token(
+        client: TestClient[Any, Any]) -> None:
+    """synapse-admin's access-token login asks the client API's versions, then whoami."""
+    versions = await client.get("/_matrix/client/versions")
+    assert versions.status == 200
+    assert "v1.1" in (await versions.json())["versions"]
+    me = await client.get(WHOAMI, headers=AUTH)
+    assert me.status == 200
+    assert await me.json() == {"user_id": "@federation-sender-admin:localhost",
+                               "is_guest": False}
+    assert me.headers["Access-Control-Allow-Origin"] == "*"
+    for headers, errcode in [({}, "M_MISSING_TOKEN"),
+                             ({"Authorization": "Bearer wrong"}, "M_UNKNOWN_TOKEN")]:
+        refused = await client.get(WHOAMI, headers=headers)
+        assert refused.status == 401
+        assert (await refused.json())["errcode"] == errcode
+    preflight = await client.options(WHOAMI, headers={
+        "Origin": "https://admin.example", "Access-Control-Request-Method": "GET",
+        "Access-Control-Request-Headers": "authorization"})
+    assert preflight.status == 204
+    assert preflight.headers["Access-Control-Allow-Origin"] == "*"

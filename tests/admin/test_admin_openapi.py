@@ -86,6 +86,9 @@ CALLS: list[tuple[str, str, dict[str, str], bool]] = [
     ("GET", "/_synapse/admin/v1/federation/summary", {}, True),
     ("GET", "/health", {}, False),
     ("GET", "/ready", {}, False),
+    ("GET", "/_matrix/client/versions", {}, False),
+    ("GET", "/_matrix/client/v3/account/whoami", {}, True),
+    ("GET", "/_matrix/client/v3/account/whoami", {}, False),
 ]
 
 

@@ -1,6 +1,10 @@
 """A Hypothesis state machine drives one sans-I/O DestinationCore against a model of the
 remote (up/down, poison items, a size limit) and of the database (destination_rooms).
 
+The remote may also answer 429 to everything for a while, with a hint of none, 0, a
+negative, a tiny or a real number of seconds: after a 429 the next attempt waits at least
+the shortest pause, and never more than 5 attempts fall in a minute of 429s.
+
 Some runs start in catch-up mode (as at startup), others outside it, so both delivery
 paths are reached. The remote may be down (transient failures) or, from some point
 until the end, refuse everything (400, even an empty transaction).
@@ -29,7 +33,7 @@ from hypothesis.stateful import (
     rule,
 )
 
-from federation_sender.queue.backoff import RESET, BackoffPolicy
+from federation_sender.queue.backoff import RATE_LIMIT_BASE_MS, RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import RoomPlan
 from federation_sender.queue.core import DestinationCore
@@ -64,6 +68,10 @@ class CoreMachine(RuleBasedStateMachine):
         self.keyed_seen: dict[str, int] = {}
         self.position_seen = -1
         self.refusing = False
+        self.rate_limiting: tuple[float | None] | None = None
+        """(hint,) while the remote answers 429 to everything."""
+        self.last_429_ms: int | None = None
+        self.attempts_in_429s: list[int] = []
         self.retry_of: str | None = None
         """The txn id of a transaction that failed transiently: the next send reuses it."""
 
@@ -111,6 +119,14 @@ class CoreMachine(RuleBasedStateMachine):
         modelled)."""
         self.refusing = True
 
+    @rule(hint=st.sampled_from([None, 0.0, -1.0, -1e9, 1e-6, 0.001, 0.5, 30.0]))
+    def start_rate_limiting(self, hint: float | None) -> None:
+        self.rate_limiting = (hint,)
+
+    @rule()
+    def stop_rate_limiting(self) -> None:
+        self.rate_limiting = None
+
     @precondition(lambda self: len(self.bad) < 3)
     @rule(data=st.data())
     def poison(self, data: st.DataObject) -> None:
@@ -121,6 +137,9 @@ class CoreMachine(RuleBasedStateMachine):
     # --- the remote and the shell -------------------------------------------------------
 
     def respond(self, pdus: tuple[str, ...], edus: int) -> SendResult:
+        if self.rate_limiting is not None:
+            return SendResult(Outcome.TRANSIENT, status=429, error="HTTP 429",
+                              retry_after_s=self.rate_limiting[0])
         if self.down:
             return SendResult(Outcome.TRANSIENT, error="down")
         if self.refusing:
@@ -170,7 +189,17 @@ class CoreMachine(RuleBasedStateMachine):
             assert prev == content, "a txn id must always carry the same content"
             if self.retry_of is not None:
                 assert t.txn_id == self.retry_of, "a retry must reuse the txn id"
+            if self.last_429_ms is not None:
+                assert self.now - self.last_429_ms >= RATE_LIMIT_BASE_MS, "429 storm"
             res = self.respond(content[0], len(b.edus))
+            if res.status == 429:
+                self.last_429_ms = self.now
+                self.attempts_in_429s = [t for t in self.attempts_in_429s
+                                         if t > self.now - 60_000] + [self.now]
+                assert len(self.attempts_in_429s) <= 5, self.attempts_in_429s
+            else:
+                self.last_429_ms = None
+                self.attempts_in_429s = []
             eff = c.on_result(t, res, self.now)
             self.retry_of = None
             if eff.backoff is not None and eff.backoff.backing_off:
@@ -215,6 +244,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.down = False
+        self.rate_limiting = None
         if self.refusing:
             # Long enough for every held item to be refused alone many times over.
             for _ in range(300):

@@ -8,6 +8,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import pytest
+
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.core import DestinationCore
@@ -43,9 +45,12 @@ class Drive:
     def message(self, mid: str, sid: int) -> None:
         self.core.add_outbox([(sid, {"message_id": mid, "messages": {}})], [], True)
 
-    def run(self, max_steps: int = 1_000) -> None:
-        """Until the queue is idle (advancing the clock through every wait)."""
+    def run(self, max_steps: int = 1_000, until_ms: int | None = None) -> None:
+        """Until the queue is idle (advancing the clock through every wait), or until
+        the clock reaches ``until_ms``."""
         for _ in range(max_steps):
+            if until_ms is not None and self.now >= until_ms:
+                return
             step = self.core.next_step(self.now)
             if isinstance(step, Idle):
                 return
@@ -188,6 +193,41 @@ def test_429_with_a_long_retry_after_is_a_persisted_backoff_of_at_least_that() -
     assert isinstance(step, Send)
     eff = d.core.on_result(step.txn, d.answer(step.txn), d.now)
     assert eff.backoff is not None and eff.backoff.retry_interval_ms >= 7_200_000
+
+
+@pytest.mark.parametrize("hint_s", [0.0, -1.0, -1e9, 0.001, 1e-9, 0.5, None])
+def test_a_peer_answering_only_429_gets_bounded_attempts_whatever_its_hint(
+    hint_s: float | None,
+) -> None:
+    """``Retry-After: 0``, a negative or tiny ``retry_after_ms`` used to pause 1 ms: a
+    peer answering 429 to everything got 1,000 attempts a second. The pause is now at
+    least the unhinted one and grows at each 429; the 8th in a row is a failure with the
+    persisted backoff (10 minutes, then doubling)."""
+    d = Drive(_rate_limited(hint_s, 10**9))
+    d.message("m", 1)
+    start = d.now
+    d.run(max_steps=10_000, until_ms=start + 3_600_000)
+    times = [t - start for t, _, _ in d.sent]
+    assert len([t for t in times if t < 10_000]) == 3  # 0, 2 and 6 s
+    assert len([t for t in times if t < 60_000]) == 5  # then 14 and 30 s
+    # Pauses of 2, 4, 8, 16, 32, 60 and 60 s, then the 8th 429 is a failure.
+    assert len([t for t in times if t < 600_000]) == 8
+    assert d.backoffs == len(times) - 7
+    assert d.core.backoff.backing_off and d.core.backoff.retry_interval_ms >= 600_000
+    assert len(times) <= 10  # in the first hour
+    assert {txn.txn_id for _, txn, _ in d.sent} == {d.sent[0][1].txn_id}
+
+
+def test_429s_interrupted_by_a_success_start_again_from_the_shortest_pause() -> None:
+    d = Drive(_rate_limited(0.0, 5))
+    d.message("m", 1)
+    d.run()
+    assert d.delivered_messages == ["m"] and d.backoffs == 0
+    d.answer = _rate_limited(0.0, 1)
+    d.message("n", 2)
+    start = d.now
+    d.run()
+    assert [t - start for t, _, _ in d.sent[-2:]] == [0, 2_000]
 
 
 def test_every_real_success_asks_for_the_persisted_backoff_to_be_reset() -> None:

@@ -318,3 +318,28 @@ async def test_settle_waits_for_a_queue_still_bootstrapping(h: Harness) -> None:
     await h.settle()
     assert [e["edu_type"] for e in h.fake.received_edus(D)] == ["m.typing"]
     await releaser
+
+
+async def test_retry_last_ts_advances_on_every_failed_attempt_in_catchup(h: Harness) -> None:
+    """Synapse writes ``retry_last_ts`` at every attempt, also once the interval is at
+    its cap (the admin API's and dashboard's "last retry" read it)."""
+    from dataclasses import replace
+
+    h.settings = replace(h.settings, backoff_max_s=7200.0)  # past catch-up's hour
+    await room_with(h, "!a:l", D)
+    await h.start()
+    h.fake.behave(D, status=503)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    await fail_until_catchup(h)
+    seen: list[int] = []
+    for _ in range(4):  # at the cap: the interval no longer grows
+        st = h.m.status(D)
+        assert st is not None and st.catching_up and st.next_retry_ts_ms is not None
+        await h.advance(st.next_retry_ts_ms / 1000 - h.clock.time_s())
+        row = await h.dest_row(D)
+        assert row.retry_interval == 7_200_000
+        seen.append(row.retry_last_ts)
+    assert seen == sorted(set(seen)), seen  # a new value at each attempt
+    assert seen[-1] == int(h.clock.time_s() * 1000)

@@ -178,6 +178,29 @@ def redirect(location: str, status: int = 307) -> RawHandler:
     return handler
 
 
+class TooManyRequests:
+    """Answers every request of every connection (keep-alive) with 429 and
+    ``Retry-After: <retry_after>``, counting them; a handler."""
+
+    def __init__(self, retry_after: str = "0") -> None:
+        self.retry_after = retry_after
+        self.requests = 0
+
+    async def __call__(self, r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        body = b'{"errcode":"M_LIMIT_EXCEEDED","error":"Too Many Requests"}'
+        head = (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\n"
+                b"Retry-After: %s\r\nContent-Length: %d\r\n\r\n"
+                % (self.retry_after.encode(), len(body)))
+        while True:
+            try:
+                await read_request(r)
+            except asyncio.IncompleteReadError:
+                return  # the client closed the connection
+            self.requests += 1
+            w.write(head + body)
+            await w.drain()
+
+
 def handler_by_name(spec: str) -> RawHandler:
     """``endless_body`` or ``redirect:307:http://x/``: a handler from its name."""
     name, _, args = spec.partition(":")

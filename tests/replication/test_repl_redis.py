@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import random
 import shutil
 import socket
@@ -17,6 +18,7 @@ import redis.asyncio as aioredis
 
 from federation_sender.clock import SystemClock
 from federation_sender.replication.client import ReplicationClient
+from federation_sender.replication.connection import MAX_BUS_MESSAGE_BYTES
 from federation_sender.replication.reconnect import Backoff
 from federation_sender.replication.redis import RedisTransport, RedisWriterBridge
 from federation_sender.replication.rows import EventRow, TypingRow
@@ -141,14 +143,67 @@ async def test_real_synapse_capture_replayed_on_the_channel(redis_url: str) -> N
     await publisher.aclose()
 
 
-async def test_bad_line_on_the_bus_resubscribes_without_moving_positions(redis_url: str) -> None:
+def rdata_event(token: int) -> str:
+    return (f'RDATA events master {token} ["ev",["$e{token}","!r:hs","m.room.message",'
+            'null,null,null,null,false,false]]')
+
+
+BAD_MESSAGES = {
+    "longer than the bus limit": b"RDATA typing master 3 " + b"[" * MAX_BUS_MESSAGE_BYTES,
+    "invalid UTF-8": b"RDATA typing master 3 [\"!r:hs\",[\"@\xff\xfe:hs\"]]",
+    "POSITION with prev above new": b"POSITION events master 900 150",
+    "row that fails to parse": b"RDATA typing master 3 [1,2,3]",
+    "malformed command": b"POSITION events master x y",
+    "RDATA without a row": b"RDATA events master 7",
+    "not JSON": b"RDATA events master 7 [\"ev\",",
+}
+
+
+async def test_a_bad_message_on_the_bus_is_skipped_and_the_next_one_handled(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each bad message is followed at once by a good RDATA: the good one is handled,
+    the subscription stays, each bad one costs one warning. (Before, each dropped the
+    subscription: what came in the next 0.3-1 s was lost.)"""
+    caplog.set_level("WARNING", logger="federation_sender.replication")
     client, handler, store = make_reader(redis_url)
     publisher = aioredis.Redis.from_url(redis_url)
     async with run(client.run):
         await asyncio.wait_for(client.connected.wait(), 5)
-        await publisher.publish(SERVER, "POSITION typing master 3 3")
-        await handler.wait_for(lambda: store.positions.get(("typing", "master")) == 3)
-        await publisher.publish(SERVER, "RDATA typing master 4 [1,2,3]")
-        await handler.wait_for(lambda: client.sessions_opened == 2)
-        assert store.positions[("typing", "master")] == 3
+        await publisher.publish(SERVER, "POSITION events master 100 100")
+        await publisher.publish(SERVER, "POSITION typing master 2 2")
+        await handler.wait_for(lambda: store.positions.get(("typing", "master")) == 2)
+        good = []
+        for i, bad in enumerate(BAD_MESSAGES.values()):
+            good.append(101 + i)
+            await publisher.publish(SERVER, bad)
+            await publisher.publish(SERVER, rdata_event(101 + i))
+        await publisher.publish(SERVER, "REMOTE_SERVER_UP done.example")
+        await handler.wait_for(lambda: handler.servers_up == ["done.example"])
+        assert [e.event_id for e in handler.rows("events")] == [f"$e{t}" for t in good]
+        assert client.sessions_opened == 1
+        assert store.positions[("typing", "master")] == 2
+        assert client.positions.get("events", "master") == good[-1]
+    await publisher.aclose()
+    warnings = [r.getMessage() for r in caplog.records if "failed to parse" in r.getMessage()]
+    assert len(warnings) == len(BAD_MESSAGES), warnings
+    assert all(len(w) < 400 for w in warnings), "a long message is not logged whole"
+
+
+async def test_lines_past_the_tcp_limit_are_handled_on_the_bus(redis_url: str) -> None:
+    """Synapse limits lines to 16 KiB on TCP only; on Redis a typing row of many users
+    or a presence row with a long status message is longer. Up to 1 MiB is handled."""
+    client, handler, store = make_reader(redis_url)
+    publisher = aioredis.Redis.from_url(redis_url)
+    users = [f"@user{i:06d}:hs" for i in range(20_000)]  # 280 KB
+    line = f'RDATA typing master 3 ["!r:hs",{json.dumps(users)}]'
+    assert len(line) > 16 * 16_384
+    async with run(client.run):
+        await asyncio.wait_for(client.connected.wait(), 5)
+        await publisher.publish(SERVER, "POSITION typing master 2 2")
+        await handler.wait_for(lambda: store.positions.get(("typing", "master")) == 2)
+        await publisher.publish(SERVER, line)
+        await handler.wait_for(lambda: len(handler.rows("typing")) == 1)
+        assert handler.rows("typing") == [TypingRow("!r:hs", tuple(users))]
+        assert client.sessions_opened == 1
     await publisher.aclose()

@@ -173,6 +173,8 @@ async def test_destination_retry_timings_round_trip_and_only_lengthen(subject: S
         # A stale writer (an older attempt) cannot shorten the backoff.
         await tx.destinations.set_retry_timings("a.test", 100, 150, 300_000)
         await tx.destinations.set_retry_timings("a.test", 100, 250, 1_200_000)  # longer: kept
+        # Another attempt at the capped interval: retry_last_ts moves (as Synapse's).
+        await tx.destinations.set_retry_timings("a.test", 100, 300, 1_200_000)
         await tx.destinations.set_retry_timings("b.test", None, 50, 5)
 
     await subject.run(writes)
@@ -183,7 +185,7 @@ async def test_destination_retry_timings_round_trip_and_only_lengthen(subject: S
         return a, b, await tx.destinations.get_destination("nowhere.test")
 
     a, b, none = await subject.run(get)
-    assert (a.retry_last_ts, a.retry_interval, a.failure_ts) == (250, 1_200_000, 100)
+    assert (a.retry_last_ts, a.retry_interval, a.failure_ts) == (300, 1_200_000, 100)
     assert (b.retry_last_ts, b.retry_interval, b.failure_ts) == (50, 5, None)
     assert none is None
 

@@ -22,9 +22,12 @@ async def test_upsert_destination_rooms_keeps_the_highest(engine: AsyncEngine) -
 async def test_retry_interval_never_moves_backwards_except_reset(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         await dst.set_retry_timings(conn, "a", 10, 10, 600_000)
-        await dst.set_retry_timings(conn, "a", 10, 20, 300_000)  # a stale writer
+        await dst.set_retry_timings(conn, "a", 10, 5, 300_000)  # a stale writer
         row = await dst.get_destination(conn, "a")
         assert row is not None and row.retry_interval == 600_000 and row.retry_last_ts == 10
+        await dst.set_retry_timings(conn, "a", 10, 20, 600_000)  # another attempt, capped
+        row = await dst.get_destination(conn, "a")
+        assert row is not None and row.retry_interval == 600_000 and row.retry_last_ts == 20
         await dst.set_retry_timings(conn, "a", 10, 30, 1_200_000)
         assert (await dst.get_destination(conn, "a")).retry_interval == 1_200_000  # type: ignore[union-attr]
         await dst.set_retry_timings(conn, "a", None, 40, 0)

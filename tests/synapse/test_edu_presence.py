@@ -1,21 +1,30 @@
 """Presence states, rooms, hosts and event metadata read from a real Synapse 1.163's
-tables: what main publishes on the presence stream, and the receipt hosts of a
-partial-state room."""
+tables: what main publishes on the presence stream (a long status message included), and
+the receipt hosts of a partial-state room."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import json
+import random
 import urllib.parse
 from collections.abc import AsyncIterator
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.clock import SystemClock
+from federation_sender.replication.client import ReplicationClient
+from federation_sender.replication.commands import MAX_LINE_BYTES
+from federation_sender.replication.reconnect import Backoff
+from federation_sender.replication.redis import RedisTransport
 from federation_sender.replication.rows import PresenceRow, parse_row
 from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.edus.rooms import SynapseRooms
+from federation_sender.testing.replication import InMemoryPositionStore, RecordingHandler
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 
@@ -90,3 +99,54 @@ async def test_receipt_hosts_and_event_metadata(
     finally:
         d.sql(f"DELETE FROM partial_state_rooms_servers WHERE room_id = '{room}'")
         d.sql(f"DELETE FROM partial_state_rooms WHERE room_id = '{room}'")
+
+
+async def test_a_100_kb_presence_line_from_synapse_is_handled(
+    synapse_deployment: SynapseDeployment,
+) -> None:
+    """Synapse does not limit a status message: a 100 kB one makes main publish a
+    presence line six times Synapse's own 16 KiB TCP limit on Redis. Our reader on the
+    channel handles it on the same subscription (it used to drop the subscription)."""
+    d = synapse_deployment
+    alice = d.client.register(f"pr_long{next(_names)}")
+    status = ("a long status message, ünïcödé included. " * 2_500)[:100_000]
+    clock = SystemClock()
+    handler = RecordingHandler()
+    client = ReplicationClient(
+        RedisTransport(d.redis_url, d.server_name, clock=clock),
+        instance_name=f"presence_reader{next(_names)}",
+        store=InMemoryPositionStore(),
+        fetchers={},
+        handler=handler,
+        clock=clock,
+        rng=random.Random(1),
+        streams={"presence"},
+        backoff=Backoff(0.01, 0.05),
+    )
+    path = f"/_matrix/client/v3/presence/{urllib.parse.quote(alice.user_id)}/status"
+
+    def received() -> bool:
+        return any(isinstance(r, PresenceRow) and r.state.status_msg == status
+                   and r.state.user_id == alice.user_id for r in handler.rows("presence"))
+
+    task = asyncio.create_task(client.run())
+    try:
+        await asyncio.wait_for(client.connected.wait(), 30)
+        with ReplicationTap(d.redis_url, d.server_name) as tap:
+            await asyncio.to_thread(d.client.call, "PUT", path,
+                                    {"presence": "online", "status_msg": status},
+                                    alice.access_token)
+            await handler.wait_for(received, timeout_s=30)
+
+            def published(lines: list[str]) -> bool:
+                return any(x.startswith("RDATA presence ") and alice.user_id in x
+                           for x in lines)
+
+            await asyncio.to_thread(tap.wait_for, published, what="the presence line")
+            line = [x for x in tap.lines if published([x])][-1]
+        assert len(line.encode()) > 100_000 > 6 * MAX_LINE_BYTES
+        assert client.sessions_opened == 1
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -153,6 +153,28 @@ def test_server_version_is_open_and_shaped_like_synapses(ours: OurSender) -> Non
     assert got.body["server_version"].startswith("federation-sender ")
 
 
+def test_whoami_answers_as_synapse_for_synapse_admin_login(
+    ours: OurSender, users: Users, synapse_deployment: SynapseDeployment
+) -> None:
+    """synapse-admin logs in with an access token through versions, then whoami: a
+    Synapse admin's token is that admin (the puppeted one for an admin login), as
+    Synapse says; our static token is our admin user."""
+    d = synapse_deployment
+    base = admin_url(ours)
+    assert call(base, "GET", "/_matrix/client/versions").status == 200
+    for token in (users.admin.access_token, puppet(d, users.admin, users.admin2)):
+        mine = call(base, "GET", "/_matrix/client/v3/account/whoami", token)
+        theirs = call(d.client_url, "GET", "/_matrix/client/v3/account/whoami", token)
+        assert mine.status == theirs.status == 200, mine.body
+        assert mine.body["user_id"] == theirs.body["user_id"]
+        assert mine.body["is_guest"] is theirs.body["is_guest"] is False
+    static = call(base, "GET", "/_matrix/client/v3/account/whoami", ours.admin_token)
+    assert static.status == 200
+    assert static.body["user_id"] == f"@federation-sender-admin:{d.server_name}"
+    unknown = call(base, "GET", "/_matrix/client/v3/account/whoami", "syt_nope")
+    assert (unknown.status, unknown.body["errcode"]) == (401, "M_UNKNOWN_TOKEN")
+
+
 def test_static_token_still_works(ours: OurSender) -> None:
     got = call(admin_url(ours), "GET", f"{API}?dir=f&from=0&limit=10&order_by=destination",
                ours.admin_token)

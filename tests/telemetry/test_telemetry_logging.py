@@ -10,13 +10,8 @@ from pathlib import Path
 import pytest
 
 from federation_sender.config import TelemetrySettings
-from federation_sender.telemetry.logging import (
-    REDACTED,
-    log_context,
-    redact,
-    redact_url,
-    setup_logging,
-)
+from federation_sender.redaction import REDACTED, redact, redact_url
+from federation_sender.telemetry.logging import log_context, setup_logging
 
 log = logging.getLogger("federation_sender.queue.test")
 

@@ -252,3 +252,27 @@ async def test_synapse_dashboard_metrics(run: Run) -> None:
     assert _sample(run, n.HTTP_RESPONSES + "_total", method="PUT", code="200") == attempts - 2
     delivered = sum(len(t.event_ids) for d in (GOOD, FLAKY) for t in run.hs.accepted(d))
     assert _sample(run, n.DELIVERED_PDUS + "_total") == delivered
+    # Synapse's Grafana dashboard: "Federation send PDU lag" reads the lag histogram by
+    # event; the failed-transactions line is _send_new_transaction's block count minus
+    # the sent transactions (here the two 503s).
+    assert _sample(run, n.BLOCK_COUNT + "_total", block_name="_send_new_transaction") == attempts
+    assert _sample(run, n.BLOCK_TIME + "_total", block_name="_send_new_transaction") > 0
+    failed = (_sample(run, n.BLOCK_COUNT + "_total", block_name="_send_new_transaction")
+              - _sample(run, n.SENT_TRANSACTIONS + "_total"))
+    assert failed == 2
+    assert _sample(run, n.BLOCK_COUNT + "_total", block_name="handle_room_events") == rooms
+    assert _sample(run, n.EVENT_PROCESSING_LAG_BY_EVENT + "_count",
+                   name="federation_sender") == len(evs)
+    # As scraped (/metrics, /_synapse/metrics): with the server_name label, as Synapse's.
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from federation_sender.telemetry.metrics import ServerNameLabelled
+
+    text = generate_latest(ServerNameLabelled(run.worker.metrics.registry, LOCAL)).decode()
+    samples = {(s.name, tuple(sorted(s.labels.items())))
+               for f in text_string_to_metric_families(text) for s in f.samples}
+    assert ("synapse_util_metrics_block_count_total",
+            (("block_name", "_send_new_transaction"), ("server_name", LOCAL))) in samples
+    assert ("synapse_event_processing_lag_by_event_bucket",
+            (("le", "+Inf"), ("name", "federation_sender"), ("server_name", LOCAL))) in samples

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,36 +13,62 @@ DESTINATIONS = 8
 
 
 def test_demo_runs_end_to_end_and_passes_the_delivery_check(tmp_path: Path) -> None:
+    """Also --keep-running: after the check, the dashboard stays up until Ctrl-C."""
+    import signal
+    import time
+    import urllib.request
+
     base = free_port_block(10 + DESTINATIONS)
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "federation_sender",
-            "demo",
-            "--destinations",
-            str(DESTINATIONS),
-            "--port-base",
-            str(base),
-            "--rooms",
-            "5",
-            "--events",
-            "150",
-            "--duration",
-            "8",
-            "--no-live",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=180,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "delivery check: OK" in proc.stdout
-    assert "totals:" in proc.stdout
+    out_path = tmp_path / "demo.out"
+    with out_path.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "federation_sender", "demo", "--destinations",
+             str(DESTINATIONS), "--port-base", str(base), "--rooms", "5", "--events", "150",
+             "--duration", "8", "--no-live", "--keep-running"],
+            stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
+        )
+    try:
+        deadline = time.monotonic() + 180
+        while "still running (--keep-running)" not in out_path.read_text():
+            assert proc.poll() is None, out_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, out_path.read_text()[-3000:]
+            time.sleep(0.2)
+        # The run is over and the dashboard still answers.
+        with urllib.request.urlopen(f"http://127.0.0.1:{base}/dashboard", timeout=10) as r:
+            assert r.status == 200
+    finally:
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait(timeout=60)
+    stdout = out_path.read_text()
+    assert status == 0, stdout[-3000:]
+    assert "delivery check: OK" in stdout
+    assert "totals:" in stdout
     # --port-base: the dashboard is where it was asked to be.
-    assert f"dashboard: http://127.0.0.1:{base}/dashboard" in proc.stdout
+    assert f"dashboard: http://127.0.0.1:{base}/dashboard" in stdout
+    # Fewer deliveries seen than expected is explained (catch-up sends the newest event).
+    got, want = map(int, re.search(r"(\d+)/(\d+) expected PDU deliveries seen",
+                                   stdout).groups())  # type: ignore[union-attr]
+    assert got == want or "catch-up receives each room's newest event" in stdout
+    assert "Traceback" not in stdout
     log = (tmp_path / "data" / "demo" / "worker.log").read_text()
     # The remote that is down for most of the run goes through catch-up and comes back.
     assert "enters catch-up" in log
     assert "Traceback" not in log
+
+
+def test_demo_with_a_taken_port_says_so_in_one_line(tmp_path: Path) -> None:
+    import socket
+
+    base = free_port_block(10 + DESTINATIONS)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", base + 12))  # a remote's port
+        taken.listen()
+        proc = subprocess.run(
+            [sys.executable, "-m", "federation_sender", "demo", "--destinations",
+             str(DESTINATIONS), "--port-base", str(base), "--no-live"],
+            capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        )
+    assert proc.returncode == 2, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"port {base + 12} " in line and "--port-base" in line, line
+    assert "Traceback" not in proc.stdout + proc.stderr

@@ -1,0 +1,95 @@
+"""deploy/config.example.yaml: every key of the settings, each with a comment, valid
+for check-config, and a worker started on it says where its listeners answer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from federation_sender.config import Settings, iter_keys, load_settings
+from federation_sender.testing.ports import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "deploy" / "config.example.yaml"
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value and prefix + key not in (
+                "federation.destination_overrides",):
+            out.update(_flatten(value, prefix + key + "."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def test_the_example_has_every_key_at_its_default() -> None:
+    flat = _flatten(yaml.safe_load(EXAMPLE.read_text()))
+    assert sorted(flat) == sorted(iter_keys())
+    assert load_settings(EXAMPLE, environ={}) == Settings()
+
+
+def test_every_key_of_the_example_is_commented() -> None:
+    lines = EXAMPLE.read_text().splitlines()
+    uncommented = []
+    for i, line in enumerate(lines):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or stripped.endswith(":"):
+            continue  # a comment, or a section header
+        j = i - 1
+        # A key is explained by the comment above it, or above the group of keys it is in.
+        while j >= 0 and lines[j].strip() and not lines[j].strip().startswith("#") \
+                and not lines[j].strip().endswith(":"):
+            j -= 1
+        if j < 0 or not lines[j].strip().startswith("#"):
+            uncommented.append(stripped)
+    assert uncommented == []
+
+
+def _env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("FEDERATION_SENDER__")}
+    return {**clean, **extra}
+
+
+def test_check_config_accepts_the_example(tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "federation_sender", "check-config", "-c",
+                           str(EXAMPLE)], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path, env=_env(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert '"server_name": "localhost:8448"' in proc.stdout
+
+
+def test_the_worker_on_the_example_says_where_it_listens(tmp_path: Path) -> None:
+    admin, metrics = free_port(), free_port()
+    env = _env(tmp_path, FEDERATION_SENDER__ADMIN__PORT=str(admin),
+               FEDERATION_SENDER__TELEMETRY__METRICS_PORT=str(metrics))
+    log = tmp_path / "worker.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "federation_sender", "worker", "-c",
+                                 str(EXAMPLE)], stdout=out, stderr=subprocess.STDOUT,
+                                cwd=tmp_path, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while " started for " not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, log.read_text()
+    (line,) = [ln for ln in log.read_text().splitlines() if " started for " in ln]
+    base = f"http://127.0.0.1:{admin}"
+    assert f"admin API {base}/_synapse/admin/v1/federation/destinations" in line, line
+    assert f"dashboard {base}/dashboard" in line
+    assert f"metrics http://127.0.0.1:{metrics}/metrics" in line
+    # The example's defaults put everything under ./data.
+    assert (tmp_path / "data" / "signing.key").exists()
+    assert (tmp_path / "data" / "admin.token").exists()
