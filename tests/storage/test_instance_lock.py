@@ -1,11 +1,17 @@
 """The instance lock (storage/instance_lock.py) on a real PostgreSQL and on SQLite:
 a second holder of the same name is refused with one line naming the first; another
 name is not; the lock survives its connection being terminated (taken again) and,
-when another process took it meanwhile, the holder stops (InstanceLockLost)."""
+when another process took it meanwhile, the holder stops (InstanceLockLost), and a
+worker process whose lock was taken stops at once with one ERROR line, exit 1."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -164,3 +170,53 @@ async def test_native_worker_second_copy_refused_on_either_database(
         await first.stop()
     again = await Worker.create(settings("fed1", "b"))
     await again.stop()
+
+
+def test_worker_process_that_loses_its_lock_to_another_stops_at_once(
+    pg_url: str, pg_engine: AsyncEngine, pg_cluster: PostgresCluster, tmp_path: Path
+) -> None:
+    """The worker's lock connection is terminated and another process takes the lock
+    before the worker can take it again: the worker stops with exit status 1 and one
+    ERROR line naming what happened, no traceback (``pg_engine``: the schema migrated)."""
+    config = tmp_path / "ours.yaml"
+    config.write_text(json.dumps({
+        "instance_name": "fed1", "data_dir": str(tmp_path / "data"),
+        "database": {"url": pg_url}, "admin": {"enabled": False},
+        "telemetry": {"metrics_port": None},
+    }))  # fmt: skip
+    log_path = tmp_path / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "federation_sender", "worker", "-c", str(config)],
+            stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path, env=dict(os.environ),
+        )  # fmt: skip
+    try:
+        clock = SystemClock()
+        deadline = clock.monotonic_s() + 30
+        while "took the instance lock" not in log_path.read_text() or not _holder_pid(
+            pg_cluster
+        ):
+            assert proc.poll() is None, log_path.read_text()
+            assert clock.monotonic_s() < deadline, log_path.read_text()
+            threading.Event().wait(0.05)  # polling a child's log and pg_locks
+
+        async def take_it() -> PostgresInstanceLock:
+            other = _lock(pg_url)
+            pg_cluster.psql(f"SELECT pg_terminate_backend({_holder_pid(pg_cluster)}, 5000)")
+            await other.acquire()
+            return other
+
+        other = asyncio.run(take_it())
+        try:
+            assert proc.wait(20) == 1
+        finally:
+            asyncio.run(other.release())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    text = log_path.read_text()
+    assert "Traceback" not in text
+    stops = [ln for ln in text.splitlines() if "stopping at once" in ln]
+    assert len(stops) == 1 and " ERROR " in stops[0], text[-2000:]
+    assert "lost the instance lock of 'fed1': another process took it" in stops[0]
