@@ -130,6 +130,8 @@ class Worker:
     """Beside Synapse: what we say on replication about the ``caches`` stream we write."""
     admin_verifier: TokenVerifier | None = None
     """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
+    event_writers: tuple[str, ...] | None = None
+    """Beside Synapse: ``stream_writers.events``; None: one writer, whoever it is."""
     listening: dict[str, str] = field(default_factory=dict)
     """Listener config key -> base URL it answers on (``admin.port``...), once started."""
     lock: InstanceLock | None = None
@@ -234,6 +236,7 @@ class Worker:
             signals=signals,
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
             lock=lock,
+            event_writers=synapse.event_writers if synapse is not None else None,
         )
 
     async def start(self) -> None:
@@ -306,6 +309,7 @@ class Worker:
         transport = build_replication_transport(s, self.clock)
         if transport is None:
             return None
+        store = DbPositionStore(self.storage, s.instance_name)
         handler = WorkerReplicationHandler(
             self.manager,
             self.storage,
@@ -314,13 +318,15 @@ class Worker:
             self.metrics,
             on_events_token=self.observer.note_poke,
             tracing=self.observer.tracing,
+            event_writers=self.event_writers,
+            stored_positions=store,
             **synapse_edus(self.storage, self.manager, self.clock),
         )
         bind_stream_tokens(self.storage, handler.tokens)
         client = ReplicationClient(
             transport,
             instance_name=s.instance_name,
-            store=DbPositionStore(self.storage, s.instance_name),
+            store=store,
             fetchers=stream_fetchers(self.engine, synapse=self.storage.name == "synapse"),
             gap_notes=unfetched_gaps(synapse=self.storage.name == "synapse"),
             handler=handler,
