@@ -57,10 +57,11 @@ from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.startup import listen, wait_for_database
 from federation_sender.storage.engine import create_engine, is_sqlite
+from federation_sender.storage.instance_lock import InstanceLock, InstanceLockLost, instance_lock
 from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
-from federation_sender.storage.stream_fetchers import stream_fetchers
+from federation_sender.storage.stream_fetchers import stream_fetchers, unfetched_gaps
 from federation_sender.supervisor import Supervisor
 from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
@@ -143,6 +144,9 @@ class Worker:
     outbound_proxy: OutboundProxyServer | None = None
     """Beside Synapse, as an instance of ``outbound_federation_restricted_to``."""
     synapse: SynapseConfig | None = None
+    lock: InstanceLock | None = None
+    """The instance lock (:mod:`federation_sender.storage.instance_lock`), held from
+    before anything is sent until the worker stops."""
 
     @property
     def admin_url(self) -> str | None:
@@ -193,6 +197,11 @@ class Worker:
         storage, signals = await _open_storage(
             settings, clock, engine, resources, auto_migrate, synapse
         )
+        # Before anything that sends is built: a second copy of this instance stops here.
+        lock = instance_lock(engine.url, settings.instance_name, clock)
+        if lock is not None:
+            await lock.acquire()
+            resources.push_async_callback(lock.release)
         if settings.sharding.mode == "dynamic" and is_sqlite(engine):
             raise ConfigError("sharding.mode", "'single' or 'static' with SQLite", "dynamic")
         key: SigningKey | None = None
@@ -240,6 +249,7 @@ class Worker:
             stop_deadline_s=settings.shutdown_deadline_s,
             signals=signals,
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
+            lock=lock,
             event_writers=synapse.event_writers if synapse is not None else None,
             outbound_proxy=build_outbound_proxy(settings, synapse, own_client, clock, registry),
             synapse=synapse,
@@ -262,11 +272,12 @@ class Worker:
             self.engine.url.get_backend_name(),
             self.listening_description(),
         )
+        log.info("%s", catchup_at_start_line(self.manager.catchup_at_start))
 
     def listening_description(self) -> str:
         """Where the listeners answer, for the start-up line: ``admin API
-        http://127.0.0.1:9093/_synapse/admin/v1/federation/destinations, dashboard
-        http://127.0.0.1:9093/dashboard, metrics http://127.0.0.1:9094/metrics``."""
+        http://127.0.0.1:9293/_synapse/admin/v1/federation/destinations, dashboard
+        http://127.0.0.1:9293/dashboard, metrics http://127.0.0.1:9094/metrics``."""
         parts = []
         admin = self.listening.get("admin.port")
         if admin is not None:
@@ -293,6 +304,8 @@ class Worker:
         push(self._stop_queues)
         self.supervisor = Supervisor(self.clock)
         push(self.supervisor.shutdown, 5.0)
+        if self.lock is not None:
+            self.supervisor.start("instance-lock", self.lock.hold)
         self.replication = self._start_replication(self.supervisor)
         trimmer = MemoryTrimmer(lambda: self.manager.active_queues, self.clock)
         self.supervisor.start("memory-trim", trimmer.run, restart=True)
@@ -334,6 +347,7 @@ class Worker:
             instance_name=s.instance_name,
             store=store,
             fetchers=stream_fetchers(self.engine, synapse=self.storage.name == "synapse"),
+            gap_notes=unfetched_gaps(synapse=self.storage.name == "synapse"),
             handler=handler,
             clock=self.clock,
             streams=CONSUMED_STREAMS,
@@ -392,6 +406,15 @@ class Worker:
         self.servers.clear()
         self.listening.clear()
         log.info("worker %s stopped", self.settings.instance_name)
+
+
+def catchup_at_start_line(behind: list[str]) -> str:
+    """The start's INFO line: how many destinations start in catch-up, five named."""
+    named = f": {', '.join(behind[:5])}{', …' if len(behind) > 5 else ''}" if behind else ""
+    return (
+        f"destinations in catch-up at start: {len(behind)} (events owed to them were "
+        f"recorded before the last stop){named}"
+    )
 
 
 def _signing_key(settings: Settings, synapse: SynapseConfig | None) -> SigningKey:
@@ -471,9 +494,14 @@ async def _serve(worker: Worker) -> int:
     await worker.start()
     assert worker.supervisor is not None
     failed = await worker.supervisor.wait(stop)
+    deadline_s: float | None = None
     if failed is None:
         log.info("shutdown requested; finishing in-flight transactions")
+    elif isinstance(failed.cause, InstanceLockLost):
+        # Another copy may be sending now: nothing more goes out, in flight or not.
+        log.error("stopping at once: %s", failed.cause)
+        deadline_s = 0.0
     else:
         log.error("stopping: %s", failed)
-    await worker.stop()
+    await worker.stop(deadline_s)
     return 0 if failed is None else 1

@@ -136,12 +136,27 @@ def _port_base(text: str) -> int:
 
 
 def _load(args: argparse.Namespace) -> Settings:
-    settings = load_settings(getattr(args, "config", None))
+    path = getattr(args, "config", None)
+    settings = load_settings(path)
     synapse_files = getattr(args, "synapse_config", None)
     if synapse_files:
-        from federation_sender.synapse.config import load_synapse_config, merge_settings
+        import os
 
-        settings = merge_settings(settings, load_synapse_config(synapse_files))
+        from federation_sender.synapse.config import (
+            SHARED_FEDERATION_KEYS,
+            keys_set_in,
+            load_synapse_config,
+            merge_settings,
+        )
+
+        settings = merge_settings(
+            settings,
+            load_synapse_config(synapse_files),
+            explicit=keys_set_in(path, os.environ, SHARED_FEDERATION_KEYS),
+            # The schema is the same whichever instance migrates it: the documented
+            # `migrate -c ours.yaml --synapse-config homeserver.yaml` needs no worker file.
+            check_instance=args.command != "migrate",
+        )
     return settings
 
 

@@ -142,7 +142,8 @@ class QueueSettings:
 class AdminSettings:
     enabled: bool = True
     bind: str = "127.0.0.1"
-    port: int = 9093
+    port: int = 9293
+    """Not 9093: Synapse's documented replication listener (docs/synapse.md)."""
     token: str | None = None
     """Bearer token for admin routes; generated and written to ``./data`` when unset."""
 

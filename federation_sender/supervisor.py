@@ -16,6 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from federation_sender.clock import Clock
+from federation_sender.errors import LocalPermanentError
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,11 @@ class Supervisor:
             except Exception as e:
                 if self._stopping:
                     return
-                log.exception("supervised task %r crashed", spec.name)
+                if isinstance(e, LocalPermanentError):
+                    # An expected operational stop (its message says why): one line.
+                    log.error("supervised task %r stopped: %s", spec.name, e)
+                else:
+                    log.exception("supervised task %r crashed", spec.name)
                 cause: BaseException | None = e
             else:
                 if self._stopping:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from federation_sender.config import ENV_PREFIX, load_settings
+from federation_sender.config import ENV_PREFIX, AdminSettings, Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -112,7 +113,7 @@ def test_workers_have_healthchecks_on_their_admin_listener() -> None:
     for name in ("worker1", "worker2", "synapse-federation-sender"):
         check = services[name]["healthcheck"]
         assert check["test"][0] == "CMD"
-        assert "http://127.0.0.1:9093/ready" in " ".join(check["test"])
+        assert f"http://127.0.0.1:{AdminSettings().port}/ready" in " ".join(check["test"])
 
 
 def test_prometheus_scrapes_the_workers_metrics_listener() -> None:
@@ -222,3 +223,23 @@ def test_images_are_built_from_the_wheel_and_compose_uses_the_worker_target() ->
         want = "batch" if name == "batch" else "worker"
         assert svc["build"] == {"context": ".", "target": want}, name
     assert services["synapse-federation-sender"]["build"]["target"] == "worker"
+
+
+def test_default_listener_ports_are_not_synapses_replication_port() -> None:
+    """Our default admin and metrics ports differ from the replication listener port
+    docs/synapse.md and the compose deployment give Synapse's main (9093, as in
+    Synapse's own worker docs), and docs/configuration.md states the real default."""
+    root = Path(__file__).resolve().parents[1]
+    page = (root / "docs/synapse.md").read_text()
+    m = re.search(r"instance_map: \{main: \{host: [^,]+, port: (\d+)\}\}", page)
+    assert m is not None
+    hs = yaml.safe_load((root / "deploy/synapse/homeserver.yaml").read_text())
+    replication = {int(m.group(1))} | {
+        int(li["port"]) for li in hs["listeners"]
+        if any("replication" in r.get("names", []) for r in li.get("resources", []))
+    }
+    s = Settings()
+    assert replication and s.admin.port not in replication
+    assert s.telemetry.metrics_port not in replication
+    table = (root / "docs/configuration.md").read_text()
+    assert f"| `admin.port` | `{s.admin.port}` |" in table

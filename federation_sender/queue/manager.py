@@ -38,6 +38,7 @@ from federation_sender.queue.slots import Slots
 from federation_sender.queue.status import DestinationStatus, oldest_age_s, parked_status
 from federation_sender.queue.steps import Effects
 from federation_sender.queue.store import QueueStore
+from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage.protocols import Backend
 from federation_sender.transport.result import TransactionSender
 
@@ -122,6 +123,10 @@ class QueueManager:
             self.store, instance_name, self.enqueue_edu, self.enqueue_presence
         )
         self.housekeeping = Housekeeping.from_settings(self, self.store, clock, rng, settings)
+        self.wake_log = WakeLog(clock)
+        self.catchup_at_start: list[str] = []
+        """Destinations owed events recorded before the last stop, found at start (the
+        worker logs how many)."""
 
     # --- lifecycle -----------------------------------------------------------------------
 
@@ -131,6 +136,7 @@ class QueueManager:
         self.queues.needs_catchup = {
             d for d in await self.store.destinations_behind() if self.shard_filter(d)
         }
+        self.catchup_at_start = sorted(self.queues.needs_catchup)
         self.queues.started = True
         self._background = [
             asyncio.create_task(self._supervise("intake", self.intake.run)),
@@ -325,7 +331,8 @@ class QueueManager:
             return
         # Group-committed with other writes: a burst of servers coming back is cheap.
         await self.store.persist(destination, Effects(backoff=RESET), None, time_ms(self.clock))
-        self.queues.resume(destination)
+        if self.queues.resume(destination):
+            self.wake_log.woken(destination, "REMOTE_SERVER_UP")
 
     async def retry_timings_changed(self, destination: str) -> None:
         """Another process changed the destination's retry timings (Synapse's main
@@ -335,8 +342,11 @@ class QueueManager:
         if not self.shard_filter(destination):
             return
         row = await self.store.load_destination(destination)
-        if not row[0].active_at(time_ms(self.clock)):
-            self.queues.resume(destination, only_if_owed=True)
+        if not row[0].active_at(time_ms(self.clock)) and self.queues.resume(
+            destination, only_if_owed=True
+        ):
+            self.wake_log.woken(destination, "its retry timings were cleared by another "
+                                "process (get_destination_retry_timings invalidated)")
 
     async def reset_connection(self, destination: str) -> bool:
         """Admin: clear the backoff; False if the destination was not backing off."""

@@ -80,17 +80,22 @@ class QueueRegistry:
         self._observer.queues_changed(len(self.runners))
         return r
 
-    def resume(self, destination: str, only_if_owed: bool = False) -> None:
+    def resume(self, destination: str, only_if_owed: bool = False) -> bool:
         """The backoff is over (cleared): a parked destination gets a queue in catch-up
         mode, a live queue forgets its backoff and sends at once. ``only_if_owed``: no
-        new queue unless the destination needs a catch-up."""
-        if self.parked.pop(destination, None) is not None:
+        new queue unless the destination needs a catch-up. True if this woke the
+        destination (it was parked or backing off, or got a new queue)."""
+        parked = self.parked.pop(destination, None) is not None
+        if parked:
             self.needs_catchup.add(destination)
         create = not only_if_owed or destination in self.needs_catchup
-        r = self.get(destination, create=create)
-        if r is not None:
-            r.core.clear_backoff()
-            r.poke()
+        live = self.get(destination, create=False)
+        r = live or self.get(destination, create=create)
+        if r is None:
+            return parked
+        held_back = r.core.clear_backoff()
+        r.poke()
+        return parked or held_back or live is None
 
     def is_parked(self, destination: str) -> bool:
         parked = self.parked.get(destination)

@@ -9,6 +9,7 @@ Interface (wired in ``app.py``)::
         instance_name="fed1",       # our name: NAME, FEDERATION_ACK, echo filter
         store=position_store,       # PositionStore: load() / save(stream, instance, token)
         fetchers={"events": f, ...},# StreamFetcher per stream, for gaps
+        gap_notes={"typing": note},  # what a gap skips where there is no fetcher
         handler=handler,            # ReplicationHandler, below
         clock=clock, rng=random.Random(),
     )
@@ -55,6 +56,7 @@ import contextlib
 import logging
 import random
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from federation_sender.clock import Clock
@@ -108,6 +110,14 @@ def _raise_if_cancelled() -> None:
         raise asyncio.CancelledError
 
 
+@dataclass(frozen=True, slots=True)
+class GapNote:
+    """What a gap skips in a stream that has no fetcher, and at which level to say it."""
+
+    level: int
+    skipped: str
+
+
 class ReplicationClient:
     def __init__(
         self,
@@ -123,8 +133,12 @@ class ReplicationClient:
         backoff: Backoff = DEFAULT_BACKOFF,
         announce: Callable[[], Sequence[c.Command]] | None = None,
         save_interval_s: float = 0.0,
+        gap_notes: Mapping[str, GapNote | None] | None = None,
     ) -> None:
+        """``gap_notes``: per stream without a fetcher, what a gap skips (None: nothing,
+        no line is logged); a stream missing from it is logged as skipping its rows."""
         self._transport = transport
+        self._gap_notes = dict(gap_notes or {})
         self.instance_name = instance_name
         self._store = store
         self._fetchers = dict(fetchers)
@@ -340,19 +354,26 @@ class ReplicationClient:
     async def _fill_gap(self, stream: str, instance: str, gap: Fetch) -> None:
         fetcher = self._fetchers.get(stream)
         if fetcher is None:
-            logger.warning(
-                "replication: %s/%s missed (%d, %d] and has no fetcher; skipping",
-                stream,
-                instance,
-                gap.from_token,
-                gap.upto_token,
-            )
+            self._note_gap(stream, instance, gap)
             self.positions.advance(stream, instance, gap.upto_token)
             await self._deliver(Update(stream, instance, gap.upto_token, ()))
             return
         async for update in fetch_gap(fetcher, stream, instance, gap.from_token, gap.upto_token):
             self.positions.advance(stream, instance, update.token)
             await self._deliver(update)
+
+    def _note_gap(self, stream: str, instance: str, gap: Fetch) -> None:
+        """One line saying what a gap no fetcher can fill skips; none when nothing is."""
+        if stream in self._gap_notes:
+            note = self._gap_notes[stream]
+            if note is None:
+                logger.debug("replication: %s/%s moved from %d to %d (nothing to fetch)",
+                             stream, instance, gap.from_token, gap.upto_token)
+                return
+        else:
+            note = GapNote(logging.WARNING, "its rows in that range are skipped (no fetcher)")
+        logger.log(note.level, "replication: %s/%s missed (%d, %d]: %s", stream, instance,
+                   gap.from_token, gap.upto_token, note.skipped)
 
     async def _deliver(self, update: Update) -> None:
         await self._handler.on_rows(

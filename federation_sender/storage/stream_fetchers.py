@@ -20,6 +20,10 @@ could only skip them. What each consumed stream needs:
 * ``presence_federation``: none possible, main keeps that queue in memory;
 * ``federation``: none, Synapse 1.163 never writes this stream.
 
+What a gap without a fetcher skips is said by :func:`unfetched_gaps`: the replication
+client logs nothing for ``events`` (nothing is missed) and one line naming what is
+skipped for the others (INFO for what is volatile anyway, WARNING for rows lost).
+
 Rows sharing a stream id are never split between two fetches: a fetch that fills its
 limit stops before the last stream id it saw, unless that id alone fills it, in which
 case all of its rows are returned.
@@ -28,12 +32,14 @@ case all of its rows are returned.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import TextClause, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.replication.client import GapNote
 from federation_sender.replication.positions import StreamFetcher
 from federation_sender.replication.rows import (
     DeviceListsRow,
@@ -109,6 +115,52 @@ class SqlStreamFetcher:
                 kept = list((await conn.execute(self._one_id, only)).all())
                 return [(last, self._make_row(r)) for r in kept], last, True
         return [(int(r[0]), self._make_row(r)) for r in kept], int(kept[-1][0]), True
+
+
+def unfetched_gaps(*, synapse: bool) -> dict[str, GapNote | None]:
+    """For each consumed stream without a fetcher: what a gap in it skips (None:
+    nothing, it is read elsewhere or never written), as the replication client logs it."""
+    wakeups = GapNote(
+        logging.INFO,
+        "its cache invalidations are not replayed: a destination another process "
+        "stopped backing off in that range is woken by the next wake-up sweep "
+        "(queue.wakeup_interval_s), and every destination's row is read afresh when "
+        "its queue starts",
+    )
+    typing = GapNote(
+        logging.INFO,
+        "typing notifications in that range are not sent (main keeps typing in memory); "
+        "a user still typing is sent again within 40 s",
+    )
+    presence_federation = GapNote(
+        logging.INFO,
+        "presence main sent to named servers in that range is not sent again (main "
+        "keeps that queue in memory); the users' next change is",
+    )
+    notes: dict[str, GapNote | None] = {
+        "events": None,  # the intake reads events past its own persisted position
+        "caches": wakeups,
+        "typing": typing,
+        "presence_federation": presence_federation,
+    }
+    if synapse:
+        notes["federation"] = None  # Synapse 1.163 never writes this stream
+    else:
+        notes["federation"] = GapNote(
+            logging.WARNING,
+            "the EDUs main queued for federation in that range are not sent (main "
+            "keeps them in memory until acknowledged)",
+        )
+        notes["receipts"] = GapNote(
+            logging.WARNING,
+            "receipts in that range are not sent (the native schema keeps no receipts)",
+        )
+        notes["presence"] = GapNote(
+            logging.WARNING,
+            "presence changes in that range are not sent (the native schema keeps no "
+            "presence)",
+        )
+    return notes
 
 
 def stream_fetchers(engine: AsyncEngine, *, synapse: bool) -> dict[str, StreamFetcher]:

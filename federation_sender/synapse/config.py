@@ -18,10 +18,11 @@ listeners for resources we do not serve.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from urllib.parse import quote
 
 import yaml
 
-from federation_sender.config import Settings, _validate
+from federation_sender.config import ENV_PREFIX, Settings, _validate
 from federation_sender.errors import ConfigError
 from federation_sender.transport.forward_proxy import ProxyPolicy, policy_from_environment
 from federation_sender.transport.http import TLS_VERSIONS
@@ -563,22 +564,94 @@ def load_synapse_config(paths: Sequence[str | Path]) -> SynapseConfig:
     return parse_synapse_config(read_synapse_files(paths))
 
 
-def merge_settings(settings: Settings, syn: SynapseConfig) -> Settings:
+SHARED_FEDERATION_KEYS = {
+    "federation.verify_tls": "federation_verify_certificates",
+    "federation.ip_allow_list": "ip_range_whitelist",
+    "federation.ip_deny_list": "ip_range_blacklist",
+}
+"""Our keys whose value beside Synapse is Synapse's (ours -> Synapse's key)."""
+
+_ABSENT = object()
+
+
+def keys_set_in(
+    path: str | Path | None, environ: Mapping[str, str], keys: Collection[str]
+) -> frozenset[str]:
+    """Which of the dotted ``keys`` our file (or a ``FEDERATION_SENDER__`` variable)
+    sets, whatever the value (the file was read and validated already)."""
+    found: set[str] = set()
+    tree: object = None
+    if path is not None:
+        with contextlib.suppress(OSError, yaml.YAMLError):
+            tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    for key in keys:
+        node = tree
+        for part in key.split("."):
+            node = node.get(part, _ABSENT) if isinstance(node, Mapping) else _ABSENT
+        env = ENV_PREFIX + "__".join(p.upper() for p in key.split("."))
+        if node is not _ABSENT or env in environ:
+            found.add(key)
+    return frozenset(found)
+
+
+def _refuse_conflicts(settings: Settings, syn: SynapseConfig, explicit: Collection[str]) -> None:
+    """A shared key our file sets to another value than Synapse's is refused: it would
+    be replaced silently (Synapse's value is the deployment's)."""
+    ours = settings.federation
+    values: dict[str, tuple[object, object]] = {
+        "federation.verify_tls": (ours.verify_tls, syn.verify_tls),
+        "federation.ip_allow_list": (sorted(ours.ip_allow_list), sorted(syn.ip_range_whitelist)),
+        "federation.ip_deny_list": (sorted(ours.ip_deny_list), sorted(syn.ip_range_blacklist)),
+    }
+    for key, (mine, theirs) in values.items():
+        if key in explicit and mine != theirs:
+            raise ConfigError(
+                key,
+                f"to be left out beside Synapse, whose {SHARED_FEDERATION_KEYS[key]} "
+                f"decides ({theirs!r})",
+                mine,
+            )
+
+
+def merge_settings(
+    settings: Settings,
+    syn: SynapseConfig,
+    *,
+    explicit: Collection[str] | None = None,
+    check_instance: bool = True,
+) -> Settings:
     """Our settings with the deployment's facts from Synapse's files.
 
     The instance name is the worker file's ``worker_name`` when given, else ours; either
-    way it must be one of ``federation_sender_instances``. Several instances shard
-    statically by Synapse's rule (sha256 of the destination, little-endian, modulo N),
-    which is our ``static`` mode with Synapse's list."""
+    way it must be one of ``federation_sender_instances`` (unless ``check_instance`` is
+    off: ``migrate`` creates the same schema whichever instance runs it). Several
+    instances shard statically by Synapse's rule (sha256 of the destination,
+    little-endian, modulo N), which is our ``static`` mode with Synapse's list.
+
+    ``explicit``: which of :data:`SHARED_FEDERATION_KEYS` our file sets (None: those
+    whose value is not the default); one set to another value than Synapse's is
+    refused (:class:`ConfigError`, exit 2) rather than silently replaced."""
+    if explicit is None:
+        default = Settings().federation
+        explicit = [
+            key for key in SHARED_FEDERATION_KEYS
+            if getattr(settings.federation, key.split(".")[1])
+            != getattr(default, key.split(".")[1])
+        ]  # fmt: skip
+    _refuse_conflicts(settings, syn, explicit)
     instance = syn.worker_name or settings.instance_name
-    if instance not in syn.federation_sender_instances:
+    if check_instance and instance not in syn.federation_sender_instances:
         raise ConfigError(
             "federation_sender_instances",
             f"a list naming this worker ({instance!r}); otherwise main or another "
             "worker sends federation and events would go out twice",
             list(syn.federation_sender_instances) or None,
         )
-    instances = list(syn.federation_sender_instances)
+    instances = (
+        list(syn.federation_sender_instances)
+        if instance in syn.federation_sender_instances
+        else []
+    )
     sharding = dataclasses.replace(
         settings.sharding,
         mode="static" if len(instances) > 1 else "single",

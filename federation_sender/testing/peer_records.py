@@ -52,6 +52,11 @@ class FederationPeer:
     rooms: dict[str, JoinedRoom] = field(default_factory=dict)
     hosted: dict[str, HostedRoom] = field(default_factory=dict)
     """Rooms this peer created (see :mod:`federation_sender.testing.peer_rooms`)."""
+    leave_templates: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Per room: what ``make_leave`` answers (room version, prev and auth events, depth);
+    a room without one gets 404, as from a server that is not in it."""
+    leaves: list[dict[str, Any]] = field(default_factory=list)
+    """Leave events received by ``send_leave`` (accepted)."""
     send_status: int = 200
     """Answer ``/send`` with this status (200 accepts; anything else refuses)."""
     event_ids_seen: set[str] = field(default_factory=set, repr=False)

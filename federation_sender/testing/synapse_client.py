@@ -126,6 +126,11 @@ class SynapseClient:
         event_id: str = self.call("PUT", path, content, user.access_token)["event_id"]
         return event_id
 
+    def leave(self, user: User, room_id: str) -> None:
+        """Leave the room, or reject an invite to it."""
+        path = f"/_matrix/client/v3/rooms/{urllib.parse.quote(room_id, safe='')}/leave"
+        self.call("POST", path, {}, user.access_token)
+
     def kick(self, user: User, room_id: str, target: str, reason: str = "") -> None:
         path = f"/_matrix/client/v3/rooms/{urllib.parse.quote(room_id, safe='')}/kick"
         self.call("POST", path, {"user_id": target, "reason": reason}, user.access_token)

@@ -15,6 +15,10 @@ trusts that CA through ``federation_custom_ca_list``), publishes its ed25519 key
 as Synapse's own remote servers do: ``make_join`` for a template, a content hash and
 signature under the room version's redaction rules, ``send_join`` (v2).
 
+A peer answers ``make_leave`` and ``send_leave`` for the rooms given a template in
+``peer.leave_templates`` (a local user rejecting its invite: Synapse then stores the
+leave as an out-of-band membership), and 404 for others.
+
 A peer verifies the X-Matrix signature of every ``/send`` against the origin's key,
 fetched over HTTPS from the origin's server name, and answers 401 when it does not
 verify: it accepts only what a real server would. Accepted transactions are recorded
@@ -171,6 +175,14 @@ class PeerNetwork:
             "/_matrix/federation/v2/send_join/{room_id}/{event_id}",
             self._handler(peer, self._on_send_join),
         )
+        app.router.add_get(
+            "/_matrix/federation/v1/make_leave/{room_id}/{user_id}",
+            self._handler(peer, self._on_make_leave),
+        )
+        app.router.add_put(
+            "/_matrix/federation/v2/send_leave/{room_id}/{event_id}",
+            self._handler(peer, self._on_send_leave),
+        )
         app.router.add_get("/_matrix/federation/v1/version", _on_version)
         app.router.add_route("*", "/{tail:.*}", self._handler(peer, self._on_other))
         runner = web.AppRunner(app, access_log=None)
@@ -290,6 +302,29 @@ class PeerNetwork:
             self._cond.notify_all()
         return web.json_response(answer)
 
+    async def _on_make_leave(self, peer: FederationPeer, request: web.Request) -> web.Response:
+        template = peer.leave_templates.get(request.match_info["room_id"])
+        if template is None:
+            return web.json_response({"errcode": "M_NOT_FOUND", "error": "no room"}, status=404)
+        user_id = request.match_info["user_id"]
+        version = str(template.get("room_version", "10"))
+        event = {
+            "type": "m.room.member", "room_id": request.match_info["room_id"],
+            "sender": user_id, "state_key": user_id, "content": {"membership": "leave"},
+            "origin_server_ts": time_ms(self._clock),
+            **{k: v for k, v in template.items() if k != "room_version"},
+        }  # fmt: skip
+        if version not in ("11", "12"):
+            event["origin"] = peer.server_name
+        return web.json_response({"room_version": version, "event": event})
+
+    async def _on_send_leave(self, peer: FederationPeer, request: web.Request) -> web.Response:
+        if request.match_info["room_id"] not in peer.leave_templates:
+            return web.json_response({"errcode": "M_NOT_FOUND", "error": "no room"}, status=404)
+        event = await request.json()
+        self._record(lambda: peer.leaves.append(event))
+        return web.json_response({})
+
     async def _on_devices(self, peer: FederationPeer, request: web.Request) -> web.Response:
         user_id = request.match_info["user_id"]
         return web.json_response({"user_id": user_id, "stream_id": 0, "devices": []})
@@ -390,6 +425,43 @@ class PeerNetwork:
         joined = JoinedRoom(room_id, version, eid, via, len(answer.get("state", ())))
         self._record(lambda: peer.rooms.__setitem__(room_id, joined))
         return joined
+
+    def sign_event(
+        self, peer: FederationPeer, template: dict[str, Any], room_version: str
+    ) -> tuple[str, dict[str, Any]]:
+        """``(event_id, pdu)``: ``template`` (type, room_id, sender, content, prev_events,
+        auth_events, depth, ...) as ``peer`` would send it: ``origin_server_ts`` now,
+        ``origin`` before room version 11, content hash and ``peer``'s signature."""
+        event = dict(template)
+        event["origin_server_ts"] = time_ms(self._clock)
+        if room_version not in ("11", "12"):
+            event["origin"] = peer.server_name
+        with self._cond:
+            self._room_versions[str(event.get("room_id"))] = room_version
+        return hash_and_sign(event, peer.key, peer.server_name, room_version)
+
+    def invite(
+        self,
+        peer: FederationPeer,
+        destination: str,
+        template: dict[str, Any],
+        room_version: str,
+        invite_room_state: Sequence[dict[str, Any]] = (),
+    ) -> str:
+        """Invite a user of ``destination`` (``PUT /_matrix/federation/v2/invite``) with
+        ``template`` (an ``m.room.member`` invite, signed here as ``peer``); returns the
+        event id. The invitee's server signs it and answers 200, or this raises."""
+        eid, event = self.sign_event(peer, template, room_version)
+        event["unsigned"] = {"invite_room_state": list(invite_room_state)}
+        room = urllib.parse.quote(str(template["room_id"]), safe="")
+        path = f"/_matrix/federation/v2/invite/{room}/{urllib.parse.quote(eid, safe='')}"
+        body = {
+            "event": event,
+            "room_version": room_version,
+            "invite_room_state": list(invite_room_state),
+        }
+        self._run(self._request(peer, destination, "PUT", path, body))
+        return eid
 
     def send_transaction(
         self,

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from federation_sender.clock import SystemClock
+from federation_sender.storage.instance_lock import InstanceLockLost
 from federation_sender.supervisor import Supervisor
 
 
@@ -50,3 +53,30 @@ async def test_stop_event_and_shutdown_cancel_tasks() -> None:
     assert await sup.wait(stop) is None
     await sup.shutdown()
     assert cancelled.is_set()
+
+
+async def test_an_expected_operational_stop_is_one_line_without_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A task ending in a LocalPermanentError (the instance lock lost) says why in one
+    ERROR line; a bug still gets its traceback."""
+
+    async def lock_lost() -> None:
+        raise InstanceLockLost("lost the instance lock of 'fed1': another process took it")
+
+    async def bug() -> None:
+        raise RuntimeError("boom")
+
+    for name, task in (("instance-lock", lock_lost), ("bug", bug)):
+        sup = Supervisor(SystemClock())
+        sup.start(name, task)
+        failed = await asyncio.wait_for(sup.wait(asyncio.Event()), timeout=5)
+        assert failed is not None and failed.name == name
+        await sup.shutdown()
+    lines = [(r.getMessage(), r.exc_info is not None) for r in caplog.records
+             if r.name == "federation_sender.supervisor"]
+    assert lines == [
+        ("supervised task 'instance-lock' stopped: lost the instance lock of 'fed1': another "
+         "process took it", False),
+        ("supervised task 'bug' crashed", True),
+    ]
