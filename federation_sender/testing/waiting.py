@@ -19,7 +19,8 @@ it); :func:`wait_until_blocking` checks it between probes (it is for probes that
 another process, e.g. a SQL query on Synapse's database).
 
 ``wake`` (optional) is an event set whenever the awaited state may have changed; the wait
-then re-checks at once instead of at the next ``every_s``.
+then re-checks at once instead of at the next ``every_s``. ``details`` (optional) adds to
+the failure message what would explain it, e.g. the tail of a worker's log.
 """
 
 from __future__ import annotations
@@ -40,10 +41,10 @@ _REPR_CHARS = 500
 class WaitTimedOut(AssertionError):
     """A condition a test waited for did not hold by its deadline."""
 
-    def __init__(self, what: str, timeout_s: float, last: object) -> None:
+    def __init__(self, what: str, timeout_s: float, last: object, details: str = "") -> None:
         seen = "nothing (the probe never returned)" if last is _NOTHING else _short(last)
         super().__init__(f"timed out after {timeout_s:g} s waiting for {what}; "
-                         f"last observed: {seen}")
+                         f"last observed: {seen}" + (f"\n{details}" if details else ""))
         self.what, self.timeout_s = what, timeout_s
         self.last = None if last is _NOTHING else last
 
@@ -56,12 +57,16 @@ async def wait_until(
     accept: Callable[[T], object] = bool,
     every_s: float = 0.01,
     wake: asyncio.Event | None = None,
+    details: Callable[[], str] | None = None,
 ) -> T:
     """Return the first value of ``probe()`` that ``accept`` takes; fail after ``timeout_s``."""
     what = what or _describe(probe)
     last: object = _NOTHING
     try:
         async with asyncio.timeout(timeout_s):
+            # Look first after one turn of the loop: tasks the caller has just created
+            # have started (a probe may read what they set up).
+            await asyncio.sleep(0)  # noqa: TID251 - a yield, not a wait
             while True:
                 if wake is not None:
                     wake.clear()  # before the probe: a change during it wakes the next wait
@@ -78,7 +83,7 @@ async def wait_until(
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), every_s)
     except TimeoutError:
-        raise WaitTimedOut(what, timeout_s, last) from None
+        raise WaitTimedOut(what, timeout_s, last, details() if details else "") from None
 
 
 def wait_until_blocking(
@@ -88,6 +93,7 @@ def wait_until_blocking(
     timeout_s: float,
     accept: Callable[[T], object] = bool,
     every_s: float = 0.05,
+    details: Callable[[], str] | None = None,
 ) -> T:
     """:func:`wait_until` for a blocking probe, outside an event loop."""
     what = what or _describe(probe)
@@ -97,7 +103,7 @@ def wait_until_blocking(
         if accept(value):
             return value
         if time.monotonic() > end:  # noqa: TID251
-            raise WaitTimedOut(what, timeout_s, value)
+            raise WaitTimedOut(what, timeout_s, value, details() if details else "")
         time.sleep(every_s)
 
 
@@ -110,5 +116,7 @@ def _describe(probe: Callable[..., object]) -> str:
 
 
 def _short(value: object) -> str:
+    """``repr(value)``, its middle cut out if long (a log's tail matters as its head)."""
     text = repr(value)
-    return text if len(text) <= _REPR_CHARS else text[:_REPR_CHARS] + "…"
+    half = _REPR_CHARS // 2
+    return text if len(text) <= _REPR_CHARS else f"{text[:half]} … {text[-half:]}"
