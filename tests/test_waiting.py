@@ -42,6 +42,15 @@ async def test_a_probe_that_hangs_is_cancelled_at_the_deadline() -> None:
         await asyncio.wait_for(wait_until(hangs, "a hanging probe", timeout_s=0.05), 5)
 
 
+async def test_a_probe_s_own_timeout_is_its_error_not_the_wait_s() -> None:
+    async def times_out() -> bool:
+        raise TimeoutError("the probe's own")
+
+    with pytest.raises(TimeoutError, match="the probe's own") as e:
+        await wait_until(times_out, "a probe that times out", timeout_s=5)
+    assert not isinstance(e.value, WaitTimedOut)
+
+
 async def test_a_wake_up_rechecks_before_the_interval() -> None:
     wake, state = asyncio.Event(), {"done": False}
 

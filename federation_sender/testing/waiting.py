@@ -62,8 +62,9 @@ async def wait_until(
     """Return the first value of ``probe()`` that ``accept`` takes; fail after ``timeout_s``."""
     what = what or _describe(probe)
     last: object = _NOTHING
+    deadline = asyncio.timeout(timeout_s)
     try:
-        async with asyncio.timeout(timeout_s):
+        async with deadline:
             # Look first after one turn of the loop: tasks the caller has just created
             # have started (a probe may read what they set up).
             await asyncio.sleep(0)  # noqa: TID251 - a yield, not a wait
@@ -83,6 +84,8 @@ async def wait_until(
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(wake.wait(), every_s)
     except TimeoutError:
+        if not deadline.expired():
+            raise  # the probe's own timeout: its error, not ours
         raise WaitTimedOut(what, timeout_s, last, details() if details else "") from None
 
 
