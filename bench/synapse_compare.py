@@ -33,7 +33,7 @@ figures compare the senders under the same conditions, they are not absolute.
 
     .venv/bin/python bench/synapse_compare.py [--senders synapse ours] [--dests 10] \
         [--rooms 1] [--events 200] [--concurrency 4] [--mode live|backlog] [--json out.json] \
-        [--busy-interval-s S] [--event-loop asyncio|uvloop]
+        [--busy-interval-s S] [--event-loop asyncio|uvloop] [--event-persisters N]
 """
 
 from __future__ import annotations
@@ -58,7 +58,11 @@ from federation_sender.testing.postgres import PostgresCluster, ephemeral_cluste
 from federation_sender.testing.redis_server import ephemeral_redis
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_config import RedisAddress
-from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+from federation_sender.testing.synapse_deployment import (
+    SynapseDeployment,
+    create_deployment,
+    event_writer,
+)
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -71,6 +75,7 @@ class Result:
     dests: int
     rooms: int
     events: int
+    event_persisters: int = 0
     send_s: float = 0.0
     drain_s: float | None = None
     delay_p50_s: float | None = None
@@ -185,10 +190,11 @@ def run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, root: Pa
 
 def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: RedisAddress,
              root: Path, index: int) -> Result:
-    r = Result(kind, a.mode, a.dests, a.rooms, a.events)
+    r = Result(kind, a.mode, a.dests, a.rooms, a.events, a.event_persisters)
     ca = LoopbackCA.create(root / f"ca{index}")
     d = create_deployment(root / f"hs{index}", ca=ca, cluster=cluster,
-                          database_name=f"synapse_{index}", redis=redis)
+                          database_name=f"synapse_{index}", redis=redis,
+                          event_persisters=a.event_persisters)
     d.start()
     queue = {k: v for k, v in (("coalesce_hold_s", a.coalesce_hold_s),
                                ("busy_txn_interval_s", a.busy_interval_s)) if v is not None}
@@ -200,9 +206,16 @@ def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: 
                          keep_pdus=False) as net:
             peers = net.add_peers(a.dests)
             users = []
+            writers = d.event_writers
+            per = dict.fromkeys(writers, 0)
             for i in range(a.rooms):
                 user = d.client.register(f"bench{i}")
-                room = d.client.create_room(user)
+                while True:  # spread the rooms evenly over the event persisters
+                    room = d.client.create_room(user)
+                    w = event_writer(room, writers)
+                    if per[w] == min(per.values()):
+                        per[w] += 1
+                        break
                 for p in peers:
                     net.join(p, room, d.server_name)
                 users.append((user, room))
@@ -251,6 +264,9 @@ def main(argv: list[str] | None = None) -> int:
         "--no-poke", dest="poke", action="store_false",
         help="backlog mode: do not send one new message after the sender starts",
     )  # fmt: skip
+    p.add_argument("--event-persisters", type=int, default=0,
+                   help="generic workers persisting the events (stream_writers.events) "
+                        "instead of main; rooms are spread evenly over them")
     p.add_argument("--json", type=Path)
     p.add_argument("--coalesce-hold-s", type=float,
                    help="our worker's queue.coalesce_hold_s (default: the worker's own)")

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 from federation_sender.admin.protocols import LiveState
@@ -23,6 +23,8 @@ from federation_sender.edus.presence import PresenceFanout
 from federation_sender.edus.receipts import DEFAULT_MAX_DELAY_S, ReceiptFanout
 from federation_sender.edus.typing_edus import TypingFanout
 from federation_sender.queue import DestinationState, DestinationStatus, FederationEdu, QueueManager
+from federation_sender.replication.frontier import WritersFrontier
+from federation_sender.replication.positions import PositionStore
 from federation_sender.replication.rows import (
     CachesRow,
     DeviceListsRow,
@@ -44,6 +46,8 @@ from federation_sender.telemetry.tracing import Tracing
 log = logging.getLogger(__name__)
 
 RETRY_TIMINGS_CACHE = "get_destination_retry_timings"
+PREFILL_LIMIT = 10_000
+"""Committed stream orderings read at start for the events read position (at most)."""
 
 def presence_edu_content(state: PresenceState, now_ms: int) -> dict[str, Any]:
     entry: dict[str, Any] = {
@@ -72,8 +76,15 @@ class WorkerReplicationHandler:
         presence: PresenceFanout | None = None,
         tracing: Tracing | None = None,
         receipt_max_delay_s: float = DEFAULT_MAX_DELAY_S,
+        event_writers: Collection[str] | None = None,
+        stored_positions: PositionStore | None = None,
     ) -> None:
         self._m = manager
+        self._event_writers = None if event_writers is None else tuple(event_writers)
+        self._stored_positions = stored_positions
+        self.events = WritersFrontier(self._event_writers, manager.events_position)
+        """How far the intake may read: below it every events writer has finished
+        (``stream_writers.events``; None: whoever writes, one writer)."""
         self._tracing = tracing or Tracing(None)
         self._on_events_token = on_events_token
         self._storage = storage
@@ -92,7 +103,22 @@ class WorkerReplicationHandler:
 
     async def prepare(self) -> None:
         """Before the first rows: the presence states so far (Synapse's worker loads them
-        at start; loaded once rows arrive, the first change would already be in them)."""
+        at start; loaded once rows arrive, the first change would already be in them).
+        The events frontier starts at the intake's stored position, each configured
+        writer at least at its stored replication position, and with several writers
+        it runs through the stream orderings committed above that."""
+        self.events = WritersFrontier(self._event_writers, self._m.events_position)
+        if self._stored_positions is not None and self._event_writers is not None:
+            for (stream, writer), token in (await self._stored_positions.load()).items():
+                if stream == "events":
+                    self.events.seed(writer, token)
+        if self._event_writers is not None and len(self._event_writers) > 1:
+            after = self.events.frontier
+
+            async def committed(tx: Tx) -> list[int]:
+                return await tx.events.stream_orderings_after(after, PREFILL_LIMIT)
+
+            self.events.committed(await self._storage.run(committed))
         if self.presence is not None:
             await self.presence.load()
 
@@ -124,9 +150,12 @@ class WorkerReplicationHandler:
             lag = max(0, token - self._m.events_position) if stream_name == "events" else 0
             self._metrics.replication_position(stream_name, instance_name, token, lag)
         if stream_name == "events":
+            # Not ``token``: with several writers, a lower stream ordering may still be
+            # in flight at another writer (see replication/frontier.py).
+            upto = self.events.advance(instance_name, token)
             if self._on_events_token is not None:
-                self._on_events_token(token)
-            self._m.notify_new_events(token)
+                self._on_events_token(upto)
+            self._m.notify_new_events(upto)
         elif stream_name == "federation":
             await self._federation(token, rows)
         elif stream_name == "to_device":

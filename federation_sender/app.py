@@ -129,6 +129,8 @@ class Worker:
     """Beside Synapse: what we say on replication about the ``caches`` stream we write."""
     admin_verifier: TokenVerifier | None = None
     """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
+    event_writers: tuple[str, ...] | None = None
+    """Beside Synapse: ``stream_writers.events``; None: one writer, whoever it is."""
     listening: dict[str, str] = field(default_factory=dict)
     """Listener config key -> base URL it answers on (``admin.port``...), once started."""
 
@@ -224,6 +226,7 @@ class Worker:
             stop_deadline_s=settings.shutdown_deadline_s,
             signals=signals,
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
+            event_writers=synapse.event_writers if synapse is not None else None,
         )
 
     async def start(self) -> None:
@@ -293,6 +296,7 @@ class Worker:
         transport = build_replication_transport(s, self.clock)
         if transport is None:
             return None
+        store = DbPositionStore(self.storage, s.instance_name)
         handler = WorkerReplicationHandler(
             self.manager,
             self.storage,
@@ -301,13 +305,15 @@ class Worker:
             self.metrics,
             on_events_token=self.observer.note_poke,
             tracing=self.observer.tracing,
+            event_writers=self.event_writers,
+            stored_positions=store,
             **synapse_edus(self.storage, self.manager, self.clock),
         )
         bind_stream_tokens(self.storage, handler.tokens)
         client = ReplicationClient(
             transport,
             instance_name=s.instance_name,
-            store=DbPositionStore(self.storage, s.instance_name),
+            store=store,
             fetchers=stream_fetchers(self.engine, synapse=self.storage.name == "synapse"),
             handler=handler,
             clock=self.clock,

@@ -64,6 +64,7 @@ from federation_sender.replication.positions import (
     Fetch,
     Key,
     PositionStore,
+    Reset,
     StreamFetcher,
     StreamPositions,
     Update,
@@ -81,6 +82,11 @@ KNOWN_STREAMS = frozenset(ROW_PARSERS) | {
     "profile_updates", "sticky_events", "quarantined_media", "un_partial_stated_room",
     "un_partial_stated_event",
 }
+
+
+PERSISTED_STREAMS = frozenset({"events"})
+"""Streams whose writer's position never goes backwards unless its database was
+restored (a reset of one of them is logged as a warning)."""
 
 
 class ReplicationHandler(Protocol):
@@ -278,6 +284,17 @@ class ReplicationClient:
             else:
                 await self._dispatch_other(command)
 
+    def _note_reset(self, stream: str, instance: str, before: int | None, token: int) -> None:
+        """A writer's stream went backwards. Expected for the in-memory streams after
+        the writer restarts (``typing``, ``federation``; Synapse resets them too); for a
+        stream kept in the database (``events``) it means a restored database: rows
+        written again below what we read are not read again, so it is a warning."""
+        level = logging.WARNING if stream in PERSISTED_STREAMS else logging.INFO
+        logger.log(
+            level, "replication: %s/%s went backwards from %s to %d", stream, instance,
+            before, token,
+        )  # fmt: skip
+
     def _note_unknown_stream(self, stream: str) -> None:
         """One line per stream name we have never heard of (a newer Synapse, a typo)."""
         if stream in self._unknown_streams:
@@ -294,10 +311,13 @@ class ReplicationClient:
             stream, instance = command.stream_name, command.instance_name
             if stream not in self._parsers or instance == self.instance_name:
                 return
+            before = positions.get(stream, instance)
             action = positions.on_position(stream, instance, command.prev_token, command.new_token)
             if isinstance(action, Fetch):
                 await self._fill_gap(stream, instance, action)
             elif action is not None:
+                if isinstance(action, Reset):
+                    self._note_reset(stream, instance, before, action.token)
                 await self._deliver(Update(stream, instance, action.token, ()))
         elif isinstance(command, c.HistoryCommand):
             if command.stream_name in self._parsers and positions.on_history(

@@ -52,6 +52,13 @@ async def max_stream_ordering(conn: AsyncConnection) -> int:
     return int(v) if v is not None else 0
 
 
+async def stream_orderings_after(conn: AsyncConnection, after: int, limit: int) -> list[int]:
+    """Stream orderings of committed events above ``after``, lowest first."""
+    so = events.c.stream_ordering
+    res = await conn.execute(select(so).where(so > after).order_by(so).limit(limit))
+    return [int(v) for v in res.scalars()]
+
+
 async def events_after(
     conn: AsyncConnection, after: int, upto: int, limit: int
 ) -> list[EventRow]:

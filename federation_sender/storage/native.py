@@ -87,6 +87,9 @@ class _Events:
     async def events_after(self, after: int, upto: int, limit: int) -> list[EventRow]:
         return await ev.events_after(self._c, after, upto, limit)
 
+    async def stream_orderings_after(self, after: int, limit: int) -> list[int]:
+        return await ev.stream_orderings_after(self._c, after, limit)
+
     async def events_at(self, stream_orderings: Collection[int]) -> dict[int, EventRow]:
         return await ev.events_at(self._c, stream_orderings)
 

@@ -63,6 +63,11 @@ class EventReader(Protocol):
         ``limit``."""
         ...
 
+    async def stream_orderings_after(self, after: int, limit: int) -> list[int]:
+        """The stream orderings of committed events above ``after``, lowest first, at
+        most ``limit`` (the events read position's gapless runs, at start)."""
+        ...
+
     async def events_at(self, stream_orderings: Collection[int]) -> dict[int, EventRow]:
         """The events at these stream orderings (missing ones are absent)."""
         ...

@@ -71,6 +71,9 @@ class SynapseConfig:
     rooms_to_exclude_from_presence: frozenset[str] = frozenset()
     presence_last_active_granularity_ms: int = 60_000
     federation_rr_transactions_per_room_per_second: float = 50.0
+    event_writers: tuple[str, ...] = ("master",)
+    """``stream_writers.events``: the processes that persist events (main, ``master``,
+    by default). The events intake reads only below what all of them finished."""
 
     def domain_allowed(self, destination: str) -> bool:
         wl = self.federation_domain_whitelist
@@ -211,6 +214,12 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
     presence_on = presence.get("enabled")
     if presence_on is None:
         presence_on = tree.get("use_presence", True)
+    writers = tree.get("stream_writers") or {}
+    if not isinstance(writers, Mapping):
+        raise ConfigError("stream_writers", "a mapping of stream names to instances", writers)
+    event_writers = writers.get("events") or ["master"]
+    if isinstance(event_writers, str):  # Synapse accepts one name for a list of one
+        event_writers = [event_writers]
     rr = tree.get("federation_rr_transactions_per_room_per_second", 50)
     if isinstance(rr, bool) or not isinstance(rr, (int, float)) or rr <= 0:
         raise ConfigError(
@@ -257,6 +266,7 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
             "presence.last_active_granularity", presence.get("last_active_granularity", 60_000)
         ),
         federation_rr_transactions_per_room_per_second=float(rr),
+        event_writers=_str_list("stream_writers.events", event_writers),
     )
 
 

@@ -13,6 +13,10 @@ both are needed for peers named ``localhost:<port>``. Rate limits are raised so 
 scripted traffic is never throttled, and a failing outbound request gives up after
 about a second; everything else stays at Synapse's defaults.
 
+With ``event_persisters``, events are persisted by those generic workers
+(``stream_writers.events``, one ``instance_map`` entry each), not by main: each room's
+events go to one of them by a hash of the room id.
+
 Every file is written as JSON, which is YAML.
 """
 
@@ -58,6 +62,16 @@ class RedisAddress:
 
 
 @dataclass(frozen=True)
+class EventPersister:
+    """A generic worker named in ``stream_writers.events``: its one listener serves
+    HTTP replication (its ``instance_map`` entry: main hands it events to persist) and
+    ``/health``."""
+
+    name: str
+    port: int
+
+
+@dataclass(frozen=True)
 class SynapseLayout:
     """Everything the configuration files depend on."""
 
@@ -73,6 +87,7 @@ class SynapseLayout:
     shared_secret: str
     replication_secret: str
     macaroon_secret: str
+    event_persisters: tuple[EventPersister, ...] = ()
 
     @property
     def has_workers(self) -> bool:
@@ -189,6 +204,10 @@ def homeserver_config(layout: SynapseLayout) -> dict[str, Any]:
         }
         config["worker_replication_secret"] = layout.replication_secret
         config["federation_sender_instances"] = [layout.instance_name]
+        if layout.event_persisters:
+            for p in layout.event_persisters:
+                config["instance_map"][p.name] = {"host": "127.0.0.1", "port": p.port}
+            config["stream_writers"] = {"events": [p.name for p in layout.event_persisters]}
     return config
 
 
@@ -203,4 +222,14 @@ def worker_config(layout: SynapseLayout) -> dict[str, Any]:
         "worker_name": layout.instance_name,
         "worker_listeners": [_listener(layout.ports.worker_health, ["health"])],
         "worker_log_config": str(layout.directory / "worker.log.yaml"),
+    }
+
+
+def persister_config(layout: SynapseLayout, persister: EventPersister) -> dict[str, Any]:
+    """The worker file of an event persister, ``<name>.yaml``."""
+    return {
+        "worker_app": "synapse.app.generic_worker",
+        "worker_name": persister.name,
+        "worker_listeners": [_listener(persister.port, ["replication"])],
+        "worker_log_config": str(layout.directory / f"{persister.name}.log.yaml"),
     }

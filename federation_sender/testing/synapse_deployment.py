@@ -8,7 +8,9 @@ file of Synapse's own federation sender (``<instance>.yaml``). Main runs with
 ``federation_sender_instances: [<instance>]``, so it never sends federation traffic
 itself; whoever runs as that instance does -- Synapse's own worker
 (:meth:`SynapseDeployment.start_federation_sender`) or ours, given the paths, URLs
-and instance name this object exposes. Main does not notice which.
+and instance name this object exposes. Main does not notice which. With
+``event_persisters=N``, N generic workers (``persister1``...) persist the events
+(``stream_writers.events``) and :meth:`SynapseDeployment.start` starts them after main.
 
 The database is a fresh one in the caller's PostgreSQL cluster, created from
 ``template0`` with UTF8 and C collation as Synapse requires; Redis is the caller's.
@@ -27,12 +29,13 @@ async callers use ``asyncio.to_thread``.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import secrets
 import subprocess
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,12 +45,14 @@ from federation_sender.testing.ports import free_port
 from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.synapse_client import SynapseClient
 from federation_sender.testing.synapse_config import (
+    EventPersister,
     PostgresDatabase,
     RedisAddress,
     SynapseLayout,
     SynapsePorts,
     homeserver_config,
     log_config,
+    persister_config,
     worker_config,
 )
 from federation_sender.testing.synapse_install import synapse_python
@@ -145,6 +150,8 @@ class SynapseDeployment:
     sender: SynapseProcess | None
     client: SynapseClient
     cluster: PostgresCluster | None = None
+    persisters: list[SynapseProcess] = field(default_factory=list)
+    """Event persister workers (``stream_writers.events``), when created with some."""
 
     # -- what a test needs to run our worker in Synapse's sender's place --------------
     @property
@@ -198,8 +205,16 @@ class SynapseDeployment:
 
     # -- processes ----------------------------------------------------------------------
     def start(self) -> None:
-        """Start main (and nothing else); idempotent."""
+        """Start main and the event persisters, if any (no federation sender);
+        idempotent."""
         self.main.start()
+        for p in self.persisters:
+            p.start()
+
+    @property
+    def event_writers(self) -> list[str]:
+        """``stream_writers.events``: the processes that persist events."""
+        return [p.name for p in self.persisters] or ["master"]
 
     def start_federation_sender(self) -> None:
         """Start Synapse's own federation_sender worker as the configured instance."""
@@ -213,6 +228,8 @@ class SynapseDeployment:
 
     def stop(self) -> None:
         self.stop_federation_sender()
+        for p in self.persisters:
+            p.stop()
         self.main.stop()
 
     def sql(self, query: str) -> str:
@@ -220,6 +237,14 @@ class SynapseDeployment:
         if self.cluster is None or self.layout.database is None:
             raise ValueError("this deployment runs on SQLite")
         return self.cluster.psql(query, self.layout.database.name)
+
+
+def event_writer(room_id: str, writers: list[str]) -> str:
+    """Which of ``stream_writers.events`` persists a room's events (Synapse's
+    ``events_shard_config``: sha256 of the room id, little-endian, modulo the number of
+    writers)."""
+    digest = hashlib.sha256(room_id.encode()).digest()
+    return writers[int.from_bytes(digest, "little") % len(writers)]
 
 
 def create_synapse_database(cluster: PostgresCluster, name: str) -> PostgresDatabase:
@@ -243,11 +268,16 @@ def create_deployment(
     redis: RedisAddress | None = None,
     instance_name: str = DEFAULT_INSTANCE,
     overrides: dict[str, Any] | None = None,
+    event_persisters: int = 0,
 ) -> SynapseDeployment:
     """Write a deployment's files into ``directory`` (nothing is started).
 
     ``overrides`` are merged into ``homeserver.yaml`` at the top level.
+    ``event_persisters``: that many generic workers (``persister1``...) persist the
+    events instead of main (needs Redis).
     """
+    if event_persisters and redis is None:
+        raise ValueError("event persisters are workers: they need Redis")
     directory.mkdir(parents=True, exist_ok=True)
     ports = SynapsePorts(free_port(), free_port(), free_port(), free_port())
     certs = ca.issue(directory / "tls", ["localhost", "127.0.0.1"])
@@ -265,6 +295,9 @@ def create_deployment(
         shared_secret=secrets.token_hex(16),
         replication_secret=secrets.token_hex(16),
         macaroon_secret=secrets.token_hex(16),
+        event_persisters=tuple(
+            EventPersister(f"persister{i}", free_port()) for i in range(1, event_persisters + 1)
+        ),
     )
     generate_key_file(layout.signing_key)  # Synapse reads our key file format
     _write_json(directory / "main.log.yaml", log_config(directory / "main.log"))
@@ -291,5 +324,20 @@ def create_deployment(
             directory / f"{instance_name}.log",
             f"http://127.0.0.1:{ports.worker_health}/health",
         )  # fmt: skip
+    persisters = []
+    for p in layout.event_persisters:
+        worker_file = directory / f"{p.name}.yaml"
+        _write_json(worker_file, persister_config(layout, p))
+        _write_json(directory / f"{p.name}.log.yaml", log_config(directory / f"{p.name}.log"))
+        persisters.append(SynapseProcess(
+            p.name,
+            [str(python), "-m", "synapse.app.generic_worker",
+             "-c", str(directory / "homeserver.yaml"), "-c", str(worker_file)],
+            directory,
+            directory / f"{p.name}.log",
+            f"http://127.0.0.1:{p.port}/health",
+        ))  # fmt: skip
     client = SynapseClient(f"http://127.0.0.1:{ports.client}", layout.shared_secret)
-    return SynapseDeployment(layout, certs, python, main, sender, client, cluster)
+    return SynapseDeployment(
+        layout, certs, python, main, sender, client, cluster, persisters=persisters
+    )
