@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import yaml
 
 from federation_sender.config import Settings, iter_keys, load_settings
 from federation_sender.testing.ports import free_port
+from federation_sender.testing.waiting import wait_until_blocking
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "deploy" / "config.example.yaml"
@@ -77,11 +77,12 @@ def test_the_worker_on_the_example_says_where_it_listens(tmp_path: Path) -> None
                                  str(EXAMPLE)], stdout=out, stderr=subprocess.STDOUT,
                                 cwd=tmp_path, env=env)
     try:
-        deadline = time.monotonic() + 60
-        while " started for " not in log.read_text():
+        def started() -> bool:
             assert proc.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+            return " started for " in log.read_text()
+
+        wait_until_blocking(started, "the worker's start line", timeout_s=60, every_s=0.1,
+                            details=log.read_text)
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()

@@ -1,6 +1,5 @@
 from __future__ import annotations
 
-import asyncio
 import hashlib
 from collections import Counter
 
@@ -15,6 +14,7 @@ from federation_sender.sharding import (
     static_owner,
 )
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.waiting import wait_until
 
 DESTS = [f"server{i}.example.org" for i in range(200)]
 DYNAMIC = ShardingSettings(mode="dynamic", heartbeat_interval_s=5.0, lease_s=30.0)
@@ -216,15 +216,10 @@ async def test_heartbeat_loop_runs_on_the_clock(pg_engine: AsyncEngine,
     a = await started(pg_engine, clock, "fs1", seen)
     b = await started(pg_engine, clock, "fs2")
     try:
-        for _ in range(200):
-            if clock.pending_sleepers >= 2:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: clock.pending_sleepers, "both heartbeat loops on the clock",
+                         accept=lambda n: n >= 2, timeout_s=2)
         clock.advance(5)
-        for _ in range(300):
-            if seen:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: seen, "a membership change", timeout_s=3)
         assert seen == [frozenset({"fs1", "fs2"})]
     finally:
         await a.stop()

@@ -27,6 +27,7 @@ from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.transport.result import Outcome
 
 ME = "local.test"
+SETTLE_QUIET_TURNS = 8  # settle(): loop turns in a row the manager must be quiescent
 ALICE = f"@alice:{ME}"
 
 
@@ -71,16 +72,6 @@ class RecordingObserver(NoopObserver):
         pass
 
 
-async def eventually(cond: Callable[[], bool], timeout_s: float = 10.0, what: str = "") -> None:
-    """Wait in real time (HTTP is real) for ``cond``; the fake clock does not move."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what or cond}")
-        await asyncio.sleep(0.005)  # noqa: TID251 - real HTTP runs in real time
-
-
 @dataclass
 class Harness:
     engine: AsyncEngine
@@ -92,6 +83,7 @@ class Harness:
     observer: RecordingObserver = field(default_factory=RecordingObserver)
     shard: Callable[[str], bool] = lambda _d: True
     manager: QueueManager | None = None
+    settle_turns: int = 0  # loop turns settle() has checked, to let a test follow it
 
     def make_manager(self, **kw: Any) -> QueueManager:
         return QueueManager(
@@ -128,9 +120,10 @@ class Harness:
         quiet = 0
         loop = asyncio.get_running_loop()
         end = loop.time() + 15
-        while quiet < 8:
+        while quiet < SETTLE_QUIET_TURNS:
             await asyncio.sleep(0.002)  # noqa: TID251 - real HTTP runs in real time
             quiet = quiet + 1 if self.m.quiescent() else 0
+            self.settle_turns += 1
             if loop.time() > end:
                 raise AssertionError(f"did not settle: {self.m.statuses()}")
 

@@ -13,8 +13,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from federation_sender.clock import Clock
 from federation_sender.replication import commands as c
@@ -22,6 +21,7 @@ from federation_sender.replication.connection import ReplicationConnection, Role
 from federation_sender.replication.rows import Row, parse_row
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.transport import ConnectionLost
+from federation_sender.testing.waiting import wait_until
 
 
 class InMemoryPositionStore:
@@ -123,19 +123,13 @@ class RecordingHandler:
         tokens = [t for s, i, t, _ in self.updates if s == stream and i == instance]
         return tokens[-1] if tokens else None
 
-    async def wait_for(self, predicate: object, timeout_s: float = 5.0) -> None:
-        """Wait (real time, for network tests) until ``predicate()`` is true."""
-        assert callable(predicate)
-
-        async def _wait() -> None:
-            while not predicate():
-                self.changed.clear()
-                # Wake on a delivery, or re-check soon: some state (histories,
-                # positions moved without rows) changes without a delivery.
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.changed.wait(), 0.01)
-
-        await asyncio.wait_for(_wait(), timeout_s)
+    async def wait_for(
+        self, probe: Callable[[], object], timeout_s: float = 5.0, what: str = ""
+    ) -> None:
+        """Wait (real time, for network tests) until ``probe()`` is truthy: re-checked on
+        each delivery, and every 10 ms for state that moves without one (histories,
+        positions moved without rows)."""
+        await wait_until(probe, what, timeout_s=timeout_s, wake=self.changed)
 
 
 class MemorySession:

@@ -9,7 +9,8 @@ from federation_sender.adapters import WorkerReplicationHandler
 from federation_sender.edus.typing_edus import PING_INTERVAL_MS, TypingState
 from federation_sender.replication.rows import TypingRow
 from federation_sender.storage.native import NativeBackend
-from federation_sender.testing.queue_harness import ALICE, ME, Harness, eventually, room_with
+from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
+from federation_sender.testing.waiting import wait_until
 
 BOB = "@bob:r1.test"
 CAROL = f"@carol:{ME}"
@@ -65,7 +66,7 @@ async def test_a_newer_state_replaces_a_queued_one_per_room_and_user(h: Harness)
     d = "r1.test"
     h.fake.behave(d, hang=True)
     h.m.enqueue_edu(d, "m.warmup", {})
-    await eventually(lambda: h.fake.in_progress >= 1)
+    await wait_until(lambda: h.fake.in_progress, "the warm-up in flight", timeout_s=10)
     await handler.on_rows("typing", "master", 1, [TypingRow("!a:l", (ALICE, CAROL))])
     await handler.on_rows("typing", "master", 2, [TypingRow("!a:l", (CAROL,))])
     h.fake.behave(d)

@@ -13,7 +13,13 @@ from federation_sender.queue.destination import DestinationState
 from federation_sender.storage import destinations as dst
 from federation_sender.storage import schema as s
 from federation_sender.storage.positions import FEDERATION_STREAM
-from federation_sender.testing.queue_harness import ALICE, Harness, eventually, room_with
+from federation_sender.testing.queue_harness import (
+    ALICE,
+    SETTLE_QUIET_TURNS,
+    Harness,
+    room_with,
+)
+from federation_sender.testing.waiting import wait_until
 
 D = "r1.test"
 
@@ -160,9 +166,16 @@ async def test_restart_in_the_middle_of_everything_loses_nothing(hdb: Harness) -
     for i in range(20):
         sent.append(await h.writer.message(rooms[i % 3], ALICE))
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 1 and len(h.fake.accepted("r1.test")) > 0
-                     and h.m.status("r2.test") is not None
-                     and h.m.status("r2.test").retry_interval_ms > 0)  # type: ignore[union-attr]
+
+    def r2_backing_off() -> bool:
+        st = h.m.status("r2.test")
+        return st is not None and st.retry_interval_ms > 0
+
+    await wait_until(lambda: (h.fake.in_progress, len(h.fake.accepted("r1.test")),
+                              r2_backing_off()),
+                     "r3 in flight, r1 delivered to and r2 backing off",
+                     accept=lambda seen: seen[0] == 1 and seen[1] > 0 and seen[2],
+                     timeout_s=10)
     for i in range(15):
         sent.append(await h.writer.message(rooms[i % 2], ALICE))
     h.poke()
@@ -232,7 +245,8 @@ async def test_stop_lets_in_flight_transactions_finish(h: Harness) -> None:
     h.fake.behave(D, delay_s=0.2)
     e = await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 1)
+    await wait_until(lambda: h.fake.in_progress, "a transaction in flight",
+                     accept=lambda n: n == 1, timeout_s=10)
     await h.m.stop(30.0)
     assert h.fake.received_event_ids(D) == [e.event_id]
     assert (await h.dest_row(D)).last_successful_stream_ordering == e.stream_ordering
@@ -288,7 +302,8 @@ async def test_catchup_while_the_intake_commit_is_held_back_loses_nothing(
         st = h.m.status(D)
         return st is not None and not st.catching_up and st.state is DestinationState.IDLE
 
-    await eventually(episode_over, what="catch-up ending without the uncommitted row")
+    await wait_until(episode_over, "catch-up ending without the uncommitted row",
+                     timeout_s=10)
     assert e.event_id not in h.fake.received_event_ids(D)
     release.set()
     await h.settle()
@@ -306,11 +321,15 @@ async def test_settle_waits_for_a_queue_still_bootstrapping(h: Harness) -> None:
     for _ in range(slots.limit):
         await slots.acquire()
     h.m.enqueue_edu(D, "m.typing", {"room_id": "!a"}, key="!a")
-    await eventually(lambda: slots.waiting == 1, what="the new queue waiting to bootstrap")
+    await wait_until(lambda: slots.waiting, "the new queue waiting to bootstrap",
+                     accept=lambda n: n == 1, timeout_s=10)
     assert not h.m.quiescent()
 
     async def release_later() -> None:
-        await asyncio.sleep(0.2)  # real time, longer than settle()'s quiet window
+        # Hold the slots until settle() has run twice its quiet window with the queue
+        # waiting: had it taken that queue for idle, it would have returned by then.
+        await wait_until(lambda: h.settle_turns, "settle() past its quiet window",
+                         accept=lambda n: n >= 2 * SETTLE_QUIET_TURNS, timeout_s=10)
         for _ in range(slots.limit):
             slots.release()
 

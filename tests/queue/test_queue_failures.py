@@ -9,7 +9,8 @@ import pytest
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.isolation import SERVER_ERROR_FACTOR
 from federation_sender.storage import destinations as dst
-from federation_sender.testing.queue_harness import ALICE, Harness, eventually, room_with
+from federation_sender.testing.queue_harness import ALICE, Harness, room_with
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.result import Outcome
 
 D = "r1.test"
@@ -62,10 +63,12 @@ async def test_413_splits_instead_of_retrying_forever(h: Harness) -> None:
     h.fake.behave(D, hang=True)
     await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 1)
+    await wait_until(lambda: h.fake.in_progress, "a transaction in flight",
+                     accept=lambda n: n == 1, timeout_s=10)
     evs = await h.writer.messages("!a:l", ALICE, 40, pad=1_000)
     h.poke()
-    await eventually(lambda: h.m.intake.position == h.writer.stream_ordering)
+    await wait_until(lambda: h.m.intake.position, "the intake caught up",
+                     accept=lambda p: p == h.writer.stream_ordering, timeout_s=10)
     h.fake.behave(D, max_body_bytes=12_000)
     h.fake.release()
     await h.settle()
@@ -98,13 +101,15 @@ async def test_poison_item_is_isolated_and_dropped_while_the_rest_is_delivered(
     h.fake.behave(D, hang=True)
     await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 1)
+    await wait_until(lambda: h.fake.in_progress, "a transaction in flight",
+                     accept=lambda n: n == 1, timeout_s=10)
     evs = await h.writer.messages("!a:l", ALICE, 30)
     poison = evs[11]
     h.m.enqueue_edu(D, "m.bad", {})
     h.m.enqueue_edu(D, "m.good", {})
     h.poke()
-    await eventually(lambda: h.m.intake.position == h.writer.stream_ordering)
+    await wait_until(lambda: h.m.intake.position, "the intake caught up",
+                     accept=lambda p: p == h.writer.stream_ordering, timeout_s=10)
     h.fake.behave(D, reject_event_ids={poison.event_id}, reject_edu_types={"m.bad"},
                   reject_status=500)
     h.fake.release()
@@ -148,7 +153,8 @@ async def test_hanging_request_hits_the_deadline(h: Harness) -> None:
     h.fake.behave(D, hang=True)
     e = await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 1)
+    await wait_until(lambda: h.fake.in_progress, "a transaction in flight",
+                     accept=lambda n: n == 1, timeout_s=10)
     await h.clock.advance_and_settle(10)
     st = h.m.status(D)
     assert st is not None and st.in_flight_txn_id is not None
@@ -246,7 +252,7 @@ async def test_the_last_error_is_kept_through_catch_up_until_a_success(h: Harnes
     assert st.last_error == "HTTP 503 M_UNKNOWN: fake 503"
     h.fake.behave(D)
     await h.advance(st.retry_interval_ms / 1000)
-    await eventually(lambda: bool(h.fake.accepted(D)), what="delivery after the backoff")
+    await wait_until(lambda: h.fake.accepted(D), "delivery after the backoff", timeout_s=10)
     await h.settle()
     st = h.m.status(D)
     assert st is None or st.last_error is None
@@ -266,7 +272,8 @@ async def test_a_dropped_idle_queue_tells_the_sender_to_forget_it(h: Harness) ->
     await h.settle()
     assert h.fake.accepted(D) and forgotten == []
     await h.advance(2)
-    await eventually(lambda: forgotten == [D], what="the idle queue dropped")
+    await wait_until(lambda: forgotten, "the idle queue dropped",
+                     accept=lambda f: f == [D], timeout_s=10)
 
 
 async def test_the_deadline_counts_from_each_attempt_s_start(h: Harness) -> None:
@@ -280,7 +287,8 @@ async def test_the_deadline_counts_from_each_attempt_s_start(h: Harness) -> None
     h.fake.behave(D, hang=True)
     await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 1)
+    await wait_until(lambda: h.fake.in_progress, "a transaction in flight",
+                     accept=lambda n: n == 1, timeout_s=10)
     # t=35: past the first attempt's deadline, not this one's (in flight: no settle)
     await h.clock.advance_and_settle(15)
     st = h.m.status(D)
@@ -307,8 +315,8 @@ async def test_a_crashed_queue_is_logged_with_its_destination(
     await start_with_room(h)
     await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: any("failed" in r.getMessage() for r in caplog.records),
-                     what="the crash line")
+    await wait_until(lambda: any("failed" in r.getMessage() for r in caplog.records),
+                     "the crash line", timeout_s=10)
     (record,) = [r for r in caplog.records if "queue for" in r.getMessage()][:1]
     assert record.context["destination"] == D  # type: ignore[attr-defined]
 

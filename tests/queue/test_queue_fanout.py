@@ -15,9 +15,9 @@ from federation_sender.testing.queue_harness import (
     ME,
     Harness,
     RecordingObserver,
-    eventually,
     room_with,
 )
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.result import SendResult, Transaction
 
 
@@ -111,10 +111,12 @@ async def test_batches_at_most_50_pdus_in_order(h: Harness) -> None:
     h.fake.behave("r1.test", hang=True)  # hold the first transaction so the rest queue up
     first = await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 1)
+    await wait_until(lambda: h.fake.in_progress, "a transaction in flight",
+                     accept=lambda n: n == 1, timeout_s=10)
     evs = await h.writer.messages("!a:l", ALICE, 120)
     h.poke()
-    await eventually(lambda: h.m.intake.position == h.writer.stream_ordering)
+    await wait_until(lambda: h.m.intake.position, "the intake caught up",
+                     accept=lambda p: p == h.writer.stream_ordering, timeout_s=10)
     h.fake.behave("r1.test")
     h.fake.release()
     await h.settle()
@@ -131,10 +133,12 @@ async def test_byte_budget_is_respected(h: Harness) -> None:
     h.fake.behave("r1.test", hang=True)
     await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 1)
+    await wait_until(lambda: h.fake.in_progress, "a transaction in flight",
+                     accept=lambda n: n == 1, timeout_s=10)
     await h.writer.messages("!a:l", ALICE, 30, pad=2_000)
     h.poke()
-    await eventually(lambda: h.m.intake.position == h.writer.stream_ordering)
+    await wait_until(lambda: h.m.intake.position, "the intake caught up",
+                     accept=lambda p: p == h.writer.stream_ordering, timeout_s=10)
     h.fake.behave("r1.test")
     h.fake.release()
     await h.settle()
@@ -148,7 +152,8 @@ async def test_edu_order_in_one_transaction(h: Harness) -> None:
     d = "r1.test"
     h.fake.behave(d, hang=True)
     h.m.enqueue_edu(d, "m.warmup", {})
-    await eventually(lambda: h.fake.in_progress == 1)
+    await wait_until(lambda: h.fake.in_progress, "a transaction in flight",
+                     accept=lambda n: n == 1, timeout_s=10)
     h.m.enqueue_edu(d, "m.typing", {"room_id": "!a:l", "typing": True}, key="!a:l")
     h.m.enqueue_edu(d, "m.custom", {})
     h.m.enqueue_edu(d, "m.typing", {"room_id": "!a:l", "typing": False}, key="!a:l")
@@ -192,7 +197,9 @@ async def test_global_concurrency_limit(h: Harness) -> None:
     h.fake.behave(None, hang=True)
     await h.writer.message("!a:l", ALICE)
     h.poke()
-    await eventually(lambda: h.fake.in_progress == 3 and h.m.txn_slots.waiting == 5)
+    await wait_until(lambda: (h.fake.in_progress, h.m.txn_slots.waiting),
+                     "3 transactions in flight and 5 waiting for a slot",
+                     accept=lambda seen: seen == (3, 5), timeout_s=10)
     assert len(opened) == 3
     assert h.m.oldest_in_flight_age_s() == 0.0
     h.fake.behave(None)

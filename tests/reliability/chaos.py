@@ -51,6 +51,7 @@ from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.postgres import PostgresCluster
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.signing import generate_key_file, verify_key_lookup
 
 SERVER_NAME = "sim.local"
@@ -252,20 +253,18 @@ async def wait_ready(admin_port: int, worker: WorkerProcess, timeout_s: float = 
     that must be delivered may only start once it is up."""
     import aiohttp
 
-    port = admin_port
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
     async with aiohttp.ClientSession() as http:
-        while loop.time() < deadline:
+
+        async def ready() -> int | str:
             worker.check_alive()
             try:
-                async with http.get(f"http://127.0.0.1:{port}/ready") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("worker not ready in time")
+                async with http.get(f"http://127.0.0.1:{admin_port}/ready") as r:
+                    return r.status
+            except aiohttp.ClientError as e:
+                return repr(e)
+
+        await wait_until(ready, "the worker's /ready", accept=lambda status: status == 200,
+                         timeout_s=timeout_s, every_s=0.1)
 
 
 class Chaos:

@@ -129,7 +129,7 @@ async def slow_drip_headers(r: asyncio.StreamReader, w: asyncio.StreamWriter) ->
     for byte in OK_HEAD * 1000:
         w.write(bytes([byte]))
         await w.drain()
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the scenario: a peer that drips its headers
 
 
 async def slow_drip_body(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -138,7 +138,7 @@ async def slow_drip_body(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> No
     while True:
         w.write(b" ")
         await w.drain()
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(0.02)  # the scenario: a peer that drips its body
 
 
 async def never_answers(r: asyncio.StreamReader, _w: asyncio.StreamWriter) -> None:

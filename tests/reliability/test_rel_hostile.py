@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import re
 import time
 import tracemalloc
 from collections.abc import AsyncIterator
@@ -41,6 +42,7 @@ from federation_sender.testing.certs import CertFiles, make_certs
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.queue_writer import HomeserverWriter
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 from federation_sender.transport.signing import SigningKey
@@ -162,7 +164,8 @@ def good_certs(tmp_path_factory: pytest.TempPathFactory) -> CertFiles:
     ("untrusted_ca", "TLS failure"),
     ("plain_http_answer", "TLS failure"),
     ("no_handshake", "no response within"),
-    ("reset_in_handshake", ""),
+    # Reset with the ClientHello unread: mostly a reset; an EOF if it lands first.
+    ("reset_in_handshake", r"^connection failed: ConnectionResetError|^TLS failure: .*EOF"),
 ])
 async def test_tls_failures_are_classified_within_the_deadline(
     peer: rp.RawPeer, good_certs: CertFiles, mismatched_certs: CertFiles,
@@ -194,7 +197,7 @@ async def test_tls_failures_are_classified_within_the_deadline(
         assert time.monotonic() - started < DEADLINE_S + SLACK_S
     for result in results:
         assert result.outcome is Outcome.TRANSIENT, result
-        assert expect in result.error, result
+        assert re.search(expect, result.error), result
 
 
 @pytest.fixture
@@ -284,17 +287,18 @@ async def test_hostile_peers_do_not_hold_up_healthy_ones(tmp_path: Path) -> None
         for _ in range(4):  # several rounds, each while every hostile peer is stuck
             started = time.monotonic()
             sent = {e.event_id for e in await writer.messages(room, "@alice:local.test", 5)}
-            while not all(sent <= set(healthy.received_event_ids(d)) for d in HEALTHY):
-                assert time.monotonic() - started < request_timeout_s, "healthy peers held up"
-                await asyncio.sleep(0.02)
+            await wait_until(
+                lambda sent=sent: {d: len(sent - set(healthy.received_event_ids(d)))
+                                   for d in HEALTHY},
+                "the round's events at every healthy peer (held up by the hostile ones?)",
+                accept=lambda missing: not any(missing.values()),
+                timeout_s=request_timeout_s, every_s=0.02)
             rounds.append(time.monotonic() - started)
-        # Let every hostile attempt reach its deadline: each is classified, none raises.
-        await asyncio.sleep(request_timeout_s + 1.0)
-        for d in HOSTILE:
-            status = worker.manager.status(d)
-            assert status is not None, d
-            assert status.last_error is not None, (d, status)
-            assert status.state is not DestinationState.IDLE, (d, status)
+        # Every hostile attempt reaches its deadline: each is classified, none raises.
+        await wait_until(lambda: {d: _unclassified(worker, d) for d in HOSTILE},
+                         "an attempt to each hostile peer classified as an error",
+                         accept=lambda left: not any(left.values()),
+                         timeout_s=request_timeout_s + 1.0, every_s=0.05)
         assert worker.supervisor is not None and worker.is_ready()
     finally:
         await worker.stop(deadline_s=1.0)
@@ -303,6 +307,16 @@ async def test_hostile_peers_do_not_hold_up_healthy_ones(tmp_path: Path) -> None
         for p in peers:
             await p.close()
     assert max(rounds) < 1.5, rounds
+
+
+def _unclassified(worker: Worker, dest: str) -> str | None:
+    """Why ``dest``'s queue does not yet show a failed attempt (None once it does)."""
+    status = worker.manager.status(dest)
+    if status is None:
+        return "no queue"
+    if status.last_error is None or status.state is DestinationState.IDLE:
+        return f"{status.state.name}, last error {status.last_error!r}"
+    return None
 
 
 def _settings(tmp_path: Path, db_url: str, overrides: dict[str, str]) -> Settings:
@@ -347,22 +361,21 @@ async def test_a_peer_answering_429_with_retry_after_0_is_not_flooded(
         await writer.join(room, "@alice:local.test")
         await writer.join(room, f"@u:{dest}")
         await writer.messages(room, "@alice:local.test", 1)
-        started = time.monotonic()
-        while rl.requests == 0:
-            assert time.monotonic() - started < 10, "the first attempt never came"
-            await asyncio.sleep(0.01)
-        # The window is the measurement: what the worker does in it is the result.
+        await wait_until(lambda: rl.requests, "the first attempt", timeout_s=10)
+        # The window is the measurement, not a synchronisation: what the worker does in
+        # it is the result.
         window_started = time.monotonic()
         await asyncio.sleep(RATE_LIMIT_WINDOW_S)
         attempts = rl.requests
         elapsed_s = time.monotonic() - window_started
-        deadline = time.monotonic() + 10
-        while True:  # the log rows of those attempts are group-committed
+
+        async def log_rows() -> int:
             async with writer_engine.connect() as conn:
-                rows = (await conn.execute(rows_q)).scalar_one()
-            if rows >= attempts or time.monotonic() > deadline:
-                break
-            await asyncio.sleep(0.05)
+                return int((await conn.execute(rows_q)).scalar_one())
+
+        # The log rows of those attempts are group-committed.
+        rows = await wait_until(log_rows, f"a log row for each of the {attempts} attempts",
+                                accept=lambda n: n >= attempts, timeout_s=10, every_s=0.05)
         status = worker.manager.status(dest)
     finally:
         await worker.stop(deadline_s=1.0)

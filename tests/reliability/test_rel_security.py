@@ -55,6 +55,7 @@ from federation_sender.testing.certs import CertFiles, make_certs
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.queue_writer import HomeserverWriter
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import KeyFileError, SigningKey, parse_x_matrix
 
@@ -342,11 +343,9 @@ async def test_no_secret_reaches_the_logs_of_a_running_worker(tmp_path: Path) ->
         await writer.join(room, "@alice:local.test")
         await writer.join(room, "@bob:peer.test")
         await writer.messages(room, "@alice:local.test", 3)
-        for _ in range(200):
-            if len(seen_auth) >= 3:
-                break
-            await asyncio.sleep(0.05)
-        assert len(seen_auth) >= 3, out.getvalue()[-2000:]
+        await wait_until(lambda: len(seen_auth), "three signed requests at the peer",
+                         accept=lambda n: n >= 3, timeout_s=10, every_s=0.05,
+                         details=lambda: out.getvalue()[-2000:])
         base = f"http://127.0.0.1:{admin_port}{ADMIN}v1/federation/destinations"
         async with aiohttp.ClientSession() as http:
             for auth in (f"Bearer {TOKEN}", f"Bearer {TOKEN}x", f"Basic {TOKEN}"):

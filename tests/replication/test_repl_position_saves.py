@@ -102,6 +102,7 @@ async def test_positions_are_saved_once_per_interval_not_once_per_line() -> None
 
         session.feed(rdata(6))
         await handler.wait_for(lambda: handler.last_token("to_device") == 6)
+        await clock.advance_and_settle(0.0)  # the client ends the batch: its save is due in 1 s
         await clock.advance_and_settle(1.0)
         assert (store.positions[KEY], store.saves) == (6, 2)
 
@@ -151,6 +152,7 @@ async def test_a_failed_save_keeps_the_positions_and_retries_at_the_next_interva
     async with running([session], store, clock, 1.0) as (client, handler, _task):
         session.feed(rdata(1))
         await handler.wait_for(lambda: handler.last_token("to_device") == 1)
+        await clock.advance_and_settle(0.0)  # the client ends the batch: its save is due in 1 s
         await clock.advance_and_settle(1.0)
         assert KEY not in store.positions
         assert client.positions.persisted() == {}
@@ -175,6 +177,7 @@ async def test_a_crash_before_the_save_delivers_the_unsaved_rows_again() -> None
     async with running([first], store, clock, 1.0) as (_client, handler, _task):
         first.feed(rdata(1) + rdata(2))
         await handler.wait_for(lambda: handler.last_token("to_device") == 2)
+        await clock.advance_and_settle(0.0)  # the client ends the batch: its save is due in 1 s
         await clock.advance_and_settle(1.0)
         assert store.positions[KEY] == 2
         first.feed(wire[len(rdata(1) + rdata(2)):])

@@ -7,10 +7,6 @@ import contextlib
 import json
 import random
 import shutil
-import socket
-import subprocess
-import tempfile
-import time
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -24,13 +20,14 @@ from federation_sender.replication.redis import RedisTransport, RedisWriterBridg
 from federation_sender.replication.rows import EventRow, TypingRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.testing.captures import capture_lines
-from federation_sender.testing.ports import free_port
 from federation_sender.testing.prereq import missing
+from federation_sender.testing.redis_server import ephemeral_redis
 from federation_sender.testing.replication import (
     InMemoryPositionStore,
     RecordingHandler,
     WriterDatabase,
 )
+from federation_sender.testing.waiting import wait_until
 
 SERVER = "localhost:28448"
 
@@ -41,23 +38,8 @@ def redis_url() -> Iterator[str]:
     binary = shutil.which("redis-server")
     if binary is None:
         missing("redis-server (Debian package redis-server)")
-    port = free_port()
-    with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.Popen(
-            [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp],
-            stdout=subprocess.DEVNULL,
-        )
-        try:
-            for _ in range(200):
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                    break
-                if proc.poll() is not None:
-                    pytest.fail("redis-server exited")
-                time.sleep(0.02)
-            yield f"redis://127.0.0.1:{port}/0"
-        finally:
-            proc.terminate()
-            proc.wait(timeout=10)
+    with ephemeral_redis() as server:  # the module's own: its channels start empty
+        yield server.url
 
 
 def event(i: int) -> EventRow:
@@ -113,10 +95,8 @@ async def test_writer_to_reader_over_redis(redis_url: str) -> None:
         assert handler.rows("events") == [event(i) for i in range(1, 101)]
         client.send_federation_ack(100)
         client.send_remote_server_up("remote.example")
-        for _ in range(200):
-            if w.federation_acks:
-                break
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: w.federation_acks, "the FEDERATION_ACK at the writer",
+                         timeout_s=2)
         assert w.federation_acks == {"fed1": 100}
         assert store.positions[("events", "master")] == 100
         # our own REMOTE_SERVER_UP came back from Redis and was ignored as an echo

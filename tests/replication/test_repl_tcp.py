@@ -25,6 +25,7 @@ from federation_sender.testing.replication import (
     RecordingHandler,
     WriterDatabase,
 )
+from federation_sender.testing.waiting import wait_until
 
 FAST = Backoff(initial_s=0.01, max_s=0.05)
 WAIT_S = 10.0
@@ -195,7 +196,13 @@ async def test_partial_batch_then_reconnect_fetches_from_the_database() -> None:
             wr.write(chunk)
         await wr.drain()
         if n == 0:
-            await asyncio.sleep(0.1)
+            # Read the client's opening (NAME, PING, REPLICATE) first: closed with it
+            # unread, the connection would be reset, which may discard the batch before
+            # the client reads it. Closed after, the client reads the batch, then EOF.
+            line = b"-"
+            async with asyncio.timeout(WAIT_S):
+                while line and not line.startswith(b"REPLICATE"):
+                    line = await rd.readline()
             wr.close()  # drop the connection mid-batch
             return
         with contextlib.suppress(ConnectionError):
@@ -299,11 +306,8 @@ async def test_congested_reader_is_disconnected() -> None:
         assert data.rstrip(b"\n").rsplit(b"\n", 1)[-1] == b"ERROR Failed to keep up"
         assert len(data) < 12_000_000  # most of the 24 MB was dropped, not delivered
         wr.close()
-        for _ in range(100):
-            if not server.peers:
-                break
-            await asyncio.sleep(0.01)
-        assert not server.peers
+        await wait_until(lambda: server.peers, "the server to forget the closed peer",
+                         accept=lambda peers: not peers, timeout_s=1)
 
 
 async def test_writer_restart_resets_in_memory_streams_without_dropping_rows() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -17,6 +17,7 @@ from federation_sender.sim.fleet import RemoteFleet
 from federation_sender.sim.pdu import build_pdu, reference_event_id
 from federation_sender.sim.remotes import FakeRemote
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.signing import SigningKey, VerifyKeyLookup
 
 
@@ -57,12 +58,6 @@ async def make_remote(lookup: VerifyKeyLookup) -> AsyncIterator[Any]:
     yield make
     for r in started:
         await r.stop()
-
-
-async def wait_for(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not predicate():  # noqa: ASYNC110 - polling a server under test
-            await asyncio.sleep(0.005)
 
 
 # --- authentication -------------------------------------------------------------
@@ -148,13 +143,14 @@ async def test_second_concurrent_transaction_from_same_origin_gets_429(
 ) -> None:
     remote = await make_remote(FaultProfile(slow_s=5.0), clock=clock)
     first = asyncio.create_task(put_txn(remote, "t1", pdus=[pdu(1)]))
-    await wait_for(lambda: clock.pending_sleepers > 0)
+    await wait_until(lambda: clock.pending_sleepers, "a sleeper on the clock", timeout_s=5)
     status, body = await put_txn(remote, "t2", pdus=[pdu(2)])
     assert status == 429
     assert body["errcode"] == "M_UNKNOWN"
     # The same transaction id again waits for the first answer rather than 429.
     retry = asyncio.create_task(put_txn(remote, "t1", pdus=[pdu(1)]))
-    await wait_for(lambda: remote.record.retransmits == 1)
+    await wait_until(lambda: remote.record.retransmits, "one retransmit",
+                     accept=lambda n: n == 1, timeout_s=5)
     assert not first.done()
     clock.advance(5.0)
     assert (await first)[0] == 200
@@ -238,13 +234,14 @@ async def test_hang_until_clock_passes_hang_s_then_reset(
 ) -> None:
     remote = await make_remote(FaultProfile(hang_rate=1.0, hang_s=30.0), clock=clock)
     task = asyncio.create_task(put_txn(remote, "t1", pdus=[pdu(1)]))
-    await wait_for(lambda: clock.pending_sleepers > 0)
+    await wait_until(lambda: clock.pending_sleepers, "a sleeper on the clock", timeout_s=5)
     await clock.advance_and_settle(29.0)
     assert clock.pending_sleepers == 1  # the 30 s hang is still parked on the clock
     assert not task.done()
     assert remote.record.outcomes["hang"] == 0
     clock.advance(1.0)
-    await wait_for(lambda: remote.record.outcomes["hang"] == 1)
+    await wait_until(lambda: remote.record.outcomes["hang"], "one hang recorded",
+                     accept=lambda n: n == 1, timeout_s=5)
     # aiohttp's client retries an idempotent PUT once after a reset; that hangs too.
     async with asyncio.timeout(5):
         while not task.done():
@@ -265,7 +262,8 @@ async def test_hang_ends_when_remote_stops(lookup: VerifyKeyLookup, put_txn: Put
     )
     await remote.start()
     task = asyncio.create_task(put_txn(remote, "t1", pdus=[pdu(1)]))
-    await wait_for(lambda: remote.record.max_concurrent == 1)
+    await wait_until(lambda: remote.record.max_concurrent, "one request at a time",
+                     accept=lambda n: n == 1, timeout_s=5)
     await asyncio.wait_for(remote.stop(), 5)
     with pytest.raises(aiohttp.ClientError):
         await asyncio.wait_for(task, 5)
@@ -277,11 +275,11 @@ async def test_down_window_refuses_connections_then_recovers(
     remote = await make_remote(FaultProfile(down=((10.0, 20.0),)), clock=clock)
     assert (await put_txn(remote, "t1", pdus=[pdu(1)]))[0] == 200
     clock.advance(10.0)
-    await wait_for(lambda: remote.down)
+    await wait_until(lambda: remote.down, "the remote down", timeout_s=5)
     with pytest.raises(aiohttp.ClientConnectorError):
         await put_txn(remote, "t2", pdus=[pdu(2)])
     clock.advance(10.0)
-    await wait_for(lambda: not remote.down)
+    await wait_until(lambda: not remote.down, "the remote back up", timeout_s=5)
     assert (await put_txn(remote, "t3", pdus=[pdu(3)]))[0] == 200
     assert len(remote.record.pdu_counts) == 2
 

@@ -26,6 +26,7 @@ from federation_sender.storage import schema
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.waiting import wait_until
 
 SCENARIO = Scenario(
     server_name="us.test",
@@ -171,10 +172,8 @@ async def test_pacing_follows_the_clock(engine: AsyncEngine, clock: FakeClock) -
     driver = Driver.build(scenario, engine=engine, publisher=RecordingPublisher(), clock=clock)
     await driver.setup()
     task = asyncio.create_task(driver.run())
-    for _ in range(200):
-        await asyncio.sleep(0.01)
-        if clock.pending_sleepers:
-            break
+    await wait_until(lambda: clock.pending_sleepers, "the driver waiting on the clock",
+                     timeout_s=2)
     assert driver.progress.steps == 10  # one batch, then waits for the clock
     for _ in range(100):
         if task.done():

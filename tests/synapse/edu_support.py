@@ -4,12 +4,9 @@ ed25519 keys and signatures (Synapse verifies cross-signing signatures)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import subprocess
-import time
 import urllib.parse
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -138,22 +135,3 @@ def reference(d: SynapseDeployment, *args: str) -> Any:
     if done.returncode != 0:
         raise AssertionError(f"Synapse reference failed: {done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-async def until(cond: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 30.0) -> None:
-    """Wait (in real time: Synapse works in the background) until ``cond()`` holds."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not await cond():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
-
-
-def poll(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    """Block until ``cond()`` holds, for state another process writes to its database."""
-    end = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)

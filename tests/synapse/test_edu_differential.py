@@ -18,6 +18,7 @@ from backend_support import OurWorker
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse import edu_support as e2ee
 
 pytestmark = pytest.mark.postgres
@@ -132,12 +133,13 @@ def begin(d: SynapseDeployment, net: PeerNetwork, room: Room, run: Run) -> None:
     run.start = {p.server_name: len(p.transactions) for p in room.peers}
 
 
-def outboxes_empty(d: SynapseDeployment, room: Room) -> bool:
+def outbox_rows(d: SynapseDeployment, room: Room) -> str:
+    """Rows left in Synapse's device-list and to-device outboxes for the room's peers."""
     names = ", ".join(f"'{p.server_name}'" for p in room.peers)
-    left = d.sql(
+    return d.sql(
         f"SELECT (SELECT count(*) FROM device_lists_outbound_pokes WHERE destination IN ({names}))"
-        f" + (SELECT count(*) FROM device_federation_outbox WHERE destination IN ({names}))")
-    return left.strip() == "0"
+        f" + (SELECT count(*) FROM device_federation_outbox WHERE destination IN ({names}))"
+    ).strip()
 
 
 def normalise(run: Run, room: Room, edu: dict[str, Any], prev: dict[str, int]) -> Any:
@@ -219,7 +221,8 @@ def test_same_edus_as_synapses_own_worker(
             script(d, network, room, run)
             # Stop only once the sender recorded its deliveries (else the next one sends
             # them again, rightly: at least once).
-            e2ee.poll(lambda: outboxes_empty(d, room), "the outboxes drained")
+            wait_until_blocking(lambda: outbox_rows(d, room), "the outboxes drained",
+                                accept=lambda left: left == "0", timeout_s=20)
         finally:
             d.stop_federation_sender() if name == "synapse" else ours.stop()
         results[name] = capture(room, run)

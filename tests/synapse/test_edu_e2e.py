@@ -15,6 +15,7 @@ from backend_support import OurWorker
 
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse import edu_support as e2ee
 
 pytestmark = pytest.mark.postgres
@@ -91,9 +92,10 @@ def test_to_device_is_delivered_then_deleted(
                   room.alice.access_token)
     network.wait_for(lambda: any(e["content"]["messages"] == body["messages"]
                                  for e in peer.edus("m.direct_to_device")), what="to-device")
-    e2ee.poll(lambda: d.sql("SELECT count(*) FROM device_federation_outbox WHERE "
-                            f"destination = '{peer.server_name}'").strip() == "0",
-              "the outbox row deleted")
+    wait_until_blocking(lambda: d.sql("SELECT count(*) FROM device_federation_outbox WHERE "
+                                      f"destination = '{peer.server_name}'").strip(),
+                        "the outbox row deleted", accept=lambda left: left == "0",
+                        timeout_s=20)
 
 
 def test_device_lists_and_cross_signing(
@@ -120,12 +122,12 @@ def test_device_lists_and_cross_signing(
                                           zip(updates[1:], ids, strict=False))
         assert "device_display_name" not in updates[-1]
 
-    def drained() -> bool:
-        left = d.sql("SELECT count(*) FROM device_lists_outbound_pokes WHERE user_id = "
+    def pokes_left() -> str:
+        return d.sql("SELECT count(*) FROM device_lists_outbound_pokes WHERE user_id = "
                      f"'{alice.user_id}'").strip()
-        return left == "0"
 
-    e2ee.poll(drained, "the pokes deleted")
+    wait_until_blocking(pokes_left, "the pokes deleted", accept=lambda left: left == "0",
+                        timeout_s=20)
     last = d.sql("SELECT destination FROM device_lists_outbound_last_success WHERE user_id = "
                  f"'{alice.user_id}' ORDER BY destination").split()
     assert last == sorted(p.server_name for p in room.peers)

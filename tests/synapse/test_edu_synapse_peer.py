@@ -5,7 +5,6 @@ sender's device-list change."""
 
 from __future__ import annotations
 
-import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator
@@ -17,6 +16,7 @@ from backend_support import OurWorker
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse import edu_support as e2ee
 
 pytestmark = pytest.mark.postgres
@@ -45,18 +45,16 @@ class Syncer:
         self.since = d.client.sync(user)["next_batch"]
 
     def until(self, found: Callable[[dict[str, Any]], bool], what: str) -> None:
-        deadline = time.monotonic() + WAIT_S
-        while time.monotonic() < deadline:
-            body = self.d.client.sync(self.user, self.since, 1000)
+        def next_sync() -> dict[str, Any]:
+            body: dict[str, Any] = self.d.client.sync(self.user, self.since, 1000)
             self.since = body["next_batch"]
-            if found(body):
-                return
+            return body
+
         # Seen once under the whole suite's load (typing), never alone: say what our
         # worker did, which its log (gone with the test's directory) would have told.
-        raise AssertionError(
-            f"{what}: not seen by the destination's user within {WAIT_S} s; our worker's "
-            f"log ends:\n{self.sender.log_tail()}"
-        )
+        wait_until_blocking(next_sync, f"{what} at the destination's user", accept=found,
+                            timeout_s=WAIT_S, every_s=0,  # the long poll is the wait
+                            details=lambda: f"our worker's log ends:\n{self.sender.log_tail()}")
 
 
 def ephemeral(body: dict[str, Any], room_id: str, event_type: str) -> list[dict[str, Any]]:

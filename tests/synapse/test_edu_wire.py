@@ -21,6 +21,7 @@ from federation_sender.synapse.edus import device_lists as dl
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from federation_sender.testing.waiting import wait_until, wait_until_blocking
 from tests.synapse import edu_support as e2ee
 
 DEVICE_EDUS = (dl.DEVICE_LIST_UPDATE, dl.SIGNING_KEY_UPDATE, dl.UNSTABLE_SIGNING_KEY_UPDATE)
@@ -82,7 +83,9 @@ async def test_device_list_edus_match_synapses_worker_on_the_wire(
     e2ee.delete_device(d, alice, phone.device_id)
     # Main turns device changes into pokes in the background, with stream ids of their
     # own: wait until every change is converted, then read up to the newest poke.
-    await e2ee.until(lambda: converted(engine, alice.user_id), "pokes")
+    await wait_until(lambda: converted(engine, alice.user_id),
+                     "main to convert every device change into pokes", timeout_s=30,
+                     every_s=0.05)
     now = int(d.sql("SELECT max(stream_id) FROM device_lists_outbound_pokes").strip())
 
     ours: dict[str, list[str]] = {}
@@ -129,9 +132,10 @@ async def test_to_device_content_is_the_outbox_row(
                          what="the to-device EDU from Synapse's worker")
         # Synapse deletes what was delivered, after it has read the 200: the peer can
         # record the EDU before the worker's delete commits, so wait for the delete.
-        e2ee.poll(lambda: d.sql(
-            "SELECT count(*) FROM device_federation_outbox WHERE destination = "
-            f"'{peer.server_name}'").strip() == "0",
-            what="Synapse's worker to delete the delivered to-device row")
+        wait_until_blocking(
+            lambda: d.sql("SELECT count(*) FROM device_federation_outbox WHERE destination = "
+                          f"'{peer.server_name}'").strip(),
+            "Synapse's worker to delete the delivered to-device row",
+            accept=lambda left: left == "0", timeout_s=20)
     finally:
         d.stop_federation_sender()

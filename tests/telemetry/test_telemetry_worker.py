@@ -4,11 +4,10 @@ would: its trace tree, its log lines and its metrics."""
 
 from __future__ import annotations
 
-import asyncio
 import io
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +37,13 @@ from federation_sender.telemetry import names as n
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.queue_writer import HomeserverWriter, WrittenEvent
+from federation_sender.testing.waiting import wait_until
 
 LOCAL = "local.test"
 GOOD = "good.test"
 FLAKY = "flaky.test"
 ALICE = f"@alice:{LOCAL}"
+WAIT_S = 20.0  # real time: the worker, its HTTP and its database run on the real clock
 
 
 @dataclass
@@ -63,16 +64,6 @@ class Run:
 
     def log_lines(self) -> list[dict[str, Any]]:
         return [json.loads(line) for line in self.log.getvalue().splitlines()]
-
-
-async def until(cond: Callable[[], bool], what: str, timeout_s: float = 20.0) -> None:
-    """Real time: the worker, its HTTP and its database run on the real clock."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    while not cond():
-        if loop.time() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 @pytest.fixture
@@ -147,28 +138,30 @@ def _duration_s(span: ReadableSpan) -> float:
 
 
 async def test_an_operator_sees_trees_contexts_and_state_changes(run: Run) -> None:
-    await until(lambda: run.worker.is_ready(), "the worker to connect")
+    await wait_until(run.worker.is_ready, "the worker to connect", timeout_s=WAIT_S)
     run.hs.behave(FLAKY, status=503)
     joins = [await run.writer.join("!r1:local.test", user)
              for user in (ALICE, f"@bob:{GOOD}", f"@carol:{FLAKY}")]
     evs = await run.writer.messages("!r1:local.test", ALICE, 3)
     run.announce(joins + evs)
     want = {e.event_id for e in evs}
-    await until(lambda: want <= set(run.hs.received_event_ids(GOOD))
-                and len(run.hs.attempts[FLAKY]) >= 3, "three refused attempts")
+    await wait_until(lambda: (_missing(run, want, GOOD), len(run.hs.attempts[FLAKY])),
+                     "delivery to GOOD and three refused attempts to FLAKY",
+                     accept=lambda seen: not seen[0] and seen[1] >= 3, timeout_s=WAIT_S)
     # While it fails: owed events, and its last error, kept through catch-up and parking.
-    await until(lambda: _status_error(run) is not None, "the parked queue's error")
+    await wait_until(lambda: _status_error(run), "the parked queue's error",
+                     accept=lambda e: e is not None, timeout_s=WAIT_S)
     assert "503" in str(_status_error(run))
     assert run.worker.metrics.registry.get_sample_value(n.PENDING_DESTINATIONS) == 1
     run.hs.behave(FLAKY)
     try:
-      await until(lambda: want <= set(run.hs.received_event_ids(GOOD))
-                and want <= set(run.hs.received_event_ids(FLAKY)), "delivery to both")
+        await wait_until(lambda: _missing(run, want, GOOD, FLAKY), "delivery to both",
+                         accept=lambda missing: not missing, timeout_s=WAIT_S)
     except AssertionError:
         print("LOGDUMP", run.log.getvalue(), run.hs.attempts)
         raise
-    await until(lambda: any("answers again" in r["message"] for r in run.log_lines()),
-                "the recovery line")
+    await wait_until(lambda: any("answers again" in r["message"] for r in run.log_lines()),
+                     "the recovery line", timeout_s=WAIT_S)
     spans = list(run.spans.get_finished_spans())
 
     # Traces: each transaction attempt is a tree, not a flat list of roots.
@@ -178,9 +171,10 @@ async def test_an_operator_sees_trees_contexts_and_state_changes(run: Run) -> No
     assert ok
     # No discovery span: the destinations are overrides, which need no lookup (one
     # that does is spanned: tests/transport/test_discovery.py).
-    await until(lambda: all(_children(list(run.spans.get_finished_spans()), t)
-                            == [n.SPAN_HTTP_REQUEST, n.SPAN_PERSIST]
-                            for t in ok), "the result commits")
+    await wait_until(lambda: [_children(list(run.spans.get_finished_spans()), t) for t in ok],
+                     "each successful transaction's request and persist spans",
+                     accept=lambda kids: all(k == [n.SPAN_HTTP_REQUEST, n.SPAN_PERSIST]
+                                             for k in kids), timeout_s=WAIT_S)
     spans = list(run.spans.get_finished_spans())
     assert not [s for s in spans if s.name == n.SPAN_DISCOVERY]
     failed = [s for s in txns if s.attributes and s.attributes[n.ATTR_OUTCOME] == "transient"]
@@ -211,6 +205,12 @@ async def test_an_operator_sees_trees_contexts_and_state_changes(run: Run) -> No
     assert any(r["message"].startswith("replication: connected to tcp://") for r in lines)
 
 
+def _missing(run: Run, want: set[str], *destinations: str) -> dict[str, set[str]]:
+    """The events of ``want`` each destination has not received yet."""
+    missing = {d: want - set(run.hs.received_event_ids(d)) for d in destinations}
+    return {d: ids for d, ids in missing.items() if ids}
+
+
 def _status_error(run: Run) -> str | None:
     st = run.worker.manager.status(FLAKY)
     return None if st is None else st.last_error
@@ -222,7 +222,7 @@ def _sample(run: Run, metric: str, **labels: str) -> float:
 
 
 async def test_synapse_dashboard_metrics(run: Run) -> None:
-    await until(lambda: run.worker.is_ready(), "the worker to connect")
+    await wait_until(run.worker.is_ready, "the worker to connect", timeout_s=WAIT_S)
     run.hs.behave(FLAKY, status=503, times=2)
     joins = [await run.writer.join(room, user) for room in ("!a:local.test", "!b:local.test")
              for user in (ALICE, f"@bob:{GOOD}", f"@carol:{FLAKY}")]
@@ -230,9 +230,10 @@ async def test_synapse_dashboard_metrics(run: Run) -> None:
                                                                           ALICE)] * 2)
     run.announce(joins + evs)
     want = {e.event_id for e in evs}
-    await until(lambda: all(want <= set(run.hs.received_event_ids(d)) for d in (GOOD, FLAKY)),
-                "delivery")
-    await until(lambda: _sample(run, n.PENDING_DESTINATIONS) == 0, "nothing owed")
+    await wait_until(lambda: _missing(run, want, GOOD, FLAKY), "delivery to both",
+                     accept=lambda missing: not missing, timeout_s=WAIT_S)
+    await wait_until(lambda: _sample(run, n.PENDING_DESTINATIONS), "nothing owed",
+                     accept=lambda owed: owed == 0, timeout_s=WAIT_S)
     # Synapse's meanings: events read; (PDU, destination) pairs and PDUs queued; batches
     # and the rooms in them.
     assert _sample(run, n.EVENTS_PROCESSED + "_total") == len(joins) + len(evs)

@@ -147,7 +147,7 @@ async def _huge_declared(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> No
     await _read_request(r)
     w.write(_head("200 OK", extra="Content-Length: 100000000\r\n\r\n") + b"{" * 1000)
     await w.drain()
-    await asyncio.sleep(10)
+    await asyncio.sleep(10)  # the scenario: a peer that holds the rest back
 
 
 async def _huge_chunked(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -183,7 +183,7 @@ async def _slow_drip(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
     for _ in range(1000):
         w.write(b" ")
         await w.drain()
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the scenario: a peer that drips its body
 
 
 async def _reset_mid_body(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -201,7 +201,7 @@ async def _garbage(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
 
 async def _silent(r: asyncio.StreamReader, _w: asyncio.StreamWriter) -> None:
     await _read_request(r)
-    await asyncio.sleep(30)
+    await asyncio.sleep(30)  # the scenario: a peer that never answers
 
 
 async def _close_immediately(_r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
@@ -309,7 +309,7 @@ async def test_connection_pool_is_bounded_per_host(
         nonlocal active, peak
         active += 1
         peak = max(peak, active)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the scenario: slow answers, so that requests overlap
         active -= 1
         return web.json_response({})
 

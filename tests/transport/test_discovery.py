@@ -21,6 +21,7 @@ from federation_sender.telemetry import names as n
 from federation_sender.telemetry.tracing import Tracing, setup_tracing
 from federation_sender.testing.certs import CertFiles
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.discovery import (
     Discovery,
@@ -267,7 +268,7 @@ async def test_one_lookup_per_name_at_a_time_and_cancellation_is_isolated(
     wk.set("x.example", {"m.server": "y.example:1"})
     d = make_discovery(FakeSrv({}), wk, fake_clock)
     waiters = [asyncio.create_task(d.resolve("x.example")) for _ in range(10)]
-    await asyncio.sleep(0.01)
+    await wait_until(lambda: wk.fetches, "the lookup under way", timeout_s=5)
     waiters[0].cancel()
     wk.gate.set()
     results = await asyncio.gather(*waiters[1:])

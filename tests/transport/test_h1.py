@@ -17,7 +17,7 @@ import pytest
 from aiohttp.resolver import DefaultResolver
 
 from federation_sender.testing.certs import CertFiles
-from federation_sender.testing.queue_harness import eventually
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.addresses import AddressFilter, FilteringResolver
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.h1 import Http1Pool, request_head
@@ -231,17 +231,18 @@ async def test_idle_connections_close_after_the_keepalive() -> None:
                                            for _ in range(2)))
         assert [r.status for r in responses] == [200, 200]
         assert pool.idle_connections == 2
-        await eventually(lambda: pool.idle_connections == 0, 5.0, "the keep-alive expiry")
+        await wait_until(lambda: pool.idle_connections, "the keep-alive expiry",
+                         accept=lambda n: n == 0, timeout_s=5)
 
 
 async def test_bytes_nobody_asked_for_take_an_idle_connection_out_of_the_pool() -> None:
-    sent_extra = asyncio.Event()
+    parked, sent_extra = asyncio.Event(), asyncio.Event()
 
     async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         await read_request(r)
         w.write(json_ok())
         await w.drain()
-        await asyncio.sleep(0.05)  # the client parks the connection first
+        await parked.wait()  # the extra bytes reach a connection at rest in the pool
         w.write(b"HTTP/1.1 200 OK\r\n")
         await w.drain()
         sent_extra.set()
@@ -249,8 +250,11 @@ async def test_bytes_nobody_asked_for_take_an_idle_connection_out_of_the_pool() 
 
     async with plain_server(handler) as port, loopback_pool() as pool:
         assert (await pool.put("127.0.0.1", port, None, head(2), b"{}")).status == 200
+        assert pool.idle_connections == 1  # put() parks the connection before it returns
+        parked.set()
         await asyncio.wait_for(sent_extra.wait(), 5.0)
-        await eventually(lambda: pool.idle_connections == 0, 5.0, "the connection dropped")
+        await wait_until(lambda: pool.idle_connections, "the connection dropped",
+                         accept=lambda n: n == 0, timeout_s=5)
 
 
 async def test_requests_over_the_per_host_limit_wait_and_a_cancelled_waiter_frees_nothing(
@@ -271,7 +275,8 @@ async def test_requests_over_the_per_host_limit_wait_and_a_cancelled_waiter_free
     async with plain_server(handler) as port, loopback_pool(max_per_host=2) as pool:
         puts = [asyncio.create_task(pool.put("127.0.0.1", port, None, head(2), b"{}"))
                 for _ in range(5)]
-        await eventually(lambda: active == 2, 5.0, "both connections busy")
+        await wait_until(lambda: active, "both connections busy", accept=lambda n: n == 2,
+                         timeout_s=5)
         puts[4].cancel()  # a waiter given up: it must not take or leak a slot
         release.set()
         results = await asyncio.gather(*puts, return_exceptions=True)
@@ -298,9 +303,11 @@ async def test_a_request_cancelled_while_waiting_for_the_total_limit_leaves_no_p
         loopback_pool(max_connections=1) as pool,
     ):
         first = asyncio.create_task(pool.put("127.0.0.1", port_a, None, head(2), b"{}"))
-        await eventually(lambda: pool.pool_keys == 1, 5.0, "the first request under way")
+        await wait_until(lambda: pool.pool_keys, "the first request under way",
+                         accept=lambda n: n == 1, timeout_s=5)
         waiting = asyncio.create_task(pool.put("127.0.0.1", port_b, None, head(2), b"{}"))
-        await eventually(lambda: pool.pool_keys == 2, 5.0, "the second request waiting")
+        await wait_until(lambda: pool.pool_keys, "the second request waiting",
+                         accept=lambda n: n == 2, timeout_s=5)
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting

@@ -13,12 +13,12 @@ from worker_harness import (
     MainProcess,
     start_worker,
     stop,
-    wait_for,
     wait_ready,
     write_config,
 )
 
 from federation_sender.testing.fake_homeserver import FakeHomeserver
+from federation_sender.testing.waiting import wait_until
 
 ROOM = "!shared:local.test"
 DESTS = [*REMOTES, *(f"extra{i}.test" for i in range(1, 8))]
@@ -69,18 +69,20 @@ async def test_two_workers_share_destinations_and_hand_over(
         # Each worker has seen the other (its log says so), so the destinations are
         # split between them before the first events.
         both = "shard membership now ['fed1', 'fed2']"
-        await wait_for(
+        await wait_until(
             lambda: all(both in _log(tmp_path / n) for n in ("fed1", "fed2")),
-            60,
             "both workers to see each other",
+            timeout_s=60,
+            every_s=0.1,
         )
         first = await mp.db.messages(ROOM, "@alice:local.test", 10)
         mp.announce(first)
         ids = {e.event_id for e in first}
-        await wait_for(
+        await wait_until(
             lambda: all(ids <= set(remotes.received_event_ids(d)) for d in DESTS),
-            60,
             "delivery by two workers",
+            timeout_s=60,
+            every_s=0.1,
         )
         senders = {d: _senders(remotes, d) for d in DESTS}
         assert all(len(s) == 1 for s in senders.values()), senders
@@ -91,10 +93,11 @@ async def test_two_workers_share_destinations_and_hand_over(
         second = await mp.db.messages(ROOM, "@alice:local.test", 5)
         mp.announce(second)
         ids2 = {e.event_id for e in second}
-        await wait_for(
+        await wait_until(
             lambda: all(ids2 <= set(remotes.received_event_ids(d)) for d in DESTS),
-            60,
             "hand-over after one worker left",
+            timeout_s=60,
+            every_s=0.1,
         )
         assert await stop(w1, signal.SIGTERM) == 0
     finally:

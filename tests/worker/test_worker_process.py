@@ -15,12 +15,12 @@ from worker_harness import (
     delivered,
     start_worker,
     stop,
-    wait_for,
     wait_ready,
     write_config,
 )
 
 from federation_sender.testing.fake_homeserver import FakeHomeserver
+from federation_sender.testing.waiting import wait_until
 
 
 async def test_worker_delivers_survives_shutdown_mid_flight_and_serves_admin(
@@ -41,8 +41,9 @@ async def test_worker_delivers_survives_shutdown_mid_flight_and_serves_admin(
         first = await mp.db.messages(room, "@alice:local.test", 20)
         mp.announce(first)
         want = {e.event_id for e in first}
-        await wait_for(
-            lambda: all(want <= delivered(remotes, d) for d in REMOTES), 60, "first delivery"
+        await wait_until(
+            lambda: all(want <= delivered(remotes, d) for d in REMOTES), "first delivery",
+            timeout_s=60, every_s=0.1,
         )
 
         # Admin API: token required; destinations listed with live state.
@@ -65,7 +66,8 @@ async def test_worker_delivers_survives_shutdown_mid_flight_and_serves_admin(
         in_flight = remotes.in_progress
         second = await mp.db.messages(room, "@alice:local.test", 5)
         mp.announce(second)
-        await wait_for(lambda: remotes.in_progress > in_flight, 30, "a transaction in flight")
+        await wait_until(lambda: remotes.in_progress > in_flight, "a transaction in flight",
+                         timeout_s=30, every_s=0.1)
         assert await stop(proc, within_s=6.0) == 0
     finally:
         if proc.poll() is None:
@@ -80,16 +82,18 @@ async def test_worker_delivers_survives_shutdown_mid_flight_and_serves_admin(
     try:
         want = {e.event_id for e in first + second + third}
         latest = third[-1].event_id
-        await wait_for(
+        await wait_until(
             lambda: all(latest in delivered(remotes, d) for d in REMOTES),
-            60,
             "delivery after restart",
+            timeout_s=60,
+            every_s=0.1,
         )
         # Small gap: catch-up replays the missed events in order, not only the latest.
-        await wait_for(
+        await wait_until(
             lambda: all(want <= delivered(remotes, d) for d in REMOTES),
-            30,
             "every missed event after restart",
+            timeout_s=30,
+            every_s=0.1,
         )
         assert await stop(proc, signal.SIGINT) == 0
     finally:

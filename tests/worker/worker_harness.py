@@ -3,7 +3,6 @@ plus TCP replication writer), worker configs and subprocess control, and fixture
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import subprocess
@@ -22,6 +21,7 @@ from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.queue_writer import HomeserverWriter, WrittenEvent
+from federation_sender.testing.waiting import WaitTimedOut, wait_until
 
 LOCAL = "local.test"
 REMOTES = [f"remote{i}.test" for i in range(1, 6)]
@@ -93,43 +93,35 @@ def start_worker(config: Path, tmp_path: Path) -> subprocess.Popen[bytes]:
     )
 
 
-async def wait_for(pred: Any, timeout_s: float = 30.0, what: str = "") -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not pred():
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.1)
-
-
 async def stop(
     proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM, *, within_s: float = 30.0
 ) -> int:
     """Signal the worker and return its exit status; fail unless it exits within ``within_s``."""
     proc.send_signal(sig)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + within_s
-    while loop.time() < deadline:
-        if proc.poll() is not None:
-            return proc.returncode
-        await asyncio.sleep(0.1)
-    proc.kill()
-    raise AssertionError(f"worker did not exit within {within_s} s of the signal")
+    try:
+        code = await wait_until(proc.poll, f"the worker to exit on signal {sig}",
+                                accept=lambda c: c is not None, timeout_s=within_s, every_s=0.1)
+    except WaitTimedOut:
+        proc.kill()
+        raise
+    assert code is not None
+    return code
 
 
 async def wait_ready(admin_port: int, proc: subprocess.Popen[bytes]) -> None:
     """/ready answers 200 once the worker is started and connected to replication."""
     async with aiohttp.ClientSession() as http:
-        for _ in range(300):
+
+        async def ready() -> int | str:
             assert proc.poll() is None, "worker exited during start-up"
             try:
                 async with http.get(f"http://127.0.0.1:{admin_port}/ready") as r:
-                    if r.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("worker not ready within 30 s")
+                    return r.status
+            except aiohttp.ClientError as e:
+                return repr(e)
+
+        await wait_until(ready, "the worker's /ready", accept=lambda status: status == 200,
+                         timeout_s=30, every_s=0.1)
 
 
 def delivered(hs: FakeHomeserver, dest: str) -> set[str]:
