@@ -30,7 +30,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.admin.app import build_admin_app, openapi_document
-from federation_sender.admin.middleware import OPEN_ADMIN_PATHS
+from federation_sender.admin.middleware import CLIENT_PREFIX, OPEN_ADMIN_PATHS
 from federation_sender.app import Worker
 from federation_sender.builders import (
     build_federation_client,
@@ -72,14 +72,15 @@ async def sqlite_engine(sqlite_url: str) -> AsyncIterator[AsyncEngine]:
 
 
 def _admin_routes(app: web.Application) -> list[tuple[str, str]]:
-    """Every (method, concrete path) the app serves under the admin prefix."""
+    """Every (method, concrete path) the app serves under the admin prefix, and the
+    client-API routes synapse-admin logs in through."""
     out: list[tuple[str, str]] = []
     for route in app.router.routes():
         if route.method in ("HEAD", "OPTIONS") or route.resource is None:
             continue
         info = route.resource.get_info()
         path = str(info.get("path") or info.get("formatter"))
-        if path.startswith(ADMIN):
+        if path.startswith((ADMIN, CLIENT_PREFIX)):
             out.append((route.method, re.sub(r"\{[^}]+\}", "example.org", path)))
     return out
 
@@ -94,13 +95,14 @@ async def test_every_admin_route_refuses_missing_wrong_and_smuggled_tokens(
     all_routes = _admin_routes(app)
     documented = {
         (m.upper(), p) for p, ops in openapi_document()["paths"].items() for m in ops
-        if p.startswith(ADMIN)
+        if p.startswith((ADMIN, CLIENT_PREFIX))
     }
     assert len(all_routes) == len(documented) >= 6  # no route escapes this test
-    # The open ones are exactly those the middleware names (server_version, open in
-    # Synapse too); each answers without a token and carries no destination data.
+    # The open ones are exactly those the middleware names (server_version and the
+    # client API's versions, open in Synapse too); each answers without a token and
+    # carries no destination data. whoami refuses like every admin route.
     open_routes = [(m, p) for m, p in all_routes if p in OPEN_ADMIN_PATHS]
-    assert [p for _, p in open_routes] == sorted(OPEN_ADMIN_PATHS)
+    assert sorted(p for _, p in open_routes) == sorted(OPEN_ADMIN_PATHS)
     routes = [r for r in all_routes if r not in open_routes]
     # Unknown routes and methods under the prefix must not reveal themselves either.
     routes += [("GET", ADMIN + "v1/federation/nope"), ("DELETE", ADMIN + "v1/federation/summary"),
@@ -130,7 +132,10 @@ async def test_every_admin_route_refuses_missing_wrong_and_smuggled_tokens(
         for method, path in open_routes:
             resp = await client.request(method, path)
             assert resp.status == 200, (method, path)
-            assert set(await resp.json()) == {"server_version"}
+            # Version facts only, no destination data.
+            want = {"server_version"} if path.startswith(ADMIN) else {"versions",
+                                                                      "unstable_features"}
+            assert set(await resp.json()) == want, path
 
 
 async def _raw_get(port: int, target: str, extra: bytes = b"") -> tuple[int, bytes]:
