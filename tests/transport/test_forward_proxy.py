@@ -26,8 +26,9 @@ from federation_sender.testing.forward_proxy_server import (
     tinyproxy,
 )
 from federation_sender.testing.prereq import missing
-from federation_sender.testing.queue_harness import ALICE, ME, Harness, eventually, room_with
+from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 from federation_sender.testing.queue_writer import HomeserverWriter
+from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.forward_proxy import (
     ProxyPolicy,
     parse_proxy,
@@ -161,7 +162,8 @@ async def test_proxy_down_backs_off_the_destination_and_it_is_delivered_once_bac
         await h.advance(599)
         assert remote.requests == []  # still backing off
         await h.advance(1)
-        await eventually(lambda: len(remote.requests) == 1, what="the retried transaction")
+        await wait_until(lambda: len(remote.requests), "the retried transaction",
+                         accept=lambda n: n == 1, timeout_s=10)
         assert event.event_id in remote.requests[0][1].decode()
         assert proxy.connects() == [remote.name]
         await h.settle()
