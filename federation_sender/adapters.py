@@ -36,7 +36,7 @@ from federation_sender.replication.rows import (
     PresenceState,
     ReceiptsRow,
     Row,
-    ToDeviceRow,
+    ToDeviceStreamRow,
     TypingRow,
 )
 from federation_sender.storage.protocols import Backend, Tx
@@ -160,7 +160,7 @@ class WorkerReplicationHandler:
             await self._federation(token, rows)
         elif stream_name == "to_device":
             for r in rows:
-                if isinstance(r, ToDeviceRow) and not r.entity.startswith("@"):
+                if isinstance(r, ToDeviceStreamRow) and not r.entity.startswith("@"):
                     self._m.notify_outbox(r.entity)
         elif stream_name == "device_lists":
             users = [r.user_id for r in rows if isinstance(r, DeviceListsRow)]

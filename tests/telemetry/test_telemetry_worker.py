@@ -28,7 +28,7 @@ from federation_sender.config import (
     Settings,
     TelemetrySettings,
 )
-from federation_sender.replication.rows import EventRow
+from federation_sender.replication.rows import EventsStreamRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.storage.engine import create_engine
@@ -57,7 +57,7 @@ class Run:
 
     def announce(self, evs: list[WrittenEvent]) -> None:
         for ev in evs:
-            token = self.repl.publish("events", EventRow(
+            token = self.repl.publish("events", EventsStreamRow(
                 ev.event_id, ev.room_id, "m.room.message", None, None, None, None, False,
                 False))
             assert token == ev.stream_ordering
