@@ -49,6 +49,7 @@ from federation_sender.errors import ConfigError
 from federation_sender.intake import DbPositionStore, ReplicationIntake
 from federation_sender.queue import QueueManager
 from federation_sender.queue.snapshot import queue_snapshot
+from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
@@ -76,7 +77,6 @@ from federation_sender.synapse.wiring import (
 )
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.telemetry.metrics import Metrics, new_registry
-from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.domain_metrics import DomainMetrics
