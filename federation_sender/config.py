@@ -25,6 +25,7 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from federation_sender.errors import ConfigError
+from federation_sender.proxy_url import parse_proxy
 from federation_sender.redaction import redact_url
 
 ENV_PREFIX = "FEDERATION_SENDER__"
@@ -360,11 +361,11 @@ def _check_database_url(url: str) -> None:
         raise ConfigError("database.url", f"a database name: {expected}", redact_url(url))
 
 
-def _validate_egress(f: FederationSettings) -> None:
-    from federation_sender.transport.forward_proxy import ProxyPolicy
-    from federation_sender.transport.http import TLS_VERSIONS
+TLS_MIN_VERSIONS = ("1", "1.1", "1.2", "1.3")
+"""``federation.tls_min_version``'s values (Synapse's ``federation_client_minimum_tls_version``)."""
 
-    if f.tls_min_version is not None and f.tls_min_version not in TLS_VERSIONS:
+def _validate_egress(f: FederationSettings) -> None:
+    if f.tls_min_version is not None and f.tls_min_version not in TLS_MIN_VERSIONS:
         raise ConfigError("federation.tls_min_version", "one of 1, 1.1, 1.2, 1.3",
                           f.tls_min_version)
     for pattern in f.tls_verification_whitelist:
@@ -375,7 +376,9 @@ def _validate_egress(f: FederationSettings) -> None:
         not f.user_agent_suffix.isascii() or not f.user_agent_suffix.isprintable()
     ):
         raise ConfigError("federation.user_agent_suffix", "printable ASCII", None)
-    ProxyPolicy.from_settings(f.http_proxy, f.https_proxy, f.no_proxy)  # ConfigError if bad
+    for key, proxy in (("http_proxy", f.http_proxy), ("https_proxy", f.https_proxy)):
+        if proxy:
+            parse_proxy(key, proxy)  # ConfigError if bad
 
 
 def _validate(s: Settings) -> None:
