@@ -7,8 +7,8 @@ import random
 from collections.abc import Mapping, Sequence
 
 from federation_sender.clock import Clock
-from federation_sender.sim.faults import FaultProfile
 from federation_sender.sim.remotes import FakeRemote, RemoteRecord
+from federation_sender.testing.faults import FaultProfile
 from federation_sender.transport.signing import VerifyKeyLookup
 
 
