@@ -29,6 +29,8 @@ from federation_sender.proxy_url import parse_proxy
 from federation_sender.redaction import redact_url
 
 ENV_PREFIX = "FEDERATION_SENDER__"
+DEMO_SERVER_NAME = "demo.local"
+"""``federation-sender demo``'s server name (its database: ``<data_dir>/demo/demo.db``)."""
 
 
 @dataclass(frozen=True)
