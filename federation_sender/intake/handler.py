@@ -70,7 +70,6 @@ class ReplicationIntake:
         self._server_name = server_name
         self._clock = clock
         self._metrics = metrics
-        self.rows_seen = 0
         hosts = room_hosts or StorageRoomHosts(storage)
         self.typing = TypingFanout(server_name, hosts, manager, clock)
         self.receipts = ReceiptFanout(server_name, hosts, manager, clock, receipt_max_delay_s)
@@ -115,7 +114,6 @@ class ReplicationIntake:
     async def _on_rows(
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
     ) -> None:
-        self.rows_seen += len(rows)
         first = stream_name not in self.tokens
         self.tokens[stream_name] = token
         if first and stream_name in ("to_device", "device_lists"):

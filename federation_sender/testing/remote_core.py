@@ -196,7 +196,6 @@ class Receiver:
             if early is not None:
                 return early
         raw = await request.read()
-        rec.bytes_received += len(raw)
         b = self.behaviours.get(dest, self.default)
         if b.hang or b.delay_s > 0:
             b = await self._scripted_wait(dest)

@@ -122,10 +122,6 @@ async def run(tmp_path: Path, restore_logging: None) -> AsyncIterator[Run]:
         await engine.dispose()
 
 
-def _by_id(spans: list[ReadableSpan]) -> dict[int, ReadableSpan]:
-    return {s.context.span_id: s for s in spans if s.context is not None}
-
-
 def _children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[str]:
     assert parent.context is not None
     return sorted(s.name for s in spans
