@@ -383,13 +383,7 @@ def _validate_egress(f: FederationSettings) -> None:
             parse_proxy(key, proxy)  # ConfigError if bad
 
 
-def _validate(s: Settings) -> None:
-    _check_database_url(s.database.url)
-    if ":" in s.server_name and not s.server_name.rsplit(":", 1)[1].isdigit():
-        raise ConfigError(
-            "server_name", "a server name with an optional numeric port", s.server_name
-        )
-    q = s.queue
+def _validate_queue(q: QueueSettings) -> None:
     if not 1 <= q.max_pdus_per_txn <= 50:
         raise ConfigError("queue.max_pdus_per_txn", "an integer from 1 to 50", q.max_pdus_per_txn)
     if not 1 <= q.max_edus_per_txn <= 100:
@@ -400,6 +394,22 @@ def _validate(s: Settings) -> None:
             "a positive number <= backoff_jitter_max",
             q.backoff_jitter_min,
         )
+    if q.busy_txn_interval_s < 0:
+        raise ConfigError("queue.busy_txn_interval_s", "a number >= 0", q.busy_txn_interval_s)
+    if q.busy_min_pdus < 1:
+        raise ConfigError("queue.busy_min_pdus", "a positive integer", q.busy_min_pdus)
+    if q.coalesce_hold_s < 0:
+        raise ConfigError("queue.coalesce_hold_s", "a number >= 0", q.coalesce_hold_s)
+
+
+def _validate(s: Settings) -> None:
+    _check_database_url(s.database.url)
+    if ":" in s.server_name and not s.server_name.rsplit(":", 1)[1].isdigit():
+        raise ConfigError(
+            "server_name", "a server name with an optional numeric port", s.server_name
+        )
+    q = s.queue
+    _validate_queue(q)
     for key, val in (
         ("queue.backoff_initial_s", q.backoff_initial_s),
         ("queue.backoff_max_s", q.backoff_max_s),
@@ -423,12 +433,6 @@ def _validate(s: Settings) -> None:
     if s.replication.position_save_interval_s < 0:
         raise ConfigError("replication.position_save_interval_s", "a number >= 0",
                           s.replication.position_save_interval_s)
-    if q.busy_txn_interval_s < 0:
-        raise ConfigError("queue.busy_txn_interval_s", "a number >= 0", q.busy_txn_interval_s)
-    if q.busy_min_pdus < 1:
-        raise ConfigError("queue.busy_min_pdus", "a positive integer", q.busy_min_pdus)
-    if q.coalesce_hold_s < 0:
-        raise ConfigError("queue.coalesce_hold_s", "a number >= 0", q.coalesce_hold_s)
     if s.database.connect_retry_s < 0:
         raise ConfigError("database.connect_retry_s", "a number >= 0", s.database.connect_retry_s)
     for key, port in (
