@@ -51,6 +51,12 @@ def test_format_is_synapses() -> None:
         "status_msg": "hi", "currently_active": True}
     assert presence_json(PresenceState(ALICE, "offline", 0, 0, 0, "", True), 5_000) == {
         "presence": "offline", "user_id": ALICE}
+    # currently_active only while online; no status without one; the age as it is.
+    assert presence_json(st(ALICE, "unavailable", 4_000, None, True), 5_000) == {
+        "presence": "unavailable", "user_id": ALICE, "last_active_ago": 1_000}
+    assert presence_json(st(ALICE, current=False), 5_000) == {
+        "presence": "online", "user_id": ALICE, "last_active_ago": 4_000,
+        "currently_active": False}
 
 
 class Source:
