@@ -378,7 +378,7 @@ def _validate_egress(f: FederationSettings) -> None:
         not f.user_agent_suffix.isascii() or not f.user_agent_suffix.isprintable()
     ):
         raise ConfigError("federation.user_agent_suffix", "printable ASCII", None)
-    for key, proxy in (("http_proxy", f.http_proxy), ("https_proxy", f.https_proxy)):
+    for key, proxy in (("https_proxy", f.https_proxy), ("http_proxy", f.http_proxy)):
         if proxy:
             parse_proxy(key, proxy)  # ConfigError if bad
 
