@@ -394,12 +394,6 @@ def _validate_queue(q: QueueSettings) -> None:
             "a positive number <= backoff_jitter_max",
             q.backoff_jitter_min,
         )
-    if q.busy_txn_interval_s < 0:
-        raise ConfigError("queue.busy_txn_interval_s", "a number >= 0", q.busy_txn_interval_s)
-    if q.busy_min_pdus < 1:
-        raise ConfigError("queue.busy_min_pdus", "a positive integer", q.busy_min_pdus)
-    if q.coalesce_hold_s < 0:
-        raise ConfigError("queue.coalesce_hold_s", "a number >= 0", q.coalesce_hold_s)
 
 
 def _validate(s: Settings) -> None:
@@ -433,6 +427,12 @@ def _validate(s: Settings) -> None:
     if s.replication.position_save_interval_s < 0:
         raise ConfigError("replication.position_save_interval_s", "a number >= 0",
                           s.replication.position_save_interval_s)
+    if q.busy_txn_interval_s < 0:
+        raise ConfigError("queue.busy_txn_interval_s", "a number >= 0", q.busy_txn_interval_s)
+    if q.busy_min_pdus < 1:
+        raise ConfigError("queue.busy_min_pdus", "a positive integer", q.busy_min_pdus)
+    if q.coalesce_hold_s < 0:
+        raise ConfigError("queue.coalesce_hold_s", "a number >= 0", q.coalesce_hold_s)
     if s.database.connect_retry_s < 0:
         raise ConfigError("database.connect_retry_s", "a number >= 0", s.database.connect_retry_s)
     for key, port in (
