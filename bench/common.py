@@ -335,8 +335,8 @@ def production_observer(spans: bool = True, sample_ratio: float = 1.0,
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     from federation_sender.config import TelemetrySettings
+    from federation_sender.queue.telemetry_observer import TelemetryObserver
     from federation_sender.telemetry.metrics import Metrics, new_registry
-    from federation_sender.telemetry.queue_observer import TelemetryObserver
     from federation_sender.telemetry.tracing import make_sampler
 
     provider: TracerProvider | None = None

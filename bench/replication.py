@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 from federation_sender.clock import SystemClock
 from federation_sender.replication.client import ReplicationClient
-from federation_sender.replication.rows import EventRow, Row
+from federation_sender.replication.rows import EventsStreamRow, Row
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer, TcpTransport
 from federation_sender.testing.captures import captures_dir
@@ -117,7 +117,7 @@ async def bench_end_to_end(n_rows: int) -> tuple[float, float]:
             event_id = template[published % 1000]
             writer.publish(
                 "events",
-                EventRow(
+                EventsStreamRow(
                     event_id, "!room:hs", "m.room.message", None, None, None, None, False, False
                 ),
             )

@@ -31,9 +31,9 @@ from opentelemetry import trace
 from bench.common import NullExporter
 from federation_sender.clock import SystemClock
 from federation_sender.config import TelemetrySettings
+from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.telemetry import names
 from federation_sender.telemetry.metrics import Metrics, new_registry
-from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import child_span_dropped, leaf_span, setup_tracing
 from federation_sender.transport.client import _NO_SPAN
 from federation_sender.transport.result import Outcome

@@ -26,14 +26,9 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.adapters import (
-    AdminQueueControl,
-    DbPositionStore,
-    WorkerReplicationHandler,
-    queue_snapshot,
-)
 from federation_sender.admin.app import build_admin_app
 from federation_sender.admin.protocols import TokenVerifier
+from federation_sender.admin.queue_control import AdminQueueControl
 from federation_sender.admin.server import RunningServer, start_http_server
 from federation_sender.builders import (
     Listener,
@@ -51,7 +46,10 @@ from federation_sender.builders import (
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
+from federation_sender.intake import DbPositionStore, ReplicationIntake
 from federation_sender.queue import QueueManager
+from federation_sender.queue.snapshot import queue_snapshot
+from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
@@ -79,7 +77,6 @@ from federation_sender.synapse.wiring import (
 )
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.telemetry.metrics import Metrics, new_registry
-from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.domain_metrics import DomainMetrics
@@ -329,7 +326,7 @@ class Worker:
         if transport is None:
             return None
         store = DbPositionStore(self.storage, s.instance_name)
-        handler = WorkerReplicationHandler(
+        handler = ReplicationIntake(
             self.manager,
             self.storage,
             s.server_name,

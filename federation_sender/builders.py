@@ -18,11 +18,11 @@ from prometheus_client import CollectorRegistry
 from federation_sender.clock import Clock
 from federation_sender.config import Settings
 from federation_sender.queue import QueueManager
+from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.replication.transport import Transport
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.storage.protocols import Backend
 from federation_sender.telemetry.metrics import metrics_app
-from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.forward_proxy import ProxyPolicy
 from federation_sender.transport.keyserver import make_key_app, server_ssl_context

@@ -25,9 +25,12 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 import yaml
 
 from federation_sender.errors import ConfigError
+from federation_sender.proxy_url import parse_proxy
 from federation_sender.redaction import redact_url
 
 ENV_PREFIX = "FEDERATION_SENDER__"
+DEMO_SERVER_NAME = "demo.local"
+"""``federation-sender demo``'s server name (its database: ``<data_dir>/demo/demo.db``)."""
 
 
 @dataclass(frozen=True)
@@ -360,11 +363,11 @@ def _check_database_url(url: str) -> None:
         raise ConfigError("database.url", f"a database name: {expected}", redact_url(url))
 
 
-def _validate_egress(f: FederationSettings) -> None:
-    from federation_sender.transport.forward_proxy import ProxyPolicy
-    from federation_sender.transport.http import TLS_VERSIONS
+TLS_MIN_VERSIONS = ("1", "1.1", "1.2", "1.3")
+"""``federation.tls_min_version``'s values (Synapse's ``federation_client_minimum_tls_version``)."""
 
-    if f.tls_min_version is not None and f.tls_min_version not in TLS_VERSIONS:
+def _validate_egress(f: FederationSettings) -> None:
+    if f.tls_min_version is not None and f.tls_min_version not in TLS_MIN_VERSIONS:
         raise ConfigError("federation.tls_min_version", "one of 1, 1.1, 1.2, 1.3",
                           f.tls_min_version)
     for pattern in f.tls_verification_whitelist:
@@ -375,16 +378,12 @@ def _validate_egress(f: FederationSettings) -> None:
         not f.user_agent_suffix.isascii() or not f.user_agent_suffix.isprintable()
     ):
         raise ConfigError("federation.user_agent_suffix", "printable ASCII", None)
-    ProxyPolicy.from_settings(f.http_proxy, f.https_proxy, f.no_proxy)  # ConfigError if bad
+    for key, proxy in (("https_proxy", f.https_proxy), ("http_proxy", f.http_proxy)):
+        if proxy:
+            parse_proxy(key, proxy)  # ConfigError if bad
 
 
-def _validate(s: Settings) -> None:
-    _check_database_url(s.database.url)
-    if ":" in s.server_name and not s.server_name.rsplit(":", 1)[1].isdigit():
-        raise ConfigError(
-            "server_name", "a server name with an optional numeric port", s.server_name
-        )
-    q = s.queue
+def _validate_queue(q: QueueSettings) -> None:
     if not 1 <= q.max_pdus_per_txn <= 50:
         raise ConfigError("queue.max_pdus_per_txn", "an integer from 1 to 50", q.max_pdus_per_txn)
     if not 1 <= q.max_edus_per_txn <= 100:
@@ -395,6 +394,16 @@ def _validate(s: Settings) -> None:
             "a positive number <= backoff_jitter_max",
             q.backoff_jitter_min,
         )
+
+
+def _validate(s: Settings) -> None:
+    _check_database_url(s.database.url)
+    if ":" in s.server_name and not s.server_name.rsplit(":", 1)[1].isdigit():
+        raise ConfigError(
+            "server_name", "a server name with an optional numeric port", s.server_name
+        )
+    q = s.queue
+    _validate_queue(q)
     for key, val in (
         ("queue.backoff_initial_s", q.backoff_initial_s),
         ("queue.backoff_max_s", q.backoff_max_s),

@@ -41,23 +41,23 @@ from typing import IO
 from federation_sender.app import Worker
 from federation_sender.builders import load_or_create_signing_key, signing_key_path
 from federation_sender.clock import Clock, SystemClock
-from federation_sender.config import Settings
+from federation_sender.config import DEMO_SERVER_NAME, Settings
 from federation_sender.errors import StartupError
 from federation_sender.queue import DestinationStatus
 from federation_sender.sim.check import DeliveryReport, check_delivery
 from federation_sender.sim.driver import Driver, Scenario
 from federation_sender.sim.expected import Oracle
-from federation_sender.sim.faults import varied_profiles
 from federation_sender.sim.fleet import RemoteFleet
 from federation_sender.sim.publish import WriterPublisher, serve_replication
 from federation_sender.sim.remotes import RemoteRecord
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.telemetry.logging import setup_logging
+from federation_sender.testing.faults import varied_profiles
 from federation_sender.testing.ports import free_port
 from federation_sender.transport.signing import verify_key_lookup
 
-SERVER_NAME = "demo.local"
+SERVER_NAME = DEMO_SERVER_NAME
 
 
 REMOTES_PORT_OFFSET = 10

@@ -2,7 +2,7 @@
 
 Every storage backend (``storage/native.py`` over the project's own schema; a Synapse
 backend over Synapse's tables) returns these and nothing else: the queue engine, the
-admin API and the adapters never see a table, a column or a connection. They are plain
+admin API and the intake never see a table, a column or a connection. They are plain
 values (frozen dataclasses or named tuples, for speed on the hot path) with no I/O.
 
 Stream positions are keyed by a logical stream name (:data:`EVENTS_STREAM`,

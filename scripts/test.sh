@@ -9,6 +9,9 @@ echo "== mypy"; .venv/bin/mypy
 # Runtime dependencies are what the worker imports: missing, transitive, unused or
 # dev-only ones fail here (configured in pyproject.toml's [tool.deptry]).
 echo "== deptry"; .venv/bin/deptry .
+# The layering: no cycle, no import that climbs, no test fake or simulator module in the
+# worker (pyproject.toml's [tool.importlinter]; docs/architecture.md draws the layers).
+echo "== import-linter"; .venv/bin/lint-imports
 echo "== pytest"
 set +e
 # The schemathesis module runs in its own pytest process first. CPython 3.11's AST

@@ -54,8 +54,6 @@ from federation_sender.storage.protocols import Backend
 
 API = "/_synapse/admin/v1/federation"
 
-OPEN_PATHS = ("/health", "/ready", "/openapi.json", "/dashboard")
-
 
 def _always_ready() -> bool:
     return True

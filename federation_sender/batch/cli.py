@@ -30,7 +30,7 @@ from federation_sender.batch.requirements import (
 )
 from federation_sender.batch.session import SQLITE_JDBC_JAR, SessionOptions, build_session
 from federation_sender.clock import Clock, SystemClock
-from federation_sender.config import Settings
+from federation_sender.config import DEMO_SERVER_NAME, Settings
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -217,9 +217,7 @@ def _demo_database(settings: Settings) -> tuple[str, str] | None:
     demo = Path(settings.data_dir) / "demo" / "demo.db"
     if not demo.is_file():
         return None
-    from federation_sender.demo import SERVER_NAME
-
-    return f"sqlite:///{demo.resolve()}", SERVER_NAME
+    return f"sqlite:///{demo.resolve()}", DEMO_SERVER_NAME
 
 
 def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database | None,

@@ -18,8 +18,11 @@ federation sender does:
   that host, or are woken by a paced queue that drains within 30 s.
 
 Where the hosts and an event's metadata come from is the backend's business
-(:class:`RoomHosts`): the native backend replays ``room_memberships``, the Synapse
-backend reads ``current_state_events`` and ``events``.
+(:class:`RoomHosts`, read through the storage Protocols by :mod:`.room_hosts`): the
+native backend replays ``room_memberships``, the Synapse backend reads
+``current_state_events`` and ``events``. Presence (:mod:`.presence`) has the one
+``m.presence`` formatter, also used for the presence main queues on the federation
+stream (:mod:`federation_sender.intake`).
 
 Failure modes: these EDUs are volatile as in Synapse. A worker restart, or a queue that
 falls back to catch-up, drops what was pending; a receipt row in a replication gap is

@@ -54,7 +54,10 @@ db_concurrency=16)``
 * ``await wake_due_destinations() -> int``: one wake-up sweep (the loop runs it every
   ``wakeup_interval_s``)
 
-Metrics go through :class:`~federation_sender.queue.observer.QueueObserver`.
+Metrics go through :class:`~federation_sender.queue.observer.QueueObserver`; the worker's
+is :class:`~federation_sender.queue.telemetry_observer.TelemetryObserver` (metrics, spans
+and logs), and :func:`~federation_sender.queue.snapshot.queue_snapshot` gives the
+whole-queue gauges at scrape time.
 """
 
 from federation_sender.queue.destination import DestinationState, IllegalTransition

@@ -40,7 +40,7 @@ from federation_sender.replication.rows_tagged import (
     CurrentStateRow,
     Edu,
     EduRow,
-    EventRow,
+    EventsStreamRow,
     KeyedEduRow,
     PresenceDestinationsRow,
     PresenceState,
@@ -57,7 +57,7 @@ __all__ = [
     "DeviceListsRow",
     "Edu",
     "EduRow",
-    "EventRow",
+    "EventsStreamRow",
     "JsonDict",
     "KeyedEduRow",
     "PresenceDestinationsRow",
@@ -66,7 +66,7 @@ __all__ = [
     "PresenceState",
     "ReceiptsRow",
     "Row",
-    "ToDeviceRow",
+    "ToDeviceStreamRow",
     "TypingRow",
     "parse_caches_row",
     "parse_device_lists_row",
@@ -84,8 +84,9 @@ __all__ = [
 # --- the simple streams ----------------------------------------------------------
 
 
-class ToDeviceRow(NamedTuple):
-    """``[entity]``: a local user id, or a remote server name with queued messages."""
+class ToDeviceStreamRow(NamedTuple):
+    """``[entity]``: a local user id, or a remote server name with queued messages (not the
+    outbox row, :class:`federation_sender.model.ToDeviceRow`)."""
 
     entity: str
 
@@ -170,9 +171,9 @@ class PresenceRow(NamedTuple):
         return [self.state.wire()[k] for k in PRESENCE_KEYS]
 
 
-def parse_to_device_row(row: JsonValue) -> ToDeviceRow:
+def parse_to_device_row(row: JsonValue) -> ToDeviceStreamRow:
     (entity,) = check_list(row, "to_device", range(1, 2))
-    return ToDeviceRow(check_str(entity, "to_device"))
+    return ToDeviceStreamRow(check_str(entity, "to_device"))
 
 
 def parse_device_lists_row(row: JsonValue) -> DeviceListsRow:
@@ -219,13 +220,13 @@ def parse_presence_row(row: JsonValue) -> PresenceRow:
 
 
 Row: TypeAlias = (
-    EventRow
+    EventsStreamRow
     | CurrentStateRow
     | AllStateRow
     | EduRow
     | KeyedEduRow
     | PresenceDestinationsRow
-    | ToDeviceRow
+    | ToDeviceStreamRow
     | DeviceListsRow
     | ReceiptsRow
     | TypingRow

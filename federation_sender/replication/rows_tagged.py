@@ -20,9 +20,11 @@ from federation_sender.replication.row_checks import (
 # --- events ----------------------------------------------------------------------
 
 
-class EventRow(NamedTuple):
-    """``["ev", [event_id, room_id, type, state_key, redacts, relates_to, membership,
-    rejected, outlier]]``: a new event was persisted (or de-outliered)."""
+class EventsStreamRow(NamedTuple):
+    """The ``events`` stream's event row (Synapse's ``EventsStreamEventRow``; not the stored
+    event, :class:`federation_sender.model.EventRow`). ``["ev", [event_id, room_id, type,
+    state_key, redacts, relates_to, membership, rejected, outlier]]``: a new event was
+    persisted (or de-outliered)."""
 
     event_id: str
     room_id: str
@@ -72,12 +74,12 @@ class AllStateRow(NamedTuple):
         return ["state-all", [self.room_id]]
 
 
-def _parse_event_data(data: list[object]) -> EventRow:
+def _parse_event_data(data: list[object]) -> EventsStreamRow:
     """The general path: older short rows, and precise errors."""
     s = "events"
     defaults: list[object] = [None, None, False, False]  # relates_to .. outlier
     padded = data if len(data) == 9 else [*data, *defaults[len(data) - 5 :]]
-    return EventRow(
+    return EventsStreamRow(
         check_str(padded[0], s),
         check_str(padded[1], s),
         check_str(padded[2], s),
@@ -90,7 +92,7 @@ def _parse_event_data(data: list[object]) -> EventRow:
     )
 
 
-def parse_events_row(row: JsonValue) -> EventRow | CurrentStateRow | AllStateRow:
+def parse_events_row(row: JsonValue) -> EventsStreamRow | CurrentStateRow | AllStateRow:
     if type(row) is list and len(row) == 2 and row[0] == "ev":
         data = row[1]
         if type(data) is list and len(data) == 9:
@@ -107,7 +109,7 @@ def parse_events_row(row: JsonValue) -> EventRow | CurrentStateRow | AllStateRow
                 and type(rej) is bool
                 and type(out) is bool
             ):
-                return EventRow(e, r, t, sk, red, rel, mem, rej, out)
+                return EventsStreamRow(e, r, t, sk, red, rel, mem, rej, out)
     s = "events"
     kind, data = check_list(row, s, range(2, 3))
     if kind == "ev":

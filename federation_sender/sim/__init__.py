@@ -17,7 +17,7 @@ The simulator plays the main process around the worker::
 * :mod:`.expected` is the oracle: from the model alone, what each destination must
   receive. :mod:`.check` compares it with what :mod:`.remotes` recorded.
 * :mod:`.remotes` are loopback aiohttp servers that verify X-Matrix and answer like
-  Synapse, with fault profiles from :mod:`.faults`.
+  Synapse, with fault profiles from :mod:`federation_sender.testing.faults`.
 * :mod:`.driver` runs a :class:`.driver.Scenario`: setup, then paced traffic with
   membership churn, exposing :class:`.driver.Progress`.
 

@@ -86,7 +86,3 @@ class Oracle:
     def should_receive(self, destination: str) -> list[ExpectedEvent]:
         d = self.destinations.get(destination)
         return list(d.should_receive) if d else []
-
-    @property
-    def total_expected_pdus(self) -> int:
-        return sum(len(d.should_receive) for d in self.destinations.values())

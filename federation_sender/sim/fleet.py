@@ -7,8 +7,8 @@ import random
 from collections.abc import Mapping, Sequence
 
 from federation_sender.clock import Clock
-from federation_sender.sim.faults import FaultProfile
 from federation_sender.sim.remotes import FakeRemote, RemoteRecord
+from federation_sender.testing.faults import FaultProfile
 from federation_sender.transport.signing import VerifyKeyLookup
 
 
@@ -72,16 +72,3 @@ class RemoteFleet:
 
     def records(self) -> dict[str, RemoteRecord]:
         return {name: r.record for name, r in self.remotes.items()}
-
-    def status_lines(self) -> list[str]:
-        """One line per remote for live display: state, faults, what it received."""
-        lines = []
-        for name, r in sorted(self.remotes.items()):
-            rec = r.record
-            outcomes = " ".join(f"{k}:{v}" for k, v in sorted(rec.outcomes.items()))
-            lines.append(
-                f"{name:<16} {'DOWN' if r.down else 'up':<4} {r.faults.describe():<28} "
-                f"txns {len(rec.txns):>5}  pdus {rec.pdus_received:>6}  "
-                f"edus {len(rec.edus):>5}  [{outcomes}]"
-            )
-        return lines

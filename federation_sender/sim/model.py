@@ -10,8 +10,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from federation_sender.ids import server_of
-
 
 @dataclass(frozen=True, slots=True)
 class SimEvent:
@@ -38,10 +36,6 @@ class SimEvent:
     hosts: frozenset[str]
     extremities_after: tuple[str, ...]
     """The room's forward extremities once this event is persisted."""
-
-    @property
-    def target_server(self) -> str | None:
-        return server_of(self.state_key) if self.membership is not None and self.state_key else None
 
 
 @dataclass(frozen=True, slots=True)

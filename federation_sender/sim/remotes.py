@@ -30,8 +30,8 @@ import random
 from aiohttp import web
 
 from federation_sender.clock import Clock
-from federation_sender.sim.faults import FaultProfile
 from federation_sender.sim.pdu import reference_event_id
+from federation_sender.testing.faults import FaultProfile
 from federation_sender.testing.remote_core import (
     CLIENT_MAX_SIZE,
     MAX_EDUS,

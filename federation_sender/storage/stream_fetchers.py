@@ -47,7 +47,7 @@ from federation_sender.replication.rows import (
     PresenceState,
     ReceiptsRow,
     Row,
-    ToDeviceRow,
+    ToDeviceStreamRow,
 )
 
 RowMaker = Callable[[Sequence[Any]], Row]
@@ -166,7 +166,7 @@ def unfetched_gaps(*, synapse: bool) -> dict[str, GapNote | None]:
 def stream_fetchers(engine: AsyncEngine, *, synapse: bool) -> dict[str, StreamFetcher]:
     """The fetchers of every consumed stream that has a table (see the module table)."""
     fetchers: dict[str, StreamFetcher] = {
-        "to_device": SqlStreamFetcher(engine, _TO_DEVICE, lambda r: ToDeviceRow(str(r[1]))),
+        "to_device": SqlStreamFetcher(engine, _TO_DEVICE, lambda r: ToDeviceStreamRow(str(r[1]))),
         "device_lists": SqlStreamFetcher(
             engine, _DEVICE_LISTS, lambda r: DeviceListsRow(str(r[1]), False, True)
         ),

@@ -4,7 +4,10 @@ Theory of operation: nothing here is global. The composition root creates a
 ``prometheus_client.CollectorRegistry`` and a :class:`.metrics.Metrics` over it, a
 tracer provider with :func:`.tracing.setup_tracing`, and configures logging once with
 :func:`.logging.setup_logging`; components receive the objects they report to. All
-names live in :mod:`.names`.
+names live in :mod:`.names`. Telemetry sits below what it observes and imports none of
+it: the queue engine's hooks are turned into metrics and spans by
+:mod:`federation_sender.queue.telemetry_observer`, and the metrics endpoint is an
+application (:func:`.metrics.metrics_app`) the composition root serves.
 
 Gauges that describe the whole queue (pending PDUs, destinations backing off, oldest
 in-flight age) are not pushed: :class:`.metrics.Metrics` calls a snapshot function at

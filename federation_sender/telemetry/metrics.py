@@ -20,7 +20,6 @@ from prometheus_client.platform_collector import PlatformCollector
 from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector
 
-from federation_sender.admin.server import RunningServer, start_http_server
 from federation_sender.telemetry import names as n
 
 log = logging.getLogger(__name__)
@@ -350,8 +349,3 @@ def metrics_app(registry: CollectorRegistry, server_name: str | None = None) -> 
     app.router.add_get("/_synapse/metrics", scrape)
     return app
 
-
-async def start_metrics_server(bind: str, port: int, registry: CollectorRegistry,
-                               server_name: str | None = None) -> RunningServer:
-    """Serve the registry; ``await server.stop()`` to stop. ``port=0`` picks a port."""
-    return await start_http_server(metrics_app(registry, server_name), bind, port)

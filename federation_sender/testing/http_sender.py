@@ -1,5 +1,6 @@
 """A minimal real :class:`TransactionSender`: PUTs unsigned JSON to loopback fake
-homeservers. For tests and benchmarks until the real federation client is wired.
+homeservers, for the queue tests and benchmarks that need neither signatures nor
+discovery (the worker sends with :class:`federation_sender.transport.client.FederationClient`).
 
 ``urls`` maps a destination to a base URL (or one base URL serves every destination,
 told apart by the ``Host`` header). Every attempt has a timeout; responses and failures

@@ -14,7 +14,7 @@ which destination a request is for.
 
 A request goes through, in order:
 
-1. random faults from the destination's :class:`~federation_sender.sim.faults.FaultProfile`
+1. random faults from the destination's :class:`~federation_sender.testing.faults.FaultProfile`
    and its seeded ``random.Random``: 413 before reading, reset while reading, 500, hang;
 2. the body is read; the scripted :class:`Behaviour` may hang (until :meth:`release`)
    or delay; a body that is not JSON gets 400 ``M_NOT_JSON``;
@@ -48,7 +48,7 @@ from typing import Any
 from aiohttp import web
 
 from federation_sender.clock import Clock, SystemClock
-from federation_sender.sim.faults import Fault, FaultProfile, choose_fault
+from federation_sender.testing.faults import Fault, FaultProfile, choose_fault
 from federation_sender.testing.remote_records import Behaviour, ReceivedTxn, RemoteRecord
 from federation_sender.transport.signing import (
     AuthenticationError,
@@ -196,7 +196,6 @@ class Receiver:
             if early is not None:
                 return early
         raw = await request.read()
-        rec.bytes_received += len(raw)
         b = self.behaviours.get(dest, self.default)
         if b.hang or b.delay_s > 0:
             b = await self._scripted_wait(dest)

@@ -76,7 +76,6 @@ class RemoteRecord:
     outcomes: Counter[str] = field(default_factory=Counter)
     retransmits: int = 0
     """Requests for an already-answered transaction id (answered from the cache)."""
-    bytes_received: int = 0
     max_concurrent: int = 0
     """The most requests this destination was handling at once (``one in flight`` ≤ 1)."""
 

@@ -87,11 +87,6 @@ class WriterDatabase:
                 self._batch.clear()
                 self.rows.setdefault(key, []).append((command.token, row))
 
-    def truncate_after(self, stream: str, instance: str, token: int) -> None:
-        """A restore from an older backup: rows after ``token`` are gone."""
-        key = (stream, instance)
-        self.rows[key] = [r for r in self.rows.get(key, []) if r[0] <= token]
-
     def fetcher(self, stream: str) -> _Fetcher:
         return self.fetchers.setdefault(stream, _Fetcher(self, stream))
 

@@ -199,10 +199,6 @@ class SynapseDeployment:
     def client_url(self) -> str:
         return f"http://127.0.0.1:{self.layout.ports.client}"
 
-    @property
-    def federation_url(self) -> str:
-        return f"https://localhost:{self.layout.ports.federation}"
-
     # -- processes ----------------------------------------------------------------------
     def start(self) -> None:
         """Start main and the event persisters, if any (no federation sender);

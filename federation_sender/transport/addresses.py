@@ -121,10 +121,6 @@ class AddressFilter:
         """Let ``address`` through (a forward proxy's address, see forward_proxy.py)."""
         self._exempt.add(address)
 
-    @property
-    def allow_list(self) -> tuple[IPNetwork, ...]:
-        return self._allow
-
     def is_allowed(self, address: str | IPAddress) -> bool:
         if not isinstance(address, str):
             return self._decide(address)

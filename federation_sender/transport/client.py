@@ -470,11 +470,6 @@ class FederationClient:
             raise
         response.release()
 
-    def build_request(self, txn: Transaction) -> tuple[str, bytes, str]:
-        """``(path, body, Authorization header)`` for a transaction."""
-        prepared = self.requests.prepare(txn)
-        return prepared.path, prepared.body, prepared.authorization
-
     async def send_transaction(self, txn: Transaction) -> SendResult:
         started = self._clock.monotonic_s()
         self.stats.attempts += 1

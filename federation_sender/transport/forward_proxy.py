@@ -15,9 +15,9 @@ name, as Synapse's ``MatrixHostnameEndpoint`` decides), whether to go through a 
   name and every name under it, a leading dot ignored), an IP address, or a CIDR range
   (matched against hosts that are IP literals; names are not resolved to decide).
 
-A proxy is written ``[http://][user:password@]host[:port]`` (default port 1080, as
-Synapse); credentials, percent-decoded, go in ``Proxy-Authorization: Basic`` on the
-``CONNECT``. ``https://`` proxies (TLS to the proxy itself) are refused with one line.
+A proxy is written ``[http://][user:password@]host[:port]`` (parsed by
+:mod:`federation_sender.proxy_url`, which the settings validate with at load);
+credentials go in ``Proxy-Authorization: Basic`` on the ``CONNECT``.
 
 The proxy's own address is not subject to the outbound IP policy (it is usually on a
 private network, and configured by the operator); the remote's is not seen at all when
@@ -29,20 +29,18 @@ is a transient failure (the destination backs off); one that answers ``407`` giv
 
 from __future__ import annotations
 
-import base64
 import ipaddress
 import logging
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from urllib.parse import unquote
+from dataclasses import dataclass
 
-from federation_sender.errors import ConfigError, RemoteTransientError
+from federation_sender.errors import RemoteTransientError
+from federation_sender.proxy_url import ForwardProxy as ForwardProxy  # re-exported
+from federation_sender.proxy_url import parse_proxy as parse_proxy
+from federation_sender.proxy_url import redact_proxy as redact_proxy
 from federation_sender.transport.addresses import IPNetwork, is_ip_literal
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_PORT = 1080
-
 
 class ProxyAuthError(RemoteTransientError):
     """The forward proxy answered ``407 Proxy Authentication Required``."""
@@ -58,72 +56,6 @@ class ProxyConnectError(RemoteTransientError):
     """The forward proxy refused to open the tunnel (a status other than 2xx)."""
 
 
-@dataclass(frozen=True)
-class ForwardProxy:
-    host: str
-    port: int
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-
-    @property
-    def url(self) -> str:
-        """Without the credentials (for aiohttp's ``proxy=`` and for logs)."""
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
-
-    @property
-    def authorization(self) -> str | None:
-        """``Proxy-Authorization`` value, or None without credentials."""
-        if self.username is None:
-            return None
-        raw = f"{self.username}:{self.password or ''}".encode()
-        return "Basic " + base64.b64encode(raw).decode("ascii")
-
-
-def parse_proxy(key: str, value: str) -> ForwardProxy:
-    """``[http://][user:password@]host[:port]``; ConfigError otherwise."""
-    text = value.strip()
-    scheme, sep, rest = text.partition("://")
-    if not sep:
-        scheme, rest = "http", text
-    if scheme.lower() != "http":
-        raise ConfigError(key, "an http:// proxy (https:// proxies are not supported)", value)
-    rest = rest.rstrip("/")
-    userinfo, at, hostport = rest.rpartition("@")
-    username = password = None
-    if at:
-        user, _, pw = userinfo.partition(":")
-        username, password = unquote(user), unquote(pw)
-    host, port = hostport, DEFAULT_PORT
-    if hostport.startswith("["):
-        end = hostport.find("]")
-        host, tail = hostport[1:end], hostport[end + 1:]
-        if tail.startswith(":"):
-            port = _port(key, tail[1:], value)
-    elif hostport.count(":") == 1:
-        host, _, port_text = hostport.partition(":")
-        port = _port(key, port_text, value)
-    if not host or "/" in host:
-        raise ConfigError(key, "[http://][user:password@]host[:port]", _redacted(value))
-    return ForwardProxy(host, port, username, password)
-
-
-def _port(key: str, text: str, value: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise ConfigError(key, "a port from 1 to 65535", _redacted(value))
-    return int(text)
-
-
-def redact_proxy(value: str) -> str:
-    """A proxy setting without its credentials (for display and error messages)."""
-    head, at, tail = value.rpartition("@")
-    if not at:
-        return value
-    scheme, sep, _ = head.partition("://")
-    return (scheme + sep if sep else "") + "<redacted>@" + tail
-
-
-_redacted = redact_proxy
 
 
 @dataclass(frozen=True)

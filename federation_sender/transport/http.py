@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 import aiohttp
 from yarl import URL
 
+from federation_sender.config import TLS_MIN_VERSIONS
 from federation_sender.transport.addresses import AddressFilter, is_ip_literal
 from federation_sender.transport.classify import ResponseTooLarge
 from federation_sender.transport.discovery import (
@@ -58,13 +59,10 @@ async def read_limited(response: aiohttp.ClientResponse, max_bytes: int) -> byte
         chunks.append(chunk)
 
 
-TLS_VERSIONS = {
-    "1": ssl.TLSVersion.TLSv1,
-    "1.1": ssl.TLSVersion.TLSv1_1,
-    "1.2": ssl.TLSVersion.TLSv1_2,
-    "1.3": ssl.TLSVersion.TLSv1_3,
-}
-"""``federation_client_minimum_tls_version``'s values (Synapse's)."""
+TLS_VERSIONS = dict(zip(TLS_MIN_VERSIONS, (
+    ssl.TLSVersion.TLSv1, ssl.TLSVersion.TLSv1_1, ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3,
+), strict=True))
+"""``federation_client_minimum_tls_version``'s values (Synapse's), as ``ssl`` versions."""
 
 
 def make_ssl_context(

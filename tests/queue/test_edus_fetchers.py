@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from federation_sender.replication.positions import fetch_gap
-from federation_sender.replication.rows import DeviceListsRow, ToDeviceRow
+from federation_sender.replication.rows import DeviceListsRow, ToDeviceStreamRow
 from federation_sender.storage.stream_fetchers import stream_fetchers
 from federation_sender.testing.queue_harness import ALICE, Harness
 
@@ -20,7 +20,7 @@ async def test_outbox_gaps_are_read_back(h: Harness) -> None:
     updates = [u async for u in fetch_gap(fetchers["to_device"], "to_device", "master",
                                           before, last, batch_rows=2)]
     rows = [r for u in updates for r in u.rows]
-    assert rows == [ToDeviceRow(f"r{i % 2}.test") for i in range(5)]
+    assert rows == [ToDeviceStreamRow(f"r{i % 2}.test") for i in range(5)]
     assert updates[-1].token == last and len(updates) >= 3  # batches of two, then the rest
 
     lists = [r for u in [u async for u in fetch_gap(fetchers["device_lists"], "device_lists",
@@ -47,12 +47,12 @@ async def test_rows_of_one_stream_id_are_never_split(h: Harness) -> None:
 async def test_the_first_outbox_token_makes_live_queues_read_again(h: Harness) -> None:
     """Beside Synapse, outbox reads stop at the stream's token; a queue that read before
     the first token arrived found nothing and must read again once it is known."""
-    from federation_sender.adapters import WorkerReplicationHandler
+    from federation_sender.intake import ReplicationIntake
     from federation_sender.storage.native import NativeBackend
     from federation_sender.testing.queue_harness import ME
 
     await h.start()
-    handler = WorkerReplicationHandler(h.m, NativeBackend(h.engine), ME, h.clock)
+    handler = ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
     h.m.enqueue_edu("r1.test", "m.warmup", {})  # a live queue that has read its outbox
     await h.settle()
     await h.writer.device_list("r1.test", ALICE, "DEV")  # not announced to the queue

@@ -6,8 +6,17 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from typing import Any
 
+from federation_sender.clock import time_ms
 from federation_sender.edus.presence import PresenceFanout, presence_json, should_notify
-from federation_sender.replication.rows import PresenceFederationRow, PresenceRow, PresenceState
+from federation_sender.intake import ReplicationIntake
+from federation_sender.replication.rows import (
+    PresenceDestinationsRow,
+    PresenceFederationRow,
+    PresenceRow,
+    PresenceState,
+)
+from federation_sender.storage.native import NativeBackend
+from federation_sender.testing import queue_harness as harness
 from federation_sender.testing.clock import FakeClock
 
 ME = "me.test"
@@ -42,6 +51,12 @@ def test_format_is_synapses() -> None:
         "status_msg": "hi", "currently_active": True}
     assert presence_json(PresenceState(ALICE, "offline", 0, 0, 0, "", True), 5_000) == {
         "presence": "offline", "user_id": ALICE}
+    # currently_active only while online; no status without one; the age as it is.
+    assert presence_json(st(ALICE, "unavailable", 4_000, None, True), 5_000) == {
+        "presence": "unavailable", "user_id": ALICE, "last_active_ago": 1_000}
+    assert presence_json(st(ALICE, current=False), 5_000) == {
+        "presence": "online", "user_id": ALICE, "last_active_ago": 4_000,
+        "currently_active": False}
 
 
 class Source:
@@ -93,4 +108,29 @@ async def test_presence_federation_sends_the_current_state() -> None:
     assert [(d, [(e["user_id"], e["presence"]) for e in s]) for d, s in sink.sent] == [
         ("r8.test", [("@nobody:me.test", "offline")]),
         ("r9.test", [(ALICE, "online"), (BOB, "unavailable")]),
+    ]
+
+
+async def test_presence_main_queues_for_servers_is_formatted_as_synapse_does(
+    h: harness.Harness,
+) -> None:
+    """The ``federation`` stream's ``pd`` rows (presence main sends to given servers) go
+    out in the one presence format, Synapse's: offline without a last-active time carries
+    neither ``last_active_ago`` nor ``currently_active``, an empty status is left out."""
+    me = harness.ME
+    gone = PresenceState(f"@gone:{me}", "offline", 0, 0, 0, "", False)
+    here = PresenceState(f"@here:{me}", "online", 1_000, 0, 0, "lunch", True)
+    intake = ReplicationIntake(await h.start(), NativeBackend(h.engine), me, h.clock)
+    now = time_ms(h.clock)
+    await intake.on_rows("federation", "master", 1, [
+        PresenceDestinationsRow(gone, ("r1.test",)),
+        PresenceDestinationsRow(here, ("r1.test",)),
+    ])
+    await h.settle()
+    pushed = [entry for e in h.fake.received_edus("r1.test") if e["edu_type"] == "m.presence"
+              for entry in e["content"]["push"]]
+    assert sorted(pushed, key=lambda e: str(e["user_id"])) == [
+        {"presence": "offline", "user_id": gone.user_id},
+        {"presence": "online", "user_id": here.user_id, "last_active_ago": now - 1_000,
+         "status_msg": "lunch", "currently_active": True},
     ]

@@ -7,9 +7,9 @@ import asyncio
 from collections.abc import Collection, Hashable
 from typing import Any
 
-from federation_sender.adapters import WorkerReplicationHandler
 from federation_sender.edus import EventMeta
 from federation_sender.edus.receipts import MAX_TIME_IN_QUEUE_S, ReceiptFanout
+from federation_sender.intake import ReplicationIntake
 from federation_sender.queue.batching import Limits, take_batch
 from federation_sender.queue.items import PendingItems
 from federation_sender.replication.rows import ReceiptsRow
@@ -25,7 +25,7 @@ def receipt_edus(h: Harness, d: str) -> list[dict[str, Any]]:
 async def test_private_and_remote_receipts_never_leave(h: Harness) -> None:
     await room_with(h, "!a:l", "r1.test")
     await h.start()
-    handler = WorkerReplicationHandler(h.m, NativeBackend(h.engine), ME, h.clock)
+    handler = ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
     rows = [
         ReceiptsRow("!a:l", "m.read.private", ALICE, "$p", None, {"ts": 1}),
         ReceiptsRow("!a:l", "m.read", "@bob:r1.test", "$b", None, {"ts": 2}),
@@ -131,7 +131,7 @@ async def test_paced_receipt_waits_for_the_wakeup(h: Harness) -> None:
     h.poke()
     await h.settle()
     await h.clock.advance_and_settle(120)
-    handler = WorkerReplicationHandler(h.m, NativeBackend(h.engine), ME, h.clock)
+    handler = ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
     row = ReceiptsRow("!a:l", "m.read", ALICE, old.event_id, None, {"ts": 1})
     await handler.on_rows("receipts", "master", 1, [row])
     await h.settle()

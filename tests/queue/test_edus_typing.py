@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from federation_sender.adapters import WorkerReplicationHandler
 from federation_sender.edus.typing_edus import PING_INTERVAL_MS, TypingState
+from federation_sender.intake import ReplicationIntake
 from federation_sender.replication.rows import TypingRow
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
@@ -24,10 +24,10 @@ def typing_edus(h: Harness, d: str) -> list[tuple[str, bool]]:
     ]
 
 
-async def handler_for(h: Harness) -> WorkerReplicationHandler:
+async def handler_for(h: Harness) -> ReplicationIntake:
     await room_with(h, "!a:l", "r1.test", "r2.test")
     await h.start()
-    return WorkerReplicationHandler(h.m, NativeBackend(h.engine), ME, h.clock)
+    return ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
 
 
 def test_state_diffs_local_users_and_resets_when_the_stream_goes_back() -> None:

@@ -44,11 +44,11 @@ from federation_sender.clock import SystemClock
 from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.sim.check import DeliveryReport, check_delivery
 from federation_sender.sim.driver import Driver, OperationMix, Scenario
-from federation_sender.sim.faults import FaultProfile
 from federation_sender.sim.fleet import RemoteFleet
 from federation_sender.sim.publish import WriterPublisher
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
+from federation_sender.testing.faults import FaultProfile
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.waiting import wait_until

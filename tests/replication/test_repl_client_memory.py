@@ -10,10 +10,10 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from federation_sender.adapters import DbPositionStore
+from federation_sender.intake import DbPositionStore
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.positions import PositionStore
-from federation_sender.replication.rows import ToDeviceRow
+from federation_sender.replication.rows import ToDeviceStreamRow
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.storage.native import NativeBackend
@@ -25,7 +25,7 @@ from federation_sender.testing.replication import (
     RecordingHandler,
 )
 
-A = ToDeviceRow("a")
+A = ToDeviceStreamRow("a")
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,7 @@ import pytest
 
 from federation_sender.replication import commands as c
 from federation_sender.replication.client import ReplicationClient
-from federation_sender.replication.rows import ToDeviceRow
+from federation_sender.replication.rows import ToDeviceStreamRow
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.replication import (
     InMemoryPositionStore,
@@ -192,4 +192,6 @@ async def test_a_crash_before_the_save_delivers_the_unsaved_rows_again() -> None
         _task,
     ):
         await handler.wait_for(lambda: handler.last_token("to_device") == 4)
-        assert handler.rows("to_device") == [ToDeviceRow("@u3:hs"), ToDeviceRow("@u4:hs")]
+        assert handler.rows("to_device") == [
+            ToDeviceStreamRow("@u3:hs"), ToDeviceStreamRow("@u4:hs")
+        ]

@@ -10,10 +10,10 @@ from federation_sender.replication.positions import (
     Update,
     fetch_gap,
 )
-from federation_sender.replication.rows import CachesRow, ToDeviceRow
+from federation_sender.replication.rows import CachesRow, ToDeviceStreamRow
 from federation_sender.testing.replication import WriterDatabase
 
-A, B, C = ToDeviceRow("a"), ToDeviceRow("b"), ToDeviceRow("c")
+A, B, C = ToDeviceStreamRow("a"), ToDeviceStreamRow("b"), ToDeviceStreamRow("c")
 
 
 def test_batch_is_delivered_with_the_next_numeric_token() -> None:
@@ -95,7 +95,7 @@ def test_rollback_to_persisted() -> None:
 
 async def test_fetch_gap_in_batches_while_limited() -> None:
     db = WriterDatabase()
-    db.rows[("to_device", "master")] = [(t, ToDeviceRow(str(t))) for t in range(1, 251)]
+    db.rows[("to_device", "master")] = [(t, ToDeviceStreamRow(str(t))) for t in range(1, 251)]
     fetcher = db.fetcher("to_device")
     updates = [u async for u in fetch_gap(fetcher, "to_device", "master", 0, 260)]
     assert [u.token for u in updates] == [100, 200, 260]

@@ -17,7 +17,7 @@ from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.connection import MAX_BUS_MESSAGE_BYTES
 from federation_sender.replication.reconnect import Backoff
 from federation_sender.replication.redis import RedisTransport, RedisWriterBridge
-from federation_sender.replication.rows import EventRow, TypingRow
+from federation_sender.replication.rows import EventsStreamRow, TypingRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.testing.captures import capture_lines
 from federation_sender.testing.prereq import missing
@@ -42,8 +42,10 @@ def redis_url() -> Iterator[str]:
         yield server.url
 
 
-def event(i: int) -> EventRow:
-    return EventRow(f"$e{i}", "!r:hs", "m.room.message", None, None, None, None, False, False)
+def event(i: int) -> EventsStreamRow:
+    return EventsStreamRow(
+        f"$e{i}", "!r:hs", "m.room.message", None, None, None, None, False, False
+    )
 
 
 @contextlib.asynccontextmanager

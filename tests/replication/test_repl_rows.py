@@ -25,12 +25,16 @@ def test_event_row_fields() -> None:
     row = r.parse_row(
         "events", ["ev", ["$e", "!r", "m.room.member", "@u:hs", None, None, "join", False, True]]
     )
-    assert row == r.EventRow("$e", "!r", "m.room.member", "@u:hs", None, None, "join", False, True)
+    assert row == r.EventsStreamRow(
+        "$e", "!r", "m.room.member", "@u:hs", None, None, "join", False, True
+    )
 
 
 def test_old_five_field_event_rows_get_defaults() -> None:
     row = r.parse_row("events", ["ev", ["$e", "!r", "m.room.message", None, None]])
-    assert row == r.EventRow("$e", "!r", "m.room.message", None, None, None, None, False, False)
+    assert row == r.EventsStreamRow(
+        "$e", "!r", "m.room.message", None, None, None, None, False, False
+    )
 
 
 EDU = {"origin": "hs", "destination": "remote", "edu_type": "m.typing", "content": {"a": 1}}

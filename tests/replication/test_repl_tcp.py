@@ -16,7 +16,7 @@ from federation_sender.clock import SystemClock
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.connection import Limits
 from federation_sender.replication.reconnect import Backoff
-from federation_sender.replication.rows import EventRow, ToDeviceRow, TypingRow
+from federation_sender.replication.rows import EventsStreamRow, ToDeviceStreamRow, TypingRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer, TcpTransport
 from federation_sender.testing.clock import FakeClock
@@ -31,8 +31,10 @@ FAST = Backoff(initial_s=0.01, max_s=0.05)
 WAIT_S = 10.0
 
 
-def event(i: int) -> EventRow:
-    return EventRow(f"$e{i}", "!r:hs", "m.room.message", None, None, None, None, False, False)
+def event(i: int) -> EventsStreamRow:
+    return EventsStreamRow(
+        f"$e{i}", "!r:hs", "m.room.message", None, None, None, None, False, False
+    )
 
 
 @dataclass
@@ -103,12 +105,14 @@ async def test_rows_flow_and_positions_persist() -> None:
         await r.handler.wait_for(lambda: r.client.positions.get("events", "master") == 0)
         for i in range(1, 51):
             w.publish("events", event(i))
-        w.publish("to_device", ToDeviceRow("a.example"), ToDeviceRow("b.example"))
+        w.publish("to_device", ToDeviceStreamRow("a.example"), ToDeviceStreamRow("b.example"))
         w.publish("push_rules", ["@u:hs"])
         w.publish("typing", TypingRow("!r:hs", ("@u:hs",)))
         await r.handler.wait_for(lambda: len(r.handler.rows("typing")) == 1)
         assert r.handler.rows("events") == [event(i) for i in range(1, 51)]
-        assert r.handler.rows("to_device") == [ToDeviceRow("a.example"), ToDeviceRow("b.example")]
+        assert r.handler.rows("to_device") == [
+            ToDeviceStreamRow("a.example"), ToDeviceStreamRow("b.example")
+        ]
         assert r.store.positions[("events", "master")] == 50
         assert ("push_rules", "master") not in r.store.positions
 
@@ -177,7 +181,7 @@ async def _until(received: asyncio.Queue[tuple[int, bytes]], pred: object) -> tu
 
 async def test_partial_batch_then_reconnect_fetches_from_the_database() -> None:
     db = WriterDatabase()
-    rows = [ToDeviceRow("a"), ToDeviceRow("b"), ToDeviceRow("c")]
+    rows = [ToDeviceStreamRow("a"), ToDeviceStreamRow("b"), ToDeviceStreamRow("c")]
     db.rows[("to_device", "master")] = [(1, rows[0]), (1, rows[1]), (1, rows[2])]
     first = [
         b"SERVER hs\nPOSITION to_device master 0 0\n",
@@ -300,7 +304,7 @@ async def test_congested_reader_is_disconnected() -> None:
         await asyncio.wait_for(rd.readuntil(b"POSITION"), WAIT_S)  # REPLICATE handled
         big = "x" * 8000
         for _ in range(3000):  # ~24 MB, far beyond the socket buffers
-            w.publish("to_device", ToDeviceRow(big))
+            w.publish("to_device", ToDeviceStreamRow(big))
             await asyncio.sleep(0)
         data = await asyncio.wait_for(rd.read(), WAIT_S)
         assert data.rstrip(b"\n").rsplit(b"\n", 1)[-1] == b"ERROR Failed to keep up"

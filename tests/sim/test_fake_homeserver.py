@@ -12,8 +12,8 @@ import aiohttp
 import pytest
 from sim_support import ORIGIN
 
-from federation_sender.sim.faults import FaultProfile
 from federation_sender.testing.fake_homeserver import FakeHomeserver
+from federation_sender.testing.faults import FaultProfile
 from federation_sender.transport.signing import SigningKey, VerifyKeyLookup, sign_request
 
 

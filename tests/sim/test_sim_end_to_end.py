@@ -17,12 +17,12 @@ from sqlalchemy import select
 from federation_sender.clock import SystemClock
 from federation_sender.sim.check import check_delivery
 from federation_sender.sim.driver import Driver, Scenario
-from federation_sender.sim.faults import FaultProfile
 from federation_sender.sim.fleet import RemoteFleet
 from federation_sender.sim.publish import RecordingPublisher
 from federation_sender.storage import schema
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
+from federation_sender.testing.faults import FaultProfile
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import SigningKey, verify_key_lookup

@@ -12,15 +12,15 @@ import pytest
 
 from federation_sender.sim.check import DeliveryReport, wait_for_delivery
 from federation_sender.sim.expected import ExpectedEvent, Oracle
-from federation_sender.sim.faults import (
+from federation_sender.sim.remotes import RemoteRecord
+from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.faults import (
     ARCHETYPES,
     Fault,
     FaultProfile,
     choose_fault,
     varied_profiles,
 )
-from federation_sender.sim.remotes import RemoteRecord
-from federation_sender.testing.clock import FakeClock
 
 
 def test_parse_and_describe_round_trip() -> None:

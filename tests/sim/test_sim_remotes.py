@@ -12,11 +12,11 @@ import pytest
 from sim_support import ORIGIN, PutTxn
 
 from federation_sender.clock import SystemClock
-from federation_sender.sim.faults import FaultProfile
 from federation_sender.sim.fleet import RemoteFleet
 from federation_sender.sim.pdu import build_pdu, reference_event_id
 from federation_sender.sim.remotes import FakeRemote
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.faults import FaultProfile
 from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.signing import SigningKey, VerifyKeyLookup
 

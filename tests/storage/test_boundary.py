@@ -1,7 +1,7 @@
 """The storage boundary holds: who may import what (read from the source, no database).
 
 * The pure cores (``queue/core.py``, ``queue/catchup.py``) import no storage module.
-* The queue engine, the admin API, the EDU fan-outs and the adapters reach storage only
+* The queue engine, the admin API, the EDU fan-outs and the intake reach storage only
   through ``storage/protocols.py`` and build no SQL.
 * Outside ``storage/`` (and the places that stand in for other processes or are another
   backend: ``testing/``, ``sim/``, ``batch/``, ``synapse/``), nothing builds SQL or reads
@@ -18,7 +18,7 @@ import federation_sender
 
 PACKAGE = Path(federation_sender.__file__).parent
 PURE = ("queue/core.py", "queue/catchup.py")
-THROUGH_PROTOCOLS = ("queue", "admin", "edus", "adapters.py")
+THROUGH_PROTOCOLS = ("queue", "admin", "edus", "intake")
 MAY_BUILD_SQL = ("storage", "testing", "sim", "batch", "synapse")
 NOT_SQL = ("sqlalchemy.ext.asyncio", "sqlalchemy.engine", "sqlalchemy.exc")
 
@@ -54,7 +54,7 @@ def test_pure_cores_import_no_storage() -> None:
     assert offenders == {rel: [] for rel in PURE}
 
 
-def test_engine_admin_and_adapters_use_only_the_protocols() -> None:
+def test_engine_admin_edus_and_intake_use_only_the_protocols() -> None:
     allowed = {"federation_sender.storage", "federation_sender.storage.protocols"}
     bad: dict[str, list[str]] = {}
     for p in _modules(*THROUGH_PROTOCOLS):

@@ -13,6 +13,7 @@ import pytest
 from federation_sender.builders import build_queue_manager
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
+from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.native import NativeBackend
@@ -22,7 +23,6 @@ from federation_sender.synapse.config import (
     parse_duration_ms,
 )
 from federation_sender.telemetry.metrics import Metrics, new_registry
-from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.transport.addresses import AddressFilter

@@ -5,13 +5,14 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from federation_sender.admin.server import start_http_server
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.metrics import (
     CHILD_CACHE_LIMIT,
     Metrics,
     QueueSnapshot,
+    metrics_app,
     new_registry,
-    start_metrics_server,
 )
 
 
@@ -103,7 +104,7 @@ async def test_metrics_server_serves_exposition_and_stops() -> None:
     m = Metrics(reg)
     m.set_snapshot_source(lambda: QueueSnapshot(pending_pdus=3))
     m.transaction_finished("a.org", "success", 1, {}, 0.1)
-    server = await start_metrics_server("127.0.0.1", 0, reg)
+    server = await start_http_server(metrics_app(reg), "127.0.0.1", 0)
     try:
         assert server.port > 0
         async with aiohttp.ClientSession() as session:
@@ -146,7 +147,7 @@ async def test_synapse_series_carry_the_server_name_label_as_synapses_do() -> No
     m = Metrics(reg)
     m.set_snapshot_source(lambda: QueueSnapshot(pending_pdus=3))
     m.transaction_finished("a.org", "success", 1, {"m.typing": 1}, 0.1)
-    server = await start_metrics_server("127.0.0.1", 0, reg, server_name="example.org")
+    server = await start_http_server(metrics_app(reg, "example.org"), "127.0.0.1", 0)
     try:
         async with aiohttp.ClientSession() as session, session.get(
                 server.url + "/_synapse/metrics") as resp:

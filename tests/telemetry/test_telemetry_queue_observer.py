@@ -1,8 +1,8 @@
 from __future__ import annotations
 
+from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.metrics import Metrics, new_registry
-from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.testing.clock import FakeClock
 from federation_sender.transport.result import Outcome
 

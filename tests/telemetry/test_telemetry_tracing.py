@@ -9,10 +9,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 
 from federation_sender.config import TelemetrySettings
+from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.logging import current_log_context
 from federation_sender.telemetry.metrics import Metrics, new_registry
-from federation_sender.telemetry.queue_observer import TelemetryObserver
 from federation_sender.telemetry.tracing import (
     Tracing,
     child_span_dropped,

@@ -28,7 +28,7 @@ from federation_sender.config import (
     Settings,
     TelemetrySettings,
 )
-from federation_sender.replication.rows import EventRow
+from federation_sender.replication.rows import EventsStreamRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.storage.engine import create_engine
@@ -57,7 +57,7 @@ class Run:
 
     def announce(self, evs: list[WrittenEvent]) -> None:
         for ev in evs:
-            token = self.repl.publish("events", EventRow(
+            token = self.repl.publish("events", EventsStreamRow(
                 ev.event_id, ev.room_id, "m.room.message", None, None, None, None, False,
                 False))
             assert token == ev.stream_ordering
@@ -120,10 +120,6 @@ async def run(tmp_path: Path, restore_logging: None) -> AsyncIterator[Run]:
         await hs.close()
         await server.close()
         await engine.dispose()
-
-
-def _by_id(spans: list[ReadableSpan]) -> dict[int, ReadableSpan]:
-    return {s.context.span_id: s for s in spans if s.context is not None}
 
 
 def _children(spans: list[ReadableSpan], parent: ReadableSpan) -> list[str]:

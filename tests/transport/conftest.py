@@ -6,7 +6,6 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -166,8 +165,3 @@ async def raw_remote(certs: CertFiles) -> AsyncIterator[RawRemote]:
 @pytest.fixture
 def fake_clock() -> FakeClock:
     return FakeClock()
-
-
-def write_file(path: Path, text: str) -> Path:
-    path.write_text(text)
-    return path

@@ -306,14 +306,6 @@ async def test_dns_lookup_against_a_loopback_dns_server(dns_server: LoopbackDns)
         await lookup.srv("broken.test")
 
 
-async def _well_known_app(routes: dict[str, web.StreamResponse]) -> web.Application:
-    async def handler(request: web.Request) -> web.StreamResponse:
-        host = request.host.split(":")[0]
-        return routes.get(host, web.Response(status=404))
-
-    app = web.Application()
-    app.router.add_get("/.well-known/matrix/server", handler)
-    return app
 
 
 async def test_full_discovery_over_dns_well_known_and_srv(

@@ -15,7 +15,7 @@ import yaml
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.clock import SystemClock
-from federation_sender.replication.rows import EventRow
+from federation_sender.replication.rows import EventsStreamRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.testing.fake_homeserver import FakeHomeserver
@@ -45,7 +45,7 @@ class MainProcess:
         for ev in evs:
             token = self.repl.publish(
                 "events",
-                EventRow(
+                EventsStreamRow(
                     ev.event_id, ev.room_id, "m.room.message", None, None, None, None, False, False
                 ),
             )

@@ -43,8 +43,6 @@ class TelemetryObserver:
         self._metrics = metrics
         self.tracing = Tracing(provider)
         self._clock = clock
-        self.events_processed_total = 0
-        self.last_position = 0
         self._pokes: deque[tuple[int, float]] = deque(maxlen=10_000)
 
     def note_poke(self, token: int) -> None:
@@ -144,8 +142,6 @@ class TelemetryObserver:
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         self._metrics.events_fanned_out(count, rooms, pdus, fanned_out, duration_s=duration_s)
-        self.events_processed_total += count
-        self.last_position = position
         announced: float | None = None
         while self._pokes and self._pokes[0][0] <= position:
             announced = self._pokes.popleft()[1]

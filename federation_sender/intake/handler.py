@@ -1,28 +1,17 @@
-"""Glue between subsystems that were built against narrow interfaces.
-
-* :class:`WorkerReplicationHandler`: replication rows -> queue engine calls (typing and
-  receipts through :mod:`federation_sender.edus`).
-* :class:`StorageRoomHosts`: current hosts and event metadata from the storage backend.
-* :class:`DbPositionStore`: the replication client's per-(stream, writer) positions,
-  through the storage backend, namespaced by our instance name so several workers can
-  share one database.
-* :class:`AdminQueueControl`: the admin API's view of the queue engine.
-* :func:`queue_snapshot`: whole-queue figures for the metrics gauges.
-"""
+"""The replication handler: each stream's rows become queue engine calls."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection, Sequence
 
-from federation_sender.admin.protocols import LiveState
 from federation_sender.clock import Clock, time_ms
-from federation_sender.edus import EventMeta, RoomHosts
-from federation_sender.edus.presence import PresenceFanout
+from federation_sender.edus import RoomHosts
+from federation_sender.edus.presence import PresenceFanout, presence_json
 from federation_sender.edus.receipts import DEFAULT_MAX_DELAY_S, ReceiptFanout
+from federation_sender.edus.room_hosts import StorageRoomHosts
 from federation_sender.edus.typing_edus import TypingFanout
-from federation_sender.queue import DestinationState, DestinationStatus, FederationEdu, QueueManager
+from federation_sender.queue import FederationEdu, QueueManager
 from federation_sender.replication.frontier import WritersFrontier
 from federation_sender.replication.positions import PositionStore
 from federation_sender.replication.rows import (
@@ -33,36 +22,26 @@ from federation_sender.replication.rows import (
     PresenceDestinationsRow,
     PresenceFederationRow,
     PresenceRow,
-    PresenceState,
     ReceiptsRow,
     Row,
-    ToDeviceRow,
+    ToDeviceStreamRow,
     TypingRow,
 )
 from federation_sender.storage.protocols import Backend, Tx
-from federation_sender.telemetry.metrics import Metrics, QueueSnapshot
+from federation_sender.telemetry.metrics import Metrics
 from federation_sender.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
 RETRY_TIMINGS_CACHE = "get_destination_retry_timings"
+"""Synapse's cache of a destination's retry timings, named in ``caches`` rows."""
 PREFILL_LIMIT = 10_000
 """Committed stream orderings read at start for the events read position (at most)."""
 
-def presence_edu_content(state: PresenceState, now_ms: int) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "user_id": state.user_id,
-        "presence": state.state,
-        "currently_active": state.currently_active,
-        "last_active_ago": max(0, now_ms - state.last_active_ts),
-    }
-    if state.status_msg is not None:
-        entry["status_msg"] = state.status_msg
-    return entry
 
-
-class WorkerReplicationHandler:
-    """Implements :class:`federation_sender.replication.client.ReplicationHandler`."""
+class ReplicationIntake:
+    """Implements :class:`federation_sender.replication.client.ReplicationHandler`: each
+    stream's rows become queue engine calls (see the package docstring)."""
 
     def __init__(
         self,
@@ -91,7 +70,6 @@ class WorkerReplicationHandler:
         self._server_name = server_name
         self._clock = clock
         self._metrics = metrics
-        self.rows_seen = 0
         hosts = room_hosts or StorageRoomHosts(storage)
         self.typing = TypingFanout(server_name, hosts, manager, clock)
         self.receipts = ReceiptFanout(server_name, hosts, manager, clock, receipt_max_delay_s)
@@ -136,7 +114,6 @@ class WorkerReplicationHandler:
     async def _on_rows(
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
     ) -> None:
-        self.rows_seen += len(rows)
         first = stream_name not in self.tokens
         self.tokens[stream_name] = token
         if first and stream_name in ("to_device", "device_lists"):
@@ -160,7 +137,7 @@ class WorkerReplicationHandler:
             await self._federation(token, rows)
         elif stream_name == "to_device":
             for r in rows:
-                if isinstance(r, ToDeviceRow) and not r.entity.startswith("@"):
+                if isinstance(r, ToDeviceStreamRow) and not r.entity.startswith("@"):
                     self._m.notify_outbox(r.entity)
         elif stream_name == "device_lists":
             users = [r.user_id for r in rows if isinstance(r, DeviceListsRow)]
@@ -201,7 +178,7 @@ class WorkerReplicationHandler:
                 e = r.edu
                 edus.append(FederationEdu(e.destination, e.edu_type, e.content, r.key))
             elif isinstance(r, PresenceDestinationsRow):
-                content = {"push": [presence_edu_content(r.state, now)]}
+                content = {"push": [presence_json(r.state, now)]}
                 for dest in r.destinations:
                     edus.append(FederationEdu(dest, "m.presence", content))
         await self._m.process_federation_batch(token, edus)
@@ -214,112 +191,3 @@ class WorkerReplicationHandler:
 
     async def on_remote_server_up(self, server: str) -> None:
         await self._m.remote_server_up(server)
-
-
-class StorageRoomHosts:
-    """Implements :class:`federation_sender.edus.RoomHosts` through the storage backend
-    (natively: the membership replay, and the event's ``origin_server_ts`` as its
-    reception time, as the native schema keeps no other)."""
-
-    def __init__(self, storage: Backend) -> None:
-        self._storage = storage
-
-    async def current_hosts(self, room_id: str) -> frozenset[str]:
-        async def fn(tx: Tx) -> frozenset[str]:
-            return (await tx.hosts.current_hosts([room_id]))[room_id]
-
-        return await self._storage.run(fn)
-
-    async def receipt_hosts(self, room_id: str) -> frozenset[str]:
-        """The current hosts (a partial-state room's servers at join are the Synapse
-        backend's: :class:`federation_sender.synapse.edus.rooms.SynapseRooms`)."""
-        return await self.current_hosts(room_id)
-
-    async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
-        async def fn(tx: Tx) -> tuple[str, int] | None:
-            return await tx.events.sender_and_received_ts(room_id, event_id)
-
-        found = await self._storage.run(fn)
-        return None if found is None else EventMeta(*found)
-
-
-class DbPositionStore:
-    """Implements :class:`federation_sender.replication.positions.PositionStore`."""
-
-    def __init__(self, storage: Backend, instance_name: str) -> None:
-        self._storage = storage
-        self._reader = instance_name
-
-    async def load(self) -> dict[tuple[str, str], int]:
-        async def fn(tx: Tx) -> dict[tuple[str, str], int]:
-            return await tx.positions.load_replication(self._reader)
-
-        return await self._storage.run(fn)
-
-    async def save(self, stream: str, instance: str, token: int) -> None:
-        async def fn(tx: Tx) -> None:
-            await tx.positions.save_replication(self._reader, stream, instance, token)
-
-        await self._storage.run(fn)
-
-
-_ADMIN_STATE: dict[DestinationState, str] = {
-    DestinationState.IDLE: "idle",
-    DestinationState.SENDING: "sending",
-    DestinationState.BACKING_OFF: "backing_off",
-    DestinationState.CATCHING_UP: "catching_up",
-    DestinationState.STOPPED: "idle",
-}
-
-
-def live_state(st: DestinationStatus) -> LiveState:
-    return {
-        "state": _ADMIN_STATE[st.state],  # type: ignore[typeddict-item]
-        "pending_pdus": st.pending_pdus,
-        "pending_edus": st.pending_edus,
-        "in_flight_txn_id": st.in_flight_txn_id,
-        "in_flight_age_s": st.in_flight_age_s,
-        "last_error": st.last_error,
-        "next_retry_ts": st.next_retry_ts_ms,
-        "last_success_ts": st.last_success_ts_ms,
-        "catching_up": st.catching_up,
-    }
-
-
-class AdminQueueControl:
-    """Implements :class:`federation_sender.admin.protocols.QueueControl`."""
-
-    def __init__(self, manager: QueueManager) -> None:
-        self._m = manager
-
-    def live_state(self, destination: str) -> Mapping[str, Any] | None:
-        st = self._m.status(destination)
-        return None if st is None else live_state(st)
-
-    def live_states(self) -> Mapping[str, Mapping[str, Any]]:
-        return {st.destination: live_state(st) for st in self._m.statuses()}
-
-    async def reset_connection(self, destination: str) -> bool:
-        return await self._m.reset_connection(destination)
-
-
-def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
-    pdus = edus = backing = catching = in_flight = 0
-    for st in manager.statuses():
-        pdus += st.pending_pdus
-        edus += st.pending_edus
-        if st.in_flight_txn_id:
-            in_flight += 1
-        if st.state is DestinationState.BACKING_OFF:
-            backing += 1
-        if st.catching_up:
-            catching += 1
-    return QueueSnapshot(
-        pending_destinations=manager.owed_destinations(),
-        pending_pdus=pdus,
-        pending_edus=edus,
-        backing_off=backing,
-        catching_up=catching,
-        in_flight_transactions=in_flight,
-        oldest_in_flight_age_s=manager.oldest_in_flight_age_s() or 0.0,
-    )

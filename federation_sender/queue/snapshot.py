@@ -1,0 +1,29 @@
+"""Whole-queue figures for the metrics gauges."""
+
+from __future__ import annotations
+
+from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.manager import QueueManager
+from federation_sender.telemetry.metrics import QueueSnapshot
+
+
+def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
+    pdus = edus = backing = catching = in_flight = 0
+    for st in manager.statuses():
+        pdus += st.pending_pdus
+        edus += st.pending_edus
+        if st.in_flight_txn_id:
+            in_flight += 1
+        if st.state is DestinationState.BACKING_OFF:
+            backing += 1
+        if st.catching_up:
+            catching += 1
+    return QueueSnapshot(
+        pending_destinations=manager.owed_destinations(),
+        pending_pdus=pdus,
+        pending_edus=edus,
+        backing_off=backing,
+        catching_up=catching,
+        in_flight_transactions=in_flight,
+        oldest_in_flight_age_s=manager.oldest_in_flight_age_s() or 0.0,
+    )
