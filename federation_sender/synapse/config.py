@@ -6,7 +6,9 @@ merges ``-c`` files), and takes from them only what a federation sender shares w
 the deployment: ``server_name``, ``database``, ``redis``, ``signing_key_path``,
 ``worker_name``, ``federation_sender_instances``, ``federation_domain_whitelist``, the IP
 range settings, TLS verification (``federation_verify_certificates``,
-``federation_custom_ca_list``) and the destination retry settings. Everything else of
+``federation_custom_ca_list``), the destination retry settings and the in-request retry
+settings (``federation.max_long_retries`` and the three others, for our short-retry
+phase). Everything else of
 ours (queue sizes, admin API, telemetry) stays in our own file.
 
 Refused with one :class:`ConfigError` line: a SQLite database (Synapse workers need
@@ -64,6 +66,12 @@ class SynapseConfig:
     min_retry_interval_ms: int
     retry_multiplier: float
     max_retry_interval_ms: int
+    max_long_retries: int = 10
+    max_long_retry_delay_ms: int = 60_000
+    max_short_retries: int = 3
+    max_short_retry_delay_ms: int = 2_000
+    """``federation.max_{long,short}_retr{ies,y_delay}``: our short-retry phase's schedule
+    (Synapse's sender uses them for the retries inside each request)."""
     allow_device_name_lookup_over_federation: bool = False
     """Device display names go in ``m.device_list_update`` only when this is set."""
     presence_enabled: bool = True
@@ -182,6 +190,12 @@ def _str_list(key: str, value: object) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _count(key: str, value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(key, "an integer >= 0", value)
+    return value
+
+
 def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
     server_name = tree.get("server_name")
     if not isinstance(server_name, str) or not server_name:
@@ -246,6 +260,16 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
             ),
             2**62,
         ),
+        max_long_retries=_count("federation.max_long_retries",
+                                fed.get("max_long_retries", 10)),
+        max_long_retry_delay_ms=parse_duration_ms(
+            "federation.max_long_retry_delay", fed.get("max_long_retry_delay", "60s")
+        ),
+        max_short_retries=_count("federation.max_short_retries",
+                                 fed.get("max_short_retries", 3)),
+        max_short_retry_delay_ms=parse_duration_ms(
+            "federation.max_short_retry_delay", fed.get("max_short_retry_delay", "2s")
+        ),
         allow_device_name_lookup_over_federation=bool(
             tree.get("allow_device_name_lookup_over_federation", False)
         ),
@@ -298,6 +322,10 @@ def merge_settings(settings: Settings, syn: SynapseConfig) -> Settings:
         backoff_initial_s=syn.min_retry_interval_ms / 1000.0,
         backoff_multiplier=syn.retry_multiplier,
         backoff_max_s=syn.max_retry_interval_ms / 1000.0,
+        max_long_retries=syn.max_long_retries,
+        max_long_retry_delay_s=syn.max_long_retry_delay_ms / 1000.0,
+        max_short_retries=syn.max_short_retries,
+        max_short_retry_delay_s=syn.max_short_retry_delay_ms / 1000.0,
     )
     merged = dataclasses.replace(
         settings,

@@ -41,6 +41,7 @@ class QueueSnapshot:
     pending_edus: int = 0
     backing_off: int = 0
     catching_up: int = 0
+    short_retrying: int = 0
     in_flight_transactions: int = 0
     oldest_in_flight_age_s: float = 0.0
 
@@ -52,6 +53,8 @@ _SNAPSHOT_GAUGES: tuple[tuple[str, str, str], ...] = (
     (n.PENDING_EDUS, "pending_edus", "EDUs queued in memory for all destinations"),
     (n.DESTINATIONS_BACKING_OFF, "backing_off", "Destinations waiting out a backoff"),
     (n.DESTINATIONS_CATCHING_UP, "catching_up", "Destinations in catch-up mode"),
+    (n.DESTINATIONS_SHORT_RETRYING, "short_retrying",
+     "Destinations in the short-retry phase (retried in memory before a persisted backoff)"),
     (n.IN_FLIGHT_TRANSACTIONS, "in_flight_transactions", "Transactions awaiting a response"),
     (n.OLDEST_IN_FLIGHT_AGE, "oldest_in_flight_age_s",
      "Age of the oldest in-flight transaction (0 when none)"),
@@ -127,6 +130,10 @@ class Metrics:
                                    "Time from sending a transaction to its outcome",
                                    ["outcome"], buckets=TRANSACTION_DURATION_BUCKETS_S,
                                    registry=r)
+        self._short_retries = Counter(n.SHORT_RETRY_ATTEMPTS, "Retries in the short-retry "
+                                      "phase, by outcome", ["outcome"], registry=r)
+        self._short_phases = Counter(n.SHORT_RETRY_PHASES, "Short-retry phases ended, by "
+                                     "how", ["ended"], registry=r)
         self._dropped = Counter(n.DROPPED_ITEMS, "Queued items dropped, by kind and reason",
                                 ["kind", "reason"], registry=r)
         self._repl_pos = Gauge(n.REPLICATION_POSITION, "Processed position per stream/writer",
@@ -260,6 +267,13 @@ class Metrics:
             self._position_child.set(position)
         if last_ts_ms is not None:
             self._last_ts_child.set(last_ts_ms)
+
+    def short_retry(self, answered: bool) -> None:
+        """One retry of the short-retry phase."""
+        self._short_retries.labels("answered" if answered else "unanswered").inc()
+
+    def short_retry_phase_ended(self, answered: bool) -> None:
+        self._short_phases.labels("answered" if answered else "backed_off").inc()
 
     def catchup_step(self, outcome: str) -> None:
         self._catchup_steps.labels(outcome).inc()

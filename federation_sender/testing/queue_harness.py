@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -36,6 +36,7 @@ class RecordingObserver(NoopObserver):
         self.dropped: list[tuple[str, str, str]] = []
         self.states: list[tuple[str, DestinationState, DestinationState]] = []
         self.catchups: list[tuple[str, int]] = []
+        self.short_retries: list[tuple[str, bool]] = []
 
     def transaction_sent(
         self,
@@ -67,6 +68,12 @@ class RecordingObserver(NoopObserver):
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         pass
 
+    def short_retry(self, destination: str, answered: bool) -> None:
+        self.short_retries.append((destination, answered))
+
+    def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
+        pass
+
     def queues_changed(self, active: int) -> None:
         pass
 
@@ -92,6 +99,12 @@ class Harness:
     observer: RecordingObserver = field(default_factory=RecordingObserver)
     shard: Callable[[str], bool] = lambda _d: True
     manager: QueueManager | None = None
+
+    def without_short_retry(self) -> None:
+        """The first failure goes straight to the persisted backoff (for tests of that
+        schedule); call before :meth:`start`."""
+        self.settings = replace(self.settings, max_long_retries=0,
+                                short_retry_probe_window_s=0.0)
 
     def make_manager(self, **kw: Any) -> QueueManager:
         return QueueManager(
