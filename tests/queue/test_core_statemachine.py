@@ -229,8 +229,9 @@ class CoreMachine(RuleBasedStateMachine):
             else:
                 self.last_429_ms = None
                 self.attempts_in_429s = []
+            backing_off = c.backoff.backing_off
             eff = c.on_result(t, res, self.now)
-            self.check_phase(res, eff)
+            self.check_phase(res, eff, backing_off)
             self.retry_of = None
             if eff.backoff is not None and eff.backoff.backing_off:
                 # A failure keeps the frozen transaction for an identical retry; only a
@@ -255,9 +256,13 @@ class CoreMachine(RuleBasedStateMachine):
             self.now += 1
         return True
 
-    def check_phase(self, res: SendResult, eff: Effects) -> None:
+    def check_phase(self, res: SendResult, eff: Effects, backing_off: bool) -> None:
+        """``backing_off``: a persisted backoff was in force before this result (then
+        a failure extends it, with no new phase)."""
         unanswered = res.outcome is Outcome.TRANSIENT and res.status is None
         persisted = eff.backoff is not None and eff.backoff.backing_off
+        if unanswered and persisted and not backing_off:
+            assert self.phase_start is not None, "backed off at the first failure"
         if unanswered and not persisted:
             assert eff.short_retry_ms is not None
             if self.phase_start is None:

@@ -30,7 +30,7 @@ async def test_a_short_outage_is_over_within_2_s_of_the_return_and_nothing_persi
     st = h.m.status(D)
     assert st is not None and st.short_retrying and st.state is DestinationState.BACKING_OFF
     assert st.retry_interval_ms == 0 and st.next_retry_ts_ms is not None
-    await h.advance_until(lambda: False if len(h.fake.attempts[D]) < 6 else True,
+    await h.advance_until(lambda: len(h.fake.attempts[D]) >= 6,
                           step_s=0.5, max_s=10)
     assert not (await h.dest_row(D)).retry_interval  # in memory only: main sees nothing
     h.fake.behave(D)  # back
