@@ -66,7 +66,8 @@ def test_a_receiver_back_after_10_s_gets_its_message_within_3_s(
 ) -> None:
     d = sender_deployment
     assert "max_long_retries" not in d.homeserver_yaml.read_text()  # Synapse's default
-    ours = OurWorker(d, tmp_path_factory.mktemp("outage-ours"))
+    ours = OurWorker(d, tmp_path_factory.mktemp("outage-ours"),
+                     queue={"short_retry_probe_window_s": 30.0})  # the default
     ours.start()
     try:
         alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
