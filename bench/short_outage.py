@@ -11,7 +11,8 @@ room on each; then (``testing/outage.py``) the receiver is stopped for ``--outag
 one message is sent in each room meanwhile, and the receiver is started again; nobody
 contacts the senders. Reported per sender: seconds from the receiver's federation port
 accepting connections again to the message being visible to its user (None: not within
-``--wait-s``), and the retry interval the sender persisted for the receiver.
+``--wait-s``), and the retry interval the sender had persisted for the receiver when it
+was started again.
 
     .venv/bin/python bench/short_outage.py [--senders synapse ours [before]] \
         [--before-source DIR] [--outage-s 10] [--wait-s 60] [--json out.json]
@@ -84,17 +85,20 @@ def main(argv: list[str] | None = None) -> int:
             deployments[kind] = d
         bob = receiver.client.register("bob")
         join_rooms(receiver, bob, rooms)
-        result = short_outage(receiver, bob, rooms, a.outage_s, a.wait_s)
+        persisted: dict[str, float] = {}
+
+        def read_backoffs() -> None:
+            for kind, d in deployments.items():
+                ms = d.sql("SELECT coalesce(max(retry_interval), 0) FROM destinations "
+                           f"WHERE destination = '{receiver.server_name}'").strip()
+                persisted[kind] = int(ms or 0) / 1000
+
+        result = short_outage(receiver, bob, rooms, a.outage_s, a.wait_s, read_backoffs)
         out: dict[str, Any] = {
             "outage_s": result.outage_s,
             "receiver_start_s": result.start_s,
             "arrival_after_return_s": result.arrival_s,
-            "persisted_retry_interval_s": {
-                kind: int(d.sql("SELECT coalesce(max(retry_interval), 0) FROM destinations "
-                                f"WHERE destination = '{receiver.server_name}'").strip()
-                          or 0) / 1000
-                for kind, d in deployments.items()
-            },
+            "persisted_retry_interval_s": persisted,
         }
     print(json.dumps(out, indent=1), flush=True)
     if a.json:

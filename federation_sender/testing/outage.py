@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from federation_sender.clock import SystemClock
@@ -88,15 +88,19 @@ def accepts(port: int) -> bool:
 
 def short_outage(receiver: SynapseDeployment, user: User,
                  senders: Mapping[str, SendingRoom], outage_s: float = 10.0,
-                 wait_s: float = 60.0) -> OutageResult:
-    """Stop the receiver, send one message per sender, start it after ``outage_s``,
-    and wait up to ``wait_s`` after its return for every message."""
+                 wait_s: float = 60.0,
+                 before_return: Callable[[], None] | None = None) -> OutageResult:
+    """Stop the receiver, send one message per sender, start it after ``outage_s``
+    (calling ``before_return`` first), and wait up to ``wait_s`` after its return for
+    every message."""
     receiver.main.stop()
     stopped = _CLOCK.monotonic_s()
     sent = {name: room.deployment.client.send_message(room.user, room.room_id,
                                                       "sent while the receiver is down")
             for name, room in senders.items()}
     time.sleep(max(0.0, stopped + outage_s - _CLOCK.monotonic_s()))  # the outage itself
+    if before_return is not None:
+        before_return()
     port = receiver.layout.ports.federation
     failure: list[BaseException] = []
 
