@@ -139,6 +139,22 @@ class QueueSettings:
     idle_queue_ttl_s: float = 60.0
     max_item_failures: int = 3
     """Times one item may be isolated as the cause of a refusal before it is dropped."""
+    max_long_retries: int = 10
+    """Short-retry phase (``queue/backoff.py``): after the probe window, retries on
+    Synapse's long-retry schedule (4 s, 16 s, then ``max_long_retry_delay_s``, jitter 0.8
+    to 1.4) before the persisted backoff. Beside Synapse: ``federation.max_long_retries``."""
+    max_long_retry_delay_s: float = 60.0
+    """Beside Synapse: ``federation.max_long_retry_delay``."""
+    max_short_retries: int = 3
+    """Probes of the window wait 0.5 s, doubling this many times, then
+    ``max_short_retry_delay_s``. Beside Synapse: ``federation.max_short_retries``."""
+    max_short_retry_delay_s: float = 2.0
+    """The longest wait between two probes of the window. Beside Synapse:
+    ``federation.max_short_retry_delay``."""
+    short_retry_probe_window_s: float = 30.0
+    """How long after a destination's first failure it is probed every
+    ``max_short_retry_delay_s`` or sooner (ours; Synapse has no such window). 0, with
+    ``max_long_retries`` 0, goes straight to the persisted backoff."""
 
 
 @dataclass(frozen=True)
@@ -394,6 +410,12 @@ def _validate_queue(q: QueueSettings) -> None:
             "a positive number <= backoff_jitter_max",
             q.backoff_jitter_min,
         )
+    if q.max_long_retries < 0 or q.max_short_retries < 0 or q.short_retry_probe_window_s < 0:
+        bad = min(("queue.max_long_retries", q.max_long_retries),
+                  ("queue.max_short_retries", q.max_short_retries),
+                  ("queue.short_retry_probe_window_s", q.short_retry_probe_window_s),
+                  key=lambda kv: kv[1])
+        raise ConfigError(bad[0], "a number >= 0", bad[1])
 
 
 def _validate(s: Settings) -> None:
@@ -405,6 +427,8 @@ def _validate(s: Settings) -> None:
     q = s.queue
     _validate_queue(q)
     for key, val in (
+        ("queue.max_long_retry_delay_s", q.max_long_retry_delay_s),
+        ("queue.max_short_retry_delay_s", q.max_short_retry_delay_s),
         ("queue.backoff_initial_s", q.backoff_initial_s),
         ("queue.backoff_max_s", q.backoff_max_s),
         ("queue.wakeup_rate_per_s", q.wakeup_rate_per_s),

@@ -10,10 +10,12 @@ One process hosts everything, on loopback only:
   its queue to enter catch-up mode and come back;
 * the real worker (:class:`federation_sender.app.Worker`) with its admin API.
 
-Time scale: backoff starts at 1 s and catch-up begins past 2.5 s of backoff (instead of
-10 minutes and 1 hour), so that an outage of a few seconds shows the whole life cycle.
-With the jitter (each interval doubles times 0.8-1.4) the third failure in a row always
-passes 2.5 s, at most 3.8 s after the first; the first may wait up to
+Time scale: the short-retry phase is 1 s of probes 0.5 s apart (instead of 30 s of
+probes and Synapse's ~8 minutes of retries), backoff starts at 1 s and catch-up begins
+past 2.5 s of backoff (instead of 10 minutes and 1 hour), so that an outage of a few
+seconds shows the whole life cycle. The phase ends at most 1.5 s after the first
+failure; with the jitter (each interval doubles times 0.8-1.4) the third persisted
+failure always passes 2.5 s, at most 3.8 s after that; the first may wait up to
 ``queue.busy_txn_interval_s`` (2 s) for a fuller transaction. So the outage (8 s or more)
 always ends in catch-up, which the demo's test checks.
 
@@ -115,6 +117,10 @@ def demo_settings(base: Settings, args: argparse.Namespace, data: Path) -> Setti
             backoff_max_s=8.0,
             catchup_threshold_s=2.5,
             wakeup_interval_s=2.0,
+            short_retry_probe_window_s=1.0,
+            max_short_retries=0,
+            max_short_retry_delay_s=0.5,
+            max_long_retries=0,
         ),
         admin=dataclasses.replace(base.admin, enabled=True, port=port_base or free_port(),
                                   token=None),

@@ -40,6 +40,9 @@ def test_yaml_and_env_override(tmp_path: Path) -> None:
     [
         ("queue: {max_pdus_per_txn: 51}", "queue.max_pdus_per_txn"),
         ("queue: {backoff_initial_s: -1}", "queue.backoff_initial_s"),
+        ("queue: {max_long_retries: -1}", "queue.max_long_retries"),
+        ("queue: {max_short_retry_delay_s: 0}", "queue.max_short_retry_delay_s"),
+        ("queue: {short_retry_probe_window_s: -5}", "queue.short_retry_probe_window_s"),
         ("admin: {port: 'x'}", "admin.port"),
         ("admin: {port: 70000}", "admin.port"),
         ("replication: {transport: carrier-pigeon}", "replication.transport"),

@@ -15,6 +15,17 @@ gets three attempts in ten seconds, not one a millisecond. The
 :data:`RATE_LIMIT_MAX_IN_A_ROW`-th 429 in a row (after about three minutes of pauses) is
 a failure with the persisted backoff, and so is every further one until a success.
 
+Before the persisted schedule, a destination that fails to answer (refused or broken
+connection, timeout, 5xx; not a 429, not a refusal) gets a *short-retry phase*, in
+memory only (:class:`ShortRetryPolicy`, :class:`ShortRetry`): the same transaction is
+retried every ``max_short_retry_delay_s`` (2 s) or sooner during ``probe_window_s``
+(30 s), then on Synapse's long-retry schedule (4 s, 16 s, then ``max_long_retry_delay_s``,
+each times 0.8 to 1.4) for ``max_long_retries`` (10) more attempts; only the failure
+after those is persisted with ``initial_s``. A wake-up (REMOTE_SERVER_UP, main's
+invalidation of the retry timings) cuts the current wait short and keeps the count, so
+a destination that stays down still reaches the persisted backoff. A destination
+already in a persisted backoff gets no new phase.
+
 The policy never reads the clock or a global random source: ``now_ms`` and an
 ``random.Random`` are passed in, so tests pin every value.
 """
@@ -55,6 +66,106 @@ RESET = BackoffState()
 
 
 @dataclass(frozen=True, slots=True)
+class ShortRetryPolicy:
+    """The short-retry phase's schedule (see the module docstring). Synapse's sender
+    retries a transaction inside its request: ``4 ** n`` s capped at
+    ``max_long_retry_delay`` (``n`` = 1, 2, ...), jitter 0.8 to 1.4, ``max_long_retries``
+    times (``synapse/http/matrixfederationclient.py``). Ours first probes for
+    ``probe_window_s`` with Synapse's short-retry delays (0.5 s doubling,
+    ``max_short_retries`` times, then ``max_short_retry_delay_s``), never longer than
+    ``max_short_retry_delay_s``, then follows Synapse's long retries."""
+
+    max_long_retries: int = 10
+    max_long_retry_delay_s: float = 60.0
+    max_short_retries: int = 3
+    max_short_retry_delay_s: float = 2.0
+    probe_window_s: float = 30.0
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_long_retries > 0 or self.probe_window_s > 0
+
+    def probe_delay_ms(self, probes: int, rng: random.Random) -> int:
+        """The wait before probe ``probes + 1`` of the window: at most the cap."""
+        if probes < self.max_short_retries:
+            base = 0.5 * 2.0 ** probes
+        else:
+            base = self.max_short_retry_delay_s
+        delay = min(base * rng.uniform(0.8, 1.4), self.max_short_retry_delay_s)
+        return max(1, int(delay * 1000))
+
+    def long_delay_ms(self, n: int, rng: random.Random) -> int:
+        """The wait before long retry ``n`` (1-based), as Synapse computes it."""
+        base = min(4.0 ** min(n, 32), self.max_long_retry_delay_s)
+        return max(1, int(base * rng.uniform(0.8, 1.4) * 1000))
+
+
+NO_SHORT_RETRY = ShortRetryPolicy(max_long_retries=0, probe_window_s=0.0)
+"""The first failure goes straight to the persisted backoff (as before the phase)."""
+
+
+class ShortRetry:
+    """The short-retry phase of one queue (in memory; a new queue starts without)."""
+
+    __slots__ = ("attempts", "long_retries", "policy", "probes", "started_ms", "until_ms")
+
+    def __init__(self, policy: ShortRetryPolicy) -> None:
+        self.policy = policy
+        self.started_ms: int | None = None
+        """When the phase began (its first failure); None outside the phase."""
+        self.probes = 0
+        self.long_retries = 0
+        self.attempts = 0
+        """Retries made in this phase (attempts after its first failure; the core
+        counts them)."""
+        self.until_ms = 0
+
+    @property
+    def in_phase(self) -> bool:
+        return self.started_ms is not None
+
+    def active_at(self, now_ms: int) -> bool:
+        if self.until_ms and self.until_ms <= now_ms:
+            self.until_ms = 0
+        return self.until_ms > now_ms
+
+    def on_failure(self, now_ms: int, rng: random.Random) -> int | None:
+        """A retryable failure at ``now_ms``: the wait before the next retry (the phase
+        starts with the first), or None when the phase is over (the caller persists the
+        backoff; the phase is reset)."""
+        p = self.policy
+        if self.started_ms is None:
+            if not p.enabled:
+                return None
+            self.started_ms = now_ms
+        if now_ms - self.started_ms < p.probe_window_s * 1000:
+            delay = p.probe_delay_ms(self.probes, rng)
+            self.probes += 1
+        elif self.long_retries < p.max_long_retries:
+            self.long_retries += 1
+            delay = p.long_delay_ms(self.long_retries, rng)
+        else:
+            self.reset()
+            return None
+        self.until_ms = now_ms + delay
+        return delay
+
+    def wake(self) -> bool:
+        """The destination was seen up: retry now (the phase's count is kept)."""
+        was = self.until_ms > 0
+        self.until_ms = 0
+        return was
+
+    def reset(self) -> int:
+        """End the phase (a success, or its last failure); returns its retries."""
+        n = self.attempts
+        self.started_ms = None
+        self.probes = self.long_retries = self.attempts = 0
+        self.until_ms = 0
+        return n
+
+
+@dataclass(frozen=True, slots=True)
 class BackoffPolicy:
     initial_s: float = 600.0
     multiplier: float = 2.0
@@ -62,6 +173,7 @@ class BackoffPolicy:
     jitter_max: float = 1.4
     max_s: float = 7 * 24 * 3600.0
     catchup_threshold_s: float = 3600.0
+    short_retry: ShortRetryPolicy = ShortRetryPolicy()
 
     @classmethod
     def from_settings(cls, q: QueueSettings) -> BackoffPolicy:
@@ -72,6 +184,13 @@ class BackoffPolicy:
             jitter_max=q.backoff_jitter_max,
             max_s=q.backoff_max_s,
             catchup_threshold_s=q.catchup_threshold_s,
+            short_retry=ShortRetryPolicy(
+                max_long_retries=q.max_long_retries,
+                max_long_retry_delay_s=q.max_long_retry_delay_s,
+                max_short_retries=q.max_short_retries,
+                max_short_retry_delay_s=q.max_short_retry_delay_s,
+                probe_window_s=q.short_retry_probe_window_s,
+            ),
         )
 
     def on_failure(

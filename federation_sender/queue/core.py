@@ -22,6 +22,11 @@ Invariants:
   longer at each 429 in a row whatever the peer's hint; past a bound 429s are failures.
   Every real success reports ``succeeded`` (the store resets the persisted backoff,
   whoever wrote it).
+* A destination that does not answer (no connection, a timeout, a 5xx) is first retried
+  in memory (:class:`~federation_sender.queue.backoff.ShortRetry`: every 2 s or sooner
+  for 30 s, then Synapse's in-request schedule) with the same frozen transaction; only
+  when that phase is over is the backoff persisted. An answer of any kind ends the
+  phase; a wake-up (``clear_backoff``) cuts its wait short without resetting its count.
 """
 
 from __future__ import annotations
@@ -30,7 +35,13 @@ import random
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from federation_sender.model import EventRow
-from federation_sender.queue.backoff import RESET, BackoffPolicy, BackoffState, RateLimit
+from federation_sender.queue.backoff import (
+    RESET,
+    BackoffPolicy,
+    BackoffState,
+    RateLimit,
+    ShortRetry,
+)
 from federation_sender.queue.batching import Batch, Limits, fill_edus, take_batch
 from federation_sender.queue.catchup import RoomPlan, pdu_item
 from federation_sender.queue.destination import DestinationState, DestinationStateMachine
@@ -64,7 +75,7 @@ class DestinationCore:
         "_next_txn_id", "backoff", "current", "destination", "device_list_cursor",
         "episode", "isolation", "last_error", "last_success_ms", "last_successful",
         "limits", "max_done", "outbox_dirty", "parse_pdu", "pending", "policy",
-        "rate_limit", "rng", "sm", "stopped", "to_device_cursor", "work",
+        "rate_limit", "rng", "short_retry", "sm", "stopped", "to_device_cursor", "work",
     )
 
     def __init__(
@@ -96,6 +107,7 @@ class DestinationCore:
             catching_up, initial_rooms_per_txn, max_rooms_per_txn, fast_answer_s
         )
         self.isolation = ItemIsolation(max_item_failures)
+        self.short_retry = ShortRetry(policy.short_retry)
         self.last_successful = -1
         self.max_done = -1
         self.current: FrozenTxn | None = None
@@ -183,11 +195,12 @@ class DestinationCore:
     # --- the decision -----------------------------------------------------------------
 
     def retry_at_ms(self) -> int | None:
-        """When sending may resume (a backoff or a 429 pause), None if it may now."""
+        """When sending may resume (a backoff, a 429 pause or a short retry's wait),
+        None if it may now."""
         at = self.backoff.retry_at_ms
-        paused = self.rate_limit.until_ms
-        if paused and (at is None or paused > at):
-            return paused
+        for paused in (self.rate_limit.until_ms, self.short_retry.until_ms):
+            if paused and (at is None or paused > at):
+                at = paused
         return at
 
     def would_send_partial_pdus(self, now_ms: int) -> bool:
@@ -204,13 +217,18 @@ class DestinationCore:
             and not self.stopped
             and not self.backoff.active_at(now_ms)
             and not self.rate_limit.active_at(now_ms)
+            and not self.short_retry.active_at(now_ms)
             and self.isolation.next_ready_ms() is None
         )
 
     def next_step(self, now_ms: int) -> Step:
         if self.stopped:
             return Idle()
-        if self.rate_limit.active_at(now_ms) or self.backoff.active_at(now_ms):
+        if (
+            self.rate_limit.active_at(now_ms)
+            or self.backoff.active_at(now_ms)
+            or self.short_retry.active_at(now_ms)
+        ):
             retry_at = self.retry_at_ms()
             assert retry_at is not None
             self.sm.to(DestinationState.BACKING_OFF)
@@ -319,6 +337,13 @@ class DestinationCore:
             raise RuntimeError("result for a transaction that is not in flight")
         eff = Effects()
         batch = txn.batch
+        phase = self.short_retry
+        if phase.in_phase and batch:
+            phase.attempts += 1
+            eff.short_retry_attempt = True
+            if not _unanswered(result):
+                # Any answer but a 5xx: the destination is up again.
+                eff.short_retry_ended = phase.reset()
         if result.outcome is Outcome.SUCCESS:
             if batch:
                 self.last_success_ms = now_ms
@@ -378,10 +403,23 @@ class DestinationCore:
             self._advance(batch, eff)
 
     def _fail(self, txn: FrozenTxn, result: SendResult, now_ms: int, eff: Effects) -> None:
-        """The destination is down (or refuses everything): back off, keep the frozen
-        transaction for an identical retry."""
+        """The destination is down (or refuses everything): retry soon (the short-retry
+        phase) or back off, keeping the frozen transaction for an identical retry."""
         self.isolation.on_destination_failure()
         self.current = FrozenTxn(txn.txn_id, txn.batch, txn.attempts + 1)
+        phase = self.short_retry
+        if _unanswered(result) and not self.backoff.backing_off:
+            first = not phase.in_phase
+            retries = phase.attempts
+            delay = phase.on_failure(now_ms, self.rng)
+            if delay is not None:
+                eff.short_retry_ms = delay
+                eff.short_retry_started = first
+                return
+            if not first:
+                eff.short_retry_gave_up = retries
+        elif phase.in_phase:
+            eff.short_retry_gave_up = phase.reset()
         self.backoff = self.policy.on_failure(
             self.backoff, now_ms, self.rng, result.retry_after_s
         )
@@ -416,7 +454,11 @@ class DestinationCore:
     # --- operator actions ------------------------------------------------------------------
 
     def clear_backoff(self) -> bool:
-        paused = self.rate_limit.clear()
+        """The destination was reported up (or an operator reset it): send now. A
+        short-retry phase keeps its count (a destination that stays down still reaches
+        the persisted backoff)."""
+        woken = self.short_retry.wake()
+        paused = self.rate_limit.clear() or woken
         was = self.backoff.backing_off
         self.backoff = RESET
         return was or paused
@@ -449,3 +491,12 @@ class DestinationCore:
             and not self.episode.active
             and not self.outbox_dirty
         )
+
+
+def _unanswered(result: SendResult) -> bool:
+    """A failure the short-retry phase retries: no answer (refused or broken connection,
+    timeout) or a 5xx, as Synapse's sender retries inside the request; not a 429 (the
+    rate limit's) nor a refusal."""
+    if result.outcome is not Outcome.TRANSIENT:
+        return False
+    return result.status is None or result.status >= 500

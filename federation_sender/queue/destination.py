@@ -5,7 +5,9 @@
 
 * ``IDLE -> SENDING | CATCHING_UP``: work arrives (a queue created in catch-up mode
   starts catching up); ``IDLE -> BACKING_OFF``: it loads a persisted backoff.
-* ``SENDING -> IDLE``: nothing left; ``SENDING -> BACKING_OFF``: a failure or a 429.
+* ``SENDING -> IDLE``: nothing left; ``SENDING -> BACKING_OFF``: a failure or a 429;
+  ``SENDING -> CATCHING_UP``: a failure dropped the queue to catch-up and a wake-up
+  (REMOTE_SERVER_UP) cleared the backoff before the next step.
 * ``BACKING_OFF -> SENDING``: the backoff is over (or cleared) with the frozen
   transaction to resend; ``BACKING_OFF -> CATCHING_UP``: it is over in catch-up mode
   (a backoff past an hour drops the queue to catch-up).
@@ -35,7 +37,7 @@ S = DestinationState
 
 TRANSITIONS: dict[DestinationState, frozenset[DestinationState]] = {
     S.IDLE: frozenset({S.SENDING, S.CATCHING_UP, S.BACKING_OFF, S.STOPPED}),
-    S.SENDING: frozenset({S.IDLE, S.BACKING_OFF, S.STOPPED}),
+    S.SENDING: frozenset({S.IDLE, S.BACKING_OFF, S.CATCHING_UP, S.STOPPED}),
     S.BACKING_OFF: frozenset({S.SENDING, S.CATCHING_UP, S.STOPPED}),
     S.CATCHING_UP: frozenset({S.SENDING, S.IDLE, S.BACKING_OFF, S.STOPPED}),
     S.STOPPED: frozenset(),

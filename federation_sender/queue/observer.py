@@ -67,6 +67,12 @@ class QueueObserver(Protocol):
 
     def catchup_entered(self, destination: str, dropped_items: int) -> None: ...
 
+    def short_retry(self, destination: str, answered: bool) -> None:
+        """A retry of the short-retry phase got an answer (ending the phase) or not."""
+
+    def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
+        """The phase ended: the destination answered, or the backoff is persisted."""
+
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None: ...
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
@@ -119,6 +125,12 @@ class NoopObserver:
     def catchup_entered(self, destination: str, dropped_items: int) -> None:
         pass
 
+    def short_retry(self, destination: str, answered: bool) -> None:
+        pass
+
+    def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
+        pass
+
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         pass
 
@@ -148,6 +160,22 @@ def report(
                       d, result.error or result.outcome.value, interval_s)
         elif was_failing:
             log.info("destination %s answers again; backoff cleared", d)
+    if eff.short_retry_started and eff.short_retry_ms is not None:
+        # Once per phase (its end has a line too): one line per retry would repeat
+        # every 2 s.
+        log.info("destination %s does not answer (%s); retrying in %gs and every few "
+                 "seconds before backing off", d, result.error or result.outcome.value,
+                 eff.short_retry_ms / 1000.0)
+    if eff.short_retry_attempt:
+        observer.short_retry(d, eff.short_retry_ended is not None)
+    if eff.short_retry_ended is not None:
+        log.info("destination %s answers again after %d short retries",
+                 d, eff.short_retry_ended)
+        observer.short_retry_phase_ended(d, True)
+    if eff.short_retry_gave_up is not None:
+        log.info("destination %s did not answer %d short retries; backing off",
+                 d, eff.short_retry_gave_up)
+        observer.short_retry_phase_ended(d, False)
     if eff.rate_limited_ms is not None:
         # Once per run of 429s (the next line is at its end): a peer answering 429 to
         # every attempt would otherwise log one line per attempt.

@@ -8,7 +8,7 @@ from federation_sender.telemetry.metrics import QueueSnapshot
 
 
 def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
-    pdus = edus = backing = catching = in_flight = 0
+    pdus = edus = backing = catching = in_flight = short = 0
     for st in manager.statuses():
         pdus += st.pending_pdus
         edus += st.pending_edus
@@ -18,12 +18,15 @@ def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
             backing += 1
         if st.catching_up:
             catching += 1
+        if st.short_retrying:
+            short += 1
     return QueueSnapshot(
         pending_destinations=manager.owed_destinations(),
         pending_pdus=pdus,
         pending_edus=edus,
         backing_off=backing,
         catching_up=catching,
+        short_retrying=short,
         in_flight_transactions=in_flight,
         oldest_in_flight_age_s=manager.oldest_in_flight_age_s() or 0.0,
     )

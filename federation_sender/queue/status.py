@@ -30,6 +30,8 @@ class DestinationStatus:
     last_successful_stream_ordering: int | None
     last_success_ts_ms: int | None = None
     """Wall-clock ms of the last delivered transaction since the queue loaded, else None."""
+    short_retrying: bool = False
+    """In the short-retry phase (failed, retried in memory before a persisted backoff)."""
 
 
 def live_status(
@@ -55,6 +57,7 @@ def live_status(
             c.last_successful if c.last_successful >= 0 else None
         ),
         last_success_ts_ms=c.last_success_ms,
+        short_retrying=c.short_retry.in_phase,
     )
 
 

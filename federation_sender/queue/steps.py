@@ -72,6 +72,18 @@ class Effects:
     """The first 429 after a success (or since loading): paused this long."""
     rate_limit_ended: int = 0
     """A success after this many 429s in a row."""
+    short_retry_ms: int | None = None
+    """A failure inside the short-retry phase: the same transaction is retried after
+    this many ms (nothing to persist)."""
+    short_retry_started: bool = False
+    """That failure began the phase."""
+    short_retry_attempt: bool = False
+    """The attempt was a retry of the phase."""
+    short_retry_ended: int | None = None
+    """The destination answered: the phase ended after this many retries."""
+    short_retry_gave_up: int | None = None
+    """The phase ended after this many retries without an answer: ``backoff`` holds
+    the persisted backoff."""
 
 
 def outbox_keys(items: Iterable[PduItem | EduItem], eff: Effects) -> None:

@@ -133,6 +133,12 @@ class TelemetryObserver:
         if dropped_items:
             self._metrics.item_dropped("queued", "catchup", dropped_items)
 
+    def short_retry(self, destination: str, answered: bool) -> None:
+        self._metrics.short_retry(answered)
+
+    def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
+        self._metrics.short_retry_phase_ended(answered)
+
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         self._metrics.catchup_step("success")
         step = trace.get_current_span()  # called inside catchup_step

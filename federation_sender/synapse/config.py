@@ -104,6 +104,8 @@ class SynapseConfig:
     max_short_retries: int = 3
     max_long_retry_delay_ms: int = 60_000
     max_short_retry_delay_ms: int = 2_000
+    """``federation.max_{long,short}_retr{ies,y_delay}``: our short-retry phase's schedule
+    (Synapse's sender uses them for the retries inside each request)."""
     federation_metrics_domains: frozenset[str] = frozenset()
     worker_app: str | None = None
     duties: Mapping[str, Any] = field(default_factory=dict)
@@ -682,6 +684,10 @@ def merge_settings(
         backoff_initial_s=syn.min_retry_interval_ms / 1000.0,
         backoff_multiplier=syn.retry_multiplier,
         backoff_max_s=syn.max_retry_interval_ms / 1000.0,
+        max_long_retries=syn.max_long_retries,
+        max_long_retry_delay_s=syn.max_long_retry_delay_ms / 1000.0,
+        max_short_retries=syn.max_short_retries,
+        max_short_retry_delay_s=syn.max_short_retry_delay_ms / 1000.0,
     )
     merged = dataclasses.replace(
         settings,

@@ -40,6 +40,7 @@ class QueueSnapshot:
     pending_edus: int = 0
     backing_off: int = 0
     catching_up: int = 0
+    short_retrying: int = 0
     in_flight_transactions: int = 0
     oldest_in_flight_age_s: float = 0.0
 
@@ -51,6 +52,8 @@ _SNAPSHOT_GAUGES: tuple[tuple[str, str, str], ...] = (
     (n.PENDING_EDUS, "pending_edus", "EDUs queued in memory for all destinations"),
     (n.DESTINATIONS_BACKING_OFF, "backing_off", "Destinations waiting out a backoff"),
     (n.DESTINATIONS_CATCHING_UP, "catching_up", "Destinations in catch-up mode"),
+    (n.DESTINATIONS_SHORT_RETRYING, "short_retrying",
+     "Destinations in the short-retry phase (retried in memory before a persisted backoff)"),
     (n.IN_FLIGHT_TRANSACTIONS, "in_flight_transactions", "Transactions awaiting a response"),
     (n.OLDEST_IN_FLIGHT_AGE, "oldest_in_flight_age_s",
      "Age of the oldest in-flight transaction (0 when none)"),
@@ -126,6 +129,10 @@ class Metrics:
                                    "Time from sending a transaction to its outcome",
                                    ["outcome"], buckets=TRANSACTION_DURATION_BUCKETS_S,
                                    registry=r)
+        self._short_retries = Counter(n.SHORT_RETRY_ATTEMPTS, "Retries in the short-retry "
+                                      "phase, by outcome", ["outcome"], registry=r)
+        self._short_phases = Counter(n.SHORT_RETRY_PHASES, "Short-retry phases ended, by "
+                                     "how", ["ended"], registry=r)
         self._dropped = Counter(n.DROPPED_ITEMS, "Queued items dropped, by kind and reason",
                                 ["kind", "reason"], registry=r)
         self._repl_pos = Gauge(n.REPLICATION_POSITION, "Processed position per stream/writer",
@@ -285,6 +292,13 @@ class Metrics:
         child, seconds = self._lag_by_event_child, max(0.0, seconds)
         for _ in range(pdus):
             child.observe(seconds)
+
+    def short_retry(self, answered: bool) -> None:
+        """One retry of the short-retry phase."""
+        self._short_retries.labels("answered" if answered else "unanswered").inc()
+
+    def short_retry_phase_ended(self, answered: bool) -> None:
+        self._short_phases.labels("answered" if answered else "backed_off").inc()
 
     def catchup_step(self, outcome: str) -> None:
         self._catchup_steps.labels(outcome).inc()

@@ -55,6 +55,15 @@ TRANSACTION_DURATION = "federation_sender_transaction_duration_seconds"
 DROPPED_ITEMS = "federation_sender_dropped_items"
 DESTINATIONS_BACKING_OFF = "federation_sender_destinations_backing_off"
 DESTINATIONS_CATCHING_UP = "federation_sender_destinations_catching_up"
+DESTINATIONS_SHORT_RETRYING = "federation_sender_destinations_short_retrying"
+"""Destinations in the short-retry phase (failed, retried in memory before a persisted
+backoff); they count among ``DESTINATIONS_BACKING_OFF`` while they wait."""
+SHORT_RETRY_ATTEMPTS = "federation_sender_short_retry_attempts"
+"""Retries made in the short-retry phase, label ``outcome``: ``answered`` (the
+destination answered, the phase ends) or ``unanswered``."""
+SHORT_RETRY_PHASES = "federation_sender_short_retry_phases"
+"""Short-retry phases that ended, label ``ended``: ``answered`` or ``backed_off`` (the
+persisted backoff followed)."""
 IN_FLIGHT_TRANSACTIONS = "federation_sender_in_flight_transactions"
 OLDEST_IN_FLIGHT_AGE = "federation_sender_oldest_in_flight_transaction_age_seconds"
 REPLICATION_POSITION = "federation_sender_replication_position"

@@ -45,10 +45,15 @@ class OurSender:
         directory: Path,
         settings: dict[str, Any] | None = None,
         worker_args: tuple[str, ...] = (),
+        source: Path | None = None,
     ) -> None:
         """``worker_args``: extra options of ``federation-sender worker`` (e.g.
-        ``("--event-loop", "uvloop")``)."""
+        ``("--event-loop", "uvloop")``); ``source``: run the ``federation_sender``
+        package of another checkout (e.g. an older commit's, to compare)."""
         self.deployment = deployment
+        self.env = dict(os.environ)
+        if source is not None:
+            self.env["PYTHONPATH"] = str(source)
         self.worker_args = worker_args
         self.directory = directory
         self.admin_port = free_port()
@@ -94,7 +99,7 @@ class OurSender:
     def migrate(self) -> None:
         result = subprocess.run(
             self._args("migrate"), capture_output=True, text=True, cwd=self.directory,
-            env=dict(os.environ), timeout=START_TIMEOUT_S,
+            env=self.env, timeout=START_TIMEOUT_S,
         )  # fmt: skip
         if result.returncode != 0:
             last = (result.stderr.strip().splitlines() or ["no output"])[-1]
@@ -109,7 +114,7 @@ class OurSender:
         with open(self.log_path, "ab") as log:
             self.popen = subprocess.Popen(
                 [*self._args("worker"), *self.worker_args], stdout=log, stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL, cwd=self.directory, env=dict(os.environ),
+                stdin=subprocess.DEVNULL, cwd=self.directory, env=self.env,
             )  # fmt: skip
         self._wait_ready()
 

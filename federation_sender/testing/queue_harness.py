@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import select
@@ -37,6 +37,7 @@ class RecordingObserver(NoopObserver):
         self.dropped: list[tuple[str, str, str]] = []
         self.states: list[tuple[str, DestinationState, DestinationState]] = []
         self.catchups: list[tuple[str, int]] = []
+        self.short_retries: list[tuple[str, bool]] = []
 
     def transaction_sent(
         self,
@@ -68,6 +69,12 @@ class RecordingObserver(NoopObserver):
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         pass
 
+    def short_retry(self, destination: str, answered: bool) -> None:
+        self.short_retries.append((destination, answered))
+
+    def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
+        pass
+
     def queues_changed(self, active: int) -> None:
         pass
 
@@ -84,6 +91,12 @@ class Harness:
     shard: Callable[[str], bool] = lambda _d: True
     manager: QueueManager | None = None
     settle_turns: int = 0  # loop turns settle() has checked, to let a test follow it
+
+    def without_short_retry(self) -> None:
+        """The first failure goes straight to the persisted backoff (for tests of that
+        schedule); call before :meth:`start`."""
+        self.settings = replace(self.settings, max_long_retries=0,
+                                short_retry_probe_window_s=0.0)
 
     def make_manager(self, **kw: Any) -> QueueManager:
         return QueueManager(

@@ -6,7 +6,14 @@ import random
 import pytest
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue.backoff import RESET, BackoffPolicy, BackoffState
+from federation_sender.queue.backoff import (
+    NO_SHORT_RETRY,
+    RESET,
+    BackoffPolicy,
+    BackoffState,
+    ShortRetry,
+    ShortRetryPolicy,
+)
 
 P = BackoffPolicy.from_settings(QueueSettings())
 
@@ -67,3 +74,51 @@ def test_configurable(initial: float, mult: float, cap: float) -> None:
     assert s.retry_interval_ms == initial * 1000
     s = p.on_failure(s, 0, random.Random())
     assert s.retry_interval_ms == min(initial * mult, cap) * 1000
+
+
+# --- the short-retry phase --------------------------------------------------------------
+
+SR = ShortRetryPolicy()
+
+
+def test_short_retry_probes_every_2_s_or_sooner_for_30_s_then_synapses_long_retries() -> None:
+    phase = ShortRetry(SR)
+    now, waits = 0, []
+    while True:
+        wait = phase.on_failure(now, random.Random(now))
+        if wait is None:
+            break
+        waits.append((now, wait))
+        now += wait + 100  # each attempt takes 100 ms to fail
+    window = [w for t, w in waits if t < 30_000]
+    longs = [w for t, w in waits if t >= 30_000]
+    assert max(window) <= 2_000 and window[0] <= 700  # 0.5 s, 1 s, 2 s, then 2 s
+    assert len(window) >= 15
+    assert len(longs) == 10  # Synapse's max_long_retries
+    for n, w in enumerate(longs, 1):
+        base = min(4**n, 60) * 1000
+        assert base * 0.8 - 1 <= w <= base * 1.4 + 1
+    assert not phase.in_phase and phase.until_ms == 0  # over: the caller persists
+
+
+def test_short_retry_waking_cuts_the_wait_and_keeps_the_count() -> None:
+    phase = ShortRetry(ShortRetryPolicy(max_long_retries=2, probe_window_s=0))
+    assert phase.on_failure(0, random.Random(1)) is not None
+    assert phase.active_at(1) and phase.wake() and not phase.active_at(1)
+    assert phase.on_failure(2, random.Random(1)) is not None
+    assert phase.on_failure(3, random.Random(1)) is None  # two long retries were the lot
+
+
+@pytest.mark.parametrize("policy", [NO_SHORT_RETRY,
+                                    ShortRetryPolicy(max_long_retries=0, probe_window_s=0)])
+def test_short_retry_off(policy: ShortRetryPolicy) -> None:
+    assert not policy.enabled
+    assert ShortRetry(policy).on_failure(0, random.Random()) is None
+
+
+def test_short_retry_follows_the_configured_delays() -> None:
+    p = ShortRetryPolicy(max_short_retries=0, max_short_retry_delay_s=0.2,
+                         max_long_retry_delay_s=5)
+    assert all(p.probe_delay_ms(i, random.Random(i)) <= 200 for i in range(50))
+    assert all(4_000 <= p.long_delay_ms(9, random.Random(i)) <= 7_000 for i in range(50))
+    assert P.short_retry == ShortRetryPolicy()  # QueueSettings' defaults are Synapse's

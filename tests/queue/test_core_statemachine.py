@@ -5,6 +5,12 @@ The remote may also answer 429 to everything for a while, with a hint of none, 0
 negative, a tiny or a real number of seconds: after a 429 the next attempt waits at least
 the shortest pause, and never more than 5 attempts fall in a minute of 429s.
 
+A remote that is down (no answer) is retried in memory first, the short-retry phase:
+within the phase's first 30 s no two attempts are more than 2 s apart; the phase ends
+in a persisted backoff after at most its window's probes, Synapse's 10 long retries and
+one retry per wake-up (REMOTE_SERVER_UP, which may come at any time); and a persisted
+backoff after failures without an answer comes only once the window has passed.
+
 Some runs start in catch-up mode (as at startup), others outside it, so both delivery
 paths are reached. The remote may be down (transient failures) or, from some point
 until the end, refuse everything (400, even an empty transaction).
@@ -38,7 +44,7 @@ from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import RoomPlan
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.items import PduItem
-from federation_sender.queue.steps import Idle, NeedCatchup, NeedOutbox, Send, Wait
+from federation_sender.queue.steps import Effects, Idle, NeedCatchup, NeedOutbox, Send, Wait
 from federation_sender.storage.events import EventRow
 from federation_sender.transport.result import Outcome, SendResult
 
@@ -72,6 +78,13 @@ class CoreMachine(RuleBasedStateMachine):
         """(hint,) while the remote answers 429 to everything."""
         self.last_429_ms: int | None = None
         self.attempts_in_429s: list[int] = []
+        self.phase_start: int | None = None
+        """Model of the short-retry phase: the time of its first failure."""
+        self.phase_attempts = 0
+        self.phase_wakes = 0
+        self.last_failure_ms = 0
+        self.woken = False
+        """Woken since the last step: the state is still the wait's until the next."""
         self.retry_of: str | None = None
         """The txn id of a transaction that failed transiently: the next send reuses it."""
 
@@ -127,6 +140,16 @@ class CoreMachine(RuleBasedStateMachine):
     def stop_rate_limiting(self) -> None:
         self.rate_limiting = None
 
+    @rule()
+    def wake(self) -> None:
+        """REMOTE_SERVER_UP or main's invalidation of the retry timings."""
+        self.woken = self.core.clear_backoff() or self.woken
+        # A wake-up also ends a 429's pause (as an operator's reset does).
+        self.last_429_ms = None
+        self.attempts_in_429s = []
+        if self.phase_start is not None:
+            self.phase_wakes += 1
+
     @precondition(lambda self: len(self.bad) < 3)
     @rule(data=st.data())
     def poison(self, data: st.DataObject) -> None:
@@ -158,6 +181,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     def step(self) -> bool:
         c = self.core
+        self.woken = False
         s = c.next_step(self.now)
         if isinstance(s, Idle):
             return False
@@ -191,6 +215,11 @@ class CoreMachine(RuleBasedStateMachine):
                 assert t.txn_id == self.retry_of, "a retry must reuse the txn id"
             if self.last_429_ms is not None:
                 assert self.now - self.last_429_ms >= RATE_LIMIT_BASE_MS, "429 storm"
+            if self.phase_start is not None and self.last_429_ms is None:
+                self.phase_attempts += 1
+                if self.last_failure_ms - self.phase_start < 30_000:
+                    assert self.now - self.last_failure_ms <= 2_000, "probe too late"
+                assert self.phase_attempts <= 75 + 10 + self.phase_wakes, "phase never ends"
             res = self.respond(content[0], len(b.edus))
             if res.status == 429:
                 self.last_429_ms = self.now
@@ -200,7 +229,9 @@ class CoreMachine(RuleBasedStateMachine):
             else:
                 self.last_429_ms = None
                 self.attempts_in_429s = []
+            backing_off = c.backoff.backing_off
             eff = c.on_result(t, res, self.now)
+            self.check_phase(res, eff, backing_off)
             self.retry_of = None
             if eff.backoff is not None and eff.backoff.backing_off:
                 # A failure keeps the frozen transaction for an identical retry; only a
@@ -225,6 +256,27 @@ class CoreMachine(RuleBasedStateMachine):
             self.now += 1
         return True
 
+    def check_phase(self, res: SendResult, eff: Effects, backing_off: bool) -> None:
+        """``backing_off``: a persisted backoff was in force before this result (then
+        a failure extends it, with no new phase)."""
+        unanswered = res.outcome is Outcome.TRANSIENT and res.status is None
+        persisted = eff.backoff is not None and eff.backoff.backing_off
+        if unanswered and persisted and not backing_off:
+            assert self.phase_start is not None, "backed off at the first failure"
+        if unanswered and not persisted:
+            assert eff.short_retry_ms is not None
+            if self.phase_start is None:
+                assert eff.short_retry_started
+                self.phase_start = self.now
+                self.phase_attempts = self.phase_wakes = 0
+            self.last_failure_ms = self.now
+            return
+        if persisted and unanswered and self.phase_start is not None:
+            assert self.now - self.phase_start >= 30_000, "backed off inside the window"
+        # Backed off, or answered (a 429 too: the destination is up): the phase is over.
+        self.phase_start = None
+        assert not self.core.short_retry.in_phase
+
     # --- invariants --------------------------------------------------------------------------
 
     @invariant()
@@ -239,8 +291,9 @@ class CoreMachine(RuleBasedStateMachine):
     @invariant()
     def state_matches_backoff(self) -> None:
         from federation_sender.queue.destination import DestinationState as S
-        if self.core.sm.state is S.BACKING_OFF:  # a backoff, or a 429's pause
-            assert self.core.backoff.backing_off or self.core.rate_limit.until_ms
+        if self.core.sm.state is S.BACKING_OFF and not self.woken:  # a backoff, a pause
+            assert (self.core.backoff.backing_off or self.core.rate_limit.until_ms
+                    or self.core.short_retry.until_ms)
 
     def teardown(self) -> None:
         self.down = False

@@ -38,6 +38,7 @@ async def fail_until_catchup(h: Harness) -> int:
 
 async def test_one_hour_switch_to_catchup_then_replay_in_order(h: Harness) -> None:
     await room_with(h, "!a:l", D)
+    h.without_short_retry()  # the persisted backoff at the first failure
     await room_with(h, "!b:l", D)
     await h.start()
     h.fake.behave(D, status=503)
@@ -155,6 +156,7 @@ async def test_purged_room_rows_are_pruned_and_do_not_spin(h: Harness) -> None:
 
 async def test_restart_in_the_middle_of_everything_loses_nothing(hdb: Harness) -> None:
     h = hdb
+    h.without_short_retry()  # the persisted backoff at the first failure
     remotes = ["r1.test", "r2.test", "r3.test"]
     rooms = ["!a:l", "!b:l", "!c:l"]
     for r in rooms:
@@ -275,6 +277,7 @@ async def test_catchup_while_the_intake_commit_is_held_back_loses_nothing(
     new event has not committed: catch-up finds no row and ends, and the event, handed
     over only after the commit, is still delivered, and the position lands on it."""
     h = hdb
+    h.without_short_retry()  # the persisted backoff at the first failure
     await room_with(h, "!a:l", D)
     await h.start()
     h.fake.behave(D, status=503)

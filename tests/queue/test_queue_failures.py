@@ -22,6 +22,7 @@ async def start_with_room(h: Harness) -> None:
 
 
 async def test_txn_id_is_stable_across_retries_and_backoff_schedule(h: Harness) -> None:
+    h.without_short_retry()  # the persisted schedule from the first failure
     await start_with_room(h)
     h.fake.behave(D, status=503)
     e = await h.writer.message("!a:l", ALICE)
@@ -240,6 +241,7 @@ async def test_the_last_error_is_kept_through_catch_up_until_a_success(h: Harnes
     from dataclasses import replace
 
     h.settings = replace(h.settings, catchup_threshold_s=300.0, idle_queue_ttl_s=1.0)
+    h.without_short_retry()
     await start_with_room(h)
     h.fake.behave(D, status=503)
     await h.writer.message("!a:l", ALICE)

@@ -58,7 +58,13 @@ async def synapse_engine_fixture(synapse_db_url: str) -> AsyncIterator[AsyncEngi
 class OurWorker:
     """Our worker process as the deployment's federation sender instance."""
 
-    def __init__(self, deployment: SynapseDeployment, directory: Path) -> None:
+    def __init__(self, deployment: SynapseDeployment, directory: Path,
+                 queue: dict[str, object] | None = None) -> None:
+        """``queue``: our ``queue:`` keys over the suite's defaults. Those turn our
+        short-retry window off: with the suite's Synapse settings
+        (``max_long_retries: 2``, 500 ms apart) a destination that is down is then backed
+        off after about a second, as Synapse's sender does there, so a test sees the
+        persisted backoff; tests/synapse/test_short_outage.py turns it back on."""
         self.d = deployment
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
@@ -69,7 +75,8 @@ class OurWorker:
                     "data_dir": str(directory / "data"),
                     "admin": {"enabled": False},
                     "telemetry": {"metrics_port": None, "log_level": "INFO"},
-                    "queue": {"wakeup_interval_s": 5.0},
+                    "queue": {"wakeup_interval_s": 5.0, "short_retry_probe_window_s": 0.0,
+                              **(queue or {})},
                 }
             )
         )

@@ -47,7 +47,9 @@ HOMESERVER: dict[str, Any] = {
     "federation_domain_whitelist": ["a.example", "b.example"],
     "ip_range_blacklist": ["203.0.114.0/24"],
     "ip_range_whitelist": ["127.0.0.0/8"],
-    "federation": {"destination_min_retry_interval": "5m", "destination_retry_multiplier": 3},
+    "federation": {"destination_min_retry_interval": "5m", "destination_retry_multiplier": 3,
+                   "max_long_retries": 4, "max_long_retry_delay": "30s",
+                   "max_short_retries": 2, "max_short_retry_delay": 1500},
 }
 
 
@@ -75,6 +77,9 @@ def test_homeserver_and_worker_files_merge_into_settings(tmp_path: Path) -> None
     assert s.queue.backoff_initial_s == 300.0
     assert s.queue.backoff_multiplier == 3.0
     assert s.queue.backoff_max_s == 7 * 86400.0
+    # The in-request retries of Synapse's sender set our short-retry phase's schedule.
+    assert (s.queue.max_long_retries, s.queue.max_long_retry_delay_s) == (4, 30.0)
+    assert (s.queue.max_short_retries, s.queue.max_short_retry_delay_s) == (2, 1.5)
     assert (s.sharding.mode, s.sharding.instances) == ("static", ["fed1", "fed2"])
     assert syn.domain_allowed("a.example") and not syn.domain_allowed("c.example")
     # Our own settings stay ours.
@@ -88,6 +93,12 @@ def test_single_instance_and_no_whitelist(tmp_path: Path) -> None:
     syn = load_synapse_config([_write(tmp_path, "hs.yaml", data)])
     s = merge_settings(Settings(instance_name="fed1"), syn)
     assert s.sharding.mode == "single"
+    # Synapse's defaults where its file says nothing (synapse/config/federation.py).
+    bare = merge_settings(Settings(instance_name="fed1"), load_synapse_config(
+        [_write(tmp_path, "bare.yaml", dict(data, federation={}))]))
+    q = bare.queue
+    assert (q.max_long_retries, q.max_long_retry_delay_s) == (10, 60.0)
+    assert (q.max_short_retries, q.max_short_retry_delay_s) == (3, 2.0)
     assert syn.federation_domain_whitelist is None
     assert syn.domain_allowed("anything.example")
 
@@ -102,6 +113,10 @@ def test_single_instance_and_no_whitelist(tmp_path: Path) -> None:
         ({"server_name": None}, "server_name"),
         ({"federation": {"destination_min_retry_interval": "soon"}},
          "federation.destination_min_retry_interval"),
+        ({"federation": {"max_long_retries": "many"}}, "federation.max_long_retries"),
+        ({"federation": {"max_short_retries": -1}}, "federation.max_short_retries"),
+        ({"federation": {"max_long_retry_delay": "1 minute"}},
+         "federation.max_long_retry_delay"),
     ],
 )
 def test_refusals_name_the_key(tmp_path: Path, change: dict[str, Any], key: str) -> None:

@@ -295,6 +295,11 @@ def p_retries(tmp: Path) -> None:
                             "max_long_retry_delay": "3s", "max_short_retry_delay": "1s"}})
     assert (s.max_long_retries, s.max_short_retries, s.max_long_retry_delay_ms,
             s.max_short_retry_delay_ms) == (4, 2, 3000, 1000)
+    q = merged({"federation": {"max_long_retries": 4, "max_short_retries": 2,
+                               "max_long_retry_delay": "3s", "max_short_retry_delay": "1s"}}
+               ).queue
+    assert (q.max_long_retries, q.max_short_retries, q.max_long_retry_delay_s,
+            q.max_short_retry_delay_s) == (4, 2, 3.0, 1.0)
     cli_refuses(tmp, {"federation": {"max_long_retries": -1}}, "federation.max_long_retries")
 
 

@@ -47,16 +47,31 @@ def test_snapshot_gauges_are_read_at_scrape_time() -> None:
     assert value(reg, n.PENDING_PDUS) is None
     snap = QueueSnapshot(pending_destinations=2, pending_pdus=10, pending_edus=4,
                          backing_off=5, catching_up=1, in_flight_transactions=2,
-                         oldest_in_flight_age_s=12.5)
+                         oldest_in_flight_age_s=12.5, short_retrying=3)
     m.set_snapshot_source(lambda: snap)
     assert value(reg, n.PENDING_DESTINATIONS) == 2
     assert value(reg, n.PENDING_PDUS) == 10
     assert value(reg, n.PENDING_EDUS) == 4
     assert value(reg, n.DESTINATIONS_BACKING_OFF) == 5
     assert value(reg, n.DESTINATIONS_CATCHING_UP) == 1
+    assert value(reg, n.DESTINATIONS_SHORT_RETRYING) == 3
     assert value(reg, n.OLDEST_IN_FLIGHT_AGE) == 12.5
     snap = QueueSnapshot(pending_pdus=1)
     assert value(reg, n.PENDING_PDUS) == 1
+
+
+def test_short_retry_counters() -> None:
+    reg = CollectorRegistry()
+    m = Metrics(reg)
+    m.short_retry(False)
+    m.short_retry(False)
+    m.short_retry(True)
+    m.short_retry_phase_ended(True)
+    m.short_retry_phase_ended(False)
+    assert value(reg, n.SHORT_RETRY_ATTEMPTS + "_total", outcome="unanswered") == 2
+    assert value(reg, n.SHORT_RETRY_ATTEMPTS + "_total", outcome="answered") == 1
+    assert value(reg, n.SHORT_RETRY_PHASES + "_total", ended="answered") == 1
+    assert value(reg, n.SHORT_RETRY_PHASES + "_total", ended="backed_off") == 1
 
 
 def test_failing_snapshot_source_is_omitted_not_fatal(caplog: pytest.LogCaptureFixture) -> None:

@@ -98,10 +98,12 @@ async def run(tmp_path: Path, restore_logging: None) -> AsyncIterator[Run]:
             signing_key_path=str(tmp_path / "data" / "signing.key"), use_tls=False,
             ip_allow_list=["127.0.0.0/8"], request_timeout_s=5.0,
             destination_overrides={d: f"127.0.0.1:{hs.port}" for d in (GOOD, FLAKY)}),
-        # Backoff past the catch-up threshold at once, so a failure leads to catch-up.
+        # Backoff past the catch-up threshold at once, so a failure leads to catch-up
+        # (no short-retry phase first).
         queue=QueueSettings(backoff_initial_s=0.3, backoff_jitter_min=1.0,
                             backoff_jitter_max=1.0, catchup_threshold_s=0.1,
-                            wakeup_interval_s=0.2),
+                            wakeup_interval_s=0.2, max_long_retries=0,
+                            short_retry_probe_window_s=0.0),
         admin=AdminSettings(port=0, token="t0ken-for-tests"),
         telemetry=telemetry,
     )

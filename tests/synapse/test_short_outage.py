@@ -1,0 +1,87 @@
+"""A short outage of a real Synapse receiver (issue 33, item 1).
+
+Our worker is the federation sender of a Synapse 1.163 deployment configured with
+Synapse's default in-request retries (``federation.max_long_retries`` 10: the
+session's deployment sets 2, which hid the difference), and a second Synapse 1.163
+(on SQLite, sending for itself) has a user in one of its rooms. The receiver is
+stopped for 10 s with a message sent meanwhile, then started again; nobody contacts
+our homeserver. The message must be visible there within 3 s of the receiver's port
+accepting connections again (before the short-retry phase: the first refused
+connection persisted 600 s), and no backoff may have been persisted for it.
+bench/short_outage.py measures the same with Synapse's own sender in the same run.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from backend_support import OurWorker
+
+from federation_sender.testing.certs import LoopbackCA
+from federation_sender.testing.outage import SendingRoom, join_rooms, short_outage
+from federation_sender.testing.postgres import PostgresCluster
+from federation_sender.testing.redis_server import ephemeral_redis
+from federation_sender.testing.synapse_config import RedisAddress
+from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+
+pytestmark = pytest.mark.postgres
+
+TARGET_S = 3.0
+
+
+@pytest.fixture(scope="module")
+def sender_deployment(
+    pg_cluster: PostgresCluster, loopback_ca: LoopbackCA,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[SynapseDeployment]:
+    """A deployment of its own with Synapse's default ``federation:`` section (and a
+    Redis of its own: Synapse's external cache keys are not per server)."""
+    with ephemeral_redis() as redis:
+        d = create_deployment(
+            tmp_path_factory.mktemp("outage-sender"), ca=loopback_ca, cluster=pg_cluster,
+            database_name="synapse_outage", redis=RedisAddress(redis.host, redis.port),
+            overrides={"federation": {}},
+        )  # fmt: skip
+        d.start()
+        try:
+            yield d
+        finally:
+            d.stop()
+
+
+@pytest.fixture(scope="module")
+def receiver(loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[SynapseDeployment]:
+    d = create_deployment(tmp_path_factory.mktemp("outage-receiver"), ca=loopback_ca)
+    d.start()
+    yield d
+    d.stop()
+
+
+def test_a_receiver_back_after_10_s_gets_its_message_within_3_s(
+    sender_deployment: SynapseDeployment, receiver: SynapseDeployment,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    d = sender_deployment
+    assert "max_long_retries" not in d.homeserver_yaml.read_text()  # Synapse's default
+    ours = OurWorker(d, tmp_path_factory.mktemp("outage-ours"),
+                     queue={"short_retry_probe_window_s": 30.0})  # the default
+    ours.start()
+    try:
+        alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
+        room = SendingRoom(d, alice, d.client.create_room(alice))
+        bob = receiver.client.register(f"bob_{uuid.uuid4().hex[:8]}")
+        join_rooms(receiver, bob, {"ours": room})
+        result = short_outage(receiver, bob, {"ours": room}, outage_s=10.0, wait_s=30.0)
+        arrival = result.arrival_s["ours"]
+        assert arrival is not None and arrival <= TARGET_S, (result, ours.log_tail())
+        # Retried in memory: nothing persisted, so main had no backoff to clear.
+        row = d.sql("SELECT coalesce(max(retry_interval), 0) FROM destinations "
+                    f"WHERE destination = '{receiver.server_name}'").strip()
+        assert row == "0", ours.log_tail()
+        assert "does not answer" in ours.log_tail(20_000)
+        assert ours.running
+    finally:
+        ours.stop()
