@@ -24,6 +24,7 @@ import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pytest
 from backend_support import OurWorker
@@ -51,7 +52,8 @@ def _until(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None
 
 
 def _backing_off(d: SynapseDeployment, peer: FederationPeer) -> bool:
-    q = f"SELECT retry_interval > 0 FROM destinations WHERE destination = '{peer.server_name}'"
+    q = ("SELECT coalesce(retry_interval, 0) > 0 FROM destinations "
+         f"WHERE destination = '{peer.server_name}'")  # fmt: skip
     return d.sql(q).strip() == "t"
 
 
@@ -89,16 +91,23 @@ def _facts(
     return asyncio.run(read())
 
 
-def test_erased_users_events_are_withheld_in_catch_up(
-    ours: OurWorker, network: PeerNetwork
-) -> None:
+@dataclass
+class Erased:
+    room: str
+    eves: list[str]
+    eve_leave: str
+    alices: str
+
+
+def _erase_while_down(ours: OurWorker, network: PeerNetwork, peer: FederationPeer) -> Erased:
+    """eve sends three messages and alice one while ``peer`` is down; eve is erased
+    (her deactivation makes her leave the room)."""
     d = ours.d
     admin = d.client.register(f"admin_{uuid.uuid4().hex[:8]}", admin=True)
     alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
     eve = d.client.register(f"eve_{uuid.uuid4().hex[:8]}")
     room = d.client.create_room(alice)
     d.client.join(eve, room)
-    peer = network.add_peer()
     network.join(peer, room, d.server_name)
     before = d.client.send_message(alice, room, "before")
     network.wait_for(lambda: before in peer.event_counts(room), what="the first message")
@@ -119,16 +128,29 @@ def test_erased_users_events_are_withheld_in_catch_up(
            what="the deactivation's leave")  # fmt: skip
     assert int(d.sql(f"SELECT count(*) {hers}")) == 2  # her join and her leave
     eve_leave = _event_id(d, f"SELECT event_id {hers} ORDER BY stream_ordering DESC LIMIT 1")
+    return Erased(room, eves, eve_leave, alices)
 
+
+def _fence(ours: OurWorker, network: PeerNetwork, peer: FederationPeer, room: str) -> None:
+    alice = ours.d.client.register(f"fence_{uuid.uuid4().hex[:8]}")
+    ours.d.client.join(alice, room)
+    fence = ours.d.client.send_message(alice, room, "fence")
+    network.wait_for(lambda: fence in peer.event_counts(room), timeout_s=120, what="the fence")
+
+
+def test_erased_users_events_are_withheld_in_catch_up(
+    ours: OurWorker, network: PeerNetwork
+) -> None:
+    peer = network.add_peer()
+    x = _erase_while_down(ours, network, peer)
     _catch_up(ours, network, peer)
-    network.wait_for(lambda: alices in peer.event_counts(room), timeout_s=60,
+    network.wait_for(lambda: x.alices in peer.event_counts(x.room), timeout_s=60,
                      what="alice's missed message in catch-up")  # fmt: skip
-    fence = d.client.send_message(alice, room, "fence")
-    network.wait_for(lambda: fence in peer.event_counts(room), what="the fence")
-    counts = peer.event_counts(room)
-    assert [counts[e] for e in eves] == [0, 0, 0]
-    assert counts[eve_leave] == 0
-    assert counts[alices] == 1
+    _fence(ours, network, peer, x.room)
+    counts = peer.event_counts(x.room)
+    assert [counts[e] for e in x.eves] == [0, 0, 0]
+    assert counts[x.eve_leave] == 0
+    assert counts[x.alices] == 1
     assert "withholds 4 events (erased_sender: 4)" in ours.log_tail(20_000)
 
 
@@ -166,3 +188,35 @@ def test_history_visibility_joined_withholds_what_the_destination_may_not_see(
                      what="the message after the peer joined again")  # fmt: skip
     counts = peer.event_counts(room)
     assert (counts[kick], counts[hidden], counts[after]) == (1, 0, 1)
+
+
+def test_synapse_own_sender_in_the_same_erasure_scenario(
+    ours: OurWorker, network: PeerNetwork
+) -> None:
+    """The reference: Synapse's own worker does the catch-up. It sends each room's
+    newest event owed to the destination without filtering it when it is a forward
+    extremity: here eve's leave, an erased user's event; her messages are not sent, and
+    neither is alice's (only the newest event goes)."""
+    d = ours.d
+    peer = network.add_peer()
+    x = _erase_while_down(ours, network, peer)
+    ours.stop()
+    # Back before Synapse's worker starts: it wakes destinations owed catch-up at once
+    # at its start, and then only every minute.
+    peer.send_status = 200
+    network.send_transaction(peer, d.server_name)
+    _until(lambda: not _backing_off(d, peer), what="main clearing our backoff")
+    leave_so = int(d.sql(f"SELECT stream_ordering FROM events WHERE event_id = '{x.eve_leave}'"))
+    d.start_federation_sender()
+    try:
+        # Its catch-up done (a fence would replace the room's row: Synapse keeps one).
+        position = ("SELECT coalesce(last_successful_stream_ordering, 0) FROM destinations "
+                    f"WHERE destination = '{peer.server_name}'")  # fmt: skip
+        _until(lambda: int(d.sql(position)) >= leave_so, timeout_s=120,
+               what="Synapse's catch-up past eve's leave")  # fmt: skip
+    finally:
+        d.stop_federation_sender()
+        ours.start()
+    counts = peer.event_counts(x.room)
+    assert [counts[e] for e in x.eves] == [0, 0, 0]
+    assert (counts[x.eve_leave], counts[x.alices]) == (1, 0)
