@@ -8,9 +8,9 @@ For the events catch-up is about to send to one destination, as Synapse's
 * the state *after* each event (``event_to_state_groups``, expanded along
   ``state_group_edges`` over ``state_groups_state``, one recursive query for every
   distinct group): its ``m.room.history_visibility`` (the content's value, from
-  ``event_json``) and the memberships (``room_memberships``) of the destination's users,
-  the users whose id's part after the first colon is the destination, as Synapse matches
-  them.
+  ``event_json``) and, where that is ``joined`` or ``invited``, the memberships
+  (``room_memberships``) of the destination's users, the users whose id's part after
+  the first colon is the destination, as Synapse matches them.
 
 An event without a state group (an outlier) reads as ``shared`` with no members, as in
 Synapse. A ``history_visibility`` that is not a string (Synapse's sender stops on an
@@ -42,10 +42,8 @@ _GROUPS = text(
     "WHERE event_id = ANY(CAST(:events AS TEXT[]))"
 )
 
-# Per state group: the nearest row along its delta chain of the history visibility and
-# of each member of the destination's server.
-_STATE = text(
-    """
+# The nearest row along each group's delta chain of the state selected by ``{where}``.
+_CHAIN = """
     WITH RECURSIVE chain(root, sg, depth) AS (
         SELECT g, g, 0 FROM unnest(CAST(:groups AS BIGINT[])) AS g
         UNION ALL
@@ -53,19 +51,27 @@ _STATE = text(
         FROM state_group_edges e JOIN chain c ON e.state_group = c.sg
     ),
     picked AS (
-        SELECT DISTINCT ON (c.root, s.type, s.state_key) c.root, s.type, s.event_id
+        SELECT DISTINCT ON (c.root, s.state_key) c.root, s.event_id
         FROM state_groups_state s JOIN chain c ON s.state_group = c.sg
-        WHERE (s.type = 'm.room.history_visibility' AND s.state_key = '')
-           OR (s.type = 'm.room.member'
-               AND substring(s.state_key FROM '@[^:]*:(.*)$') = :server)
-        ORDER BY c.root, s.type, s.state_key, c.depth
+        WHERE {where}
+        ORDER BY c.root, s.state_key, c.depth
     )
-    SELECT p.root, p.type, r.membership, j.json
-    FROM picked p
-    LEFT JOIN room_memberships r ON p.type = 'm.room.member' AND r.event_id = p.event_id
-    LEFT JOIN event_json j
-        ON p.type = 'm.room.history_visibility' AND j.event_id = p.event_id
-    """
+"""
+
+_VISIBILITY = text(
+    _CHAIN.format(where="s.type = 'm.room.history_visibility' AND s.state_key = ''")
+    + "SELECT p.root, j.json FROM picked p JOIN event_json j ON j.event_id = p.event_id"
+)
+
+# Asked only for groups whose visibility depends on membership (Synapse skips them
+# too): a big room's member rows are many.
+_MEMBERS = text(
+    _CHAIN.format(
+        where="s.type = 'm.room.member' "
+        "AND substring(s.state_key FROM '@[^:]*:(.*)$') = :server"
+    )
+    + "SELECT p.root, r.membership FROM picked p "
+    "JOIN room_memberships r ON r.event_id = p.event_id"
 )
 
 
@@ -98,11 +104,12 @@ async def visibility_facts(
     members: dict[int, list[str]] = {}
     groups = sorted(set(group_of.values()))
     if groups:
-        res = await conn.execute(_STATE, {"groups": groups, "server": destination})
-        for root, typ, membership, ej in res:
-            if typ == "m.room.history_visibility":
-                vis[int(root)] = _visibility(ej)
-            elif membership is not None:
+        for root, ej in await conn.execute(_VISIBILITY, {"groups": groups}):
+            vis[int(root)] = _visibility(ej)
+        restricted = [g for g in groups if vis.get(g) in ("joined", "invited")]
+        if restricted:
+            res = await conn.execute(_MEMBERS, {"groups": restricted, "server": destination})
+            for root, membership in res:
                 members.setdefault(int(root), []).append(str(membership))
     out: dict[str, EventFacts] = {}
     for e in events:
