@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from federation_sender.storage import synapse_visibility
 from federation_sender.visibility import SHAREABLE, EventFacts, Verdict, decide
 
 SEND, ERASED = Verdict.SEND, Verdict.ERASED_SENDER
@@ -67,3 +68,18 @@ def test_destinations_own_membership_goes_whatever_the_visibility(visibility: st
     # its kick: in the state after the kick, its user has left
     f = EventFacts(history_visibility=visibility, memberships=("leave",), own_membership=True)
     assert decide(f) is SEND
+
+
+@pytest.mark.parametrize(
+    ("stored", "visibility"),
+    [
+        ('{"content": {"history_visibility": "joined"}}', "joined"),
+        ('{"content": {"history_visibility": "world_readable"}}', "world_readable"),
+        ('{"content": {}}', "shared"),  # Synapse's default
+        ('{"content": {"history_visibility": 1}}', "joined"),  # Synapse asserts: fail closed
+        ('{"content": []}', "joined"),
+        ("not json", "joined"),
+    ],
+)
+def test_stored_history_visibility_as_read_from_synapse(stored: str, visibility: str) -> None:
+    assert synapse_visibility._visibility(stored) == visibility
