@@ -307,7 +307,8 @@ async def _plan(
         row_events.update(await tx.events.events_at(lacking))
     withheld = await _withheld(
         tx, destination, server_name,
-        [e for evs in missed.values() for e in evs if is_sendable(e, server_name)],
+        [e for evs in missed.values() if len(evs) <= max_gap_events
+         for e in evs if is_sendable(e, server_name)],
         [e for evs in extremities.values() for e in evs],
         list(row_events.values()),
     )  # fmt: skip
