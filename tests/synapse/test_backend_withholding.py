@@ -10,7 +10,9 @@ back, contacting main:
 * a user sends messages while the remote is down and is then **erased** (the admin
   API's deactivation with ``erase: true``): none of the user's events reaches the
   remote, neither the messages nor the leave the deactivation makes; the other user's
-  message of the same gap does;
+  message of the same gap does. With a one-event gap limit (the room's forward
+  extremity, else the row's own event: both the leave) nothing of the room goes, where
+  Synapse's own worker, the reference here too, sends the leave;
 * a room with ``joined`` **history visibility**: the remote's only user is kicked,
   a message is sent, the user joins again, another message: the kick and the last
   message reach it, the message sent while it had no member does not. The facts read
@@ -20,11 +22,13 @@ back, contacting main:
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from backend_support import OurWorker
@@ -152,6 +156,40 @@ def test_erased_users_events_are_withheld_in_catch_up(
     assert counts[x.eve_leave] == 0
     assert counts[x.alices] == 1
     assert "withholds 4 events (erased_sender: 4)" in ours.log_tail(20_000)
+
+
+def test_erased_users_newest_event_is_withheld_where_synapse_sends_it(
+    ours: OurWorker, network: PeerNetwork, tmp_path: Path
+) -> None:
+    """With ``catchup_max_gap_events: 1`` the room's gap is long: catch-up sends the
+    forward extremity (eve's leave), or else the row's own event (the same leave).
+    Synapse's worker sends it unfiltered; ours withholds both, so nothing of the room
+    goes, and the row is consumed."""
+    d = ours.d
+    peer = network.add_peer()
+    x = _erase_while_down(ours, network, peer)
+    ours.stop()
+    short = OurWorker(d, tmp_path / "short-gap")
+    config = json.loads(short.config.read_text())
+    config["queue"]["catchup_max_gap_events"] = 1
+    short.config.write_text(json.dumps(config))
+    leave_so = int(d.sql(f"SELECT stream_ordering FROM events WHERE event_id = '{x.eve_leave}'"))
+    position = ("SELECT coalesce(last_successful_stream_ordering, 0) FROM destinations "
+                f"WHERE destination = '{peer.server_name}'")  # fmt: skip
+    short.start()
+    try:
+        peer.send_status = 200
+        network.send_transaction(peer, d.server_name)
+        _until(lambda: int(d.sql(position)) >= leave_so, timeout_s=60,
+               what="our catch-up past eve's leave")  # fmt: skip
+        log = short.log_tail(20_000)
+    finally:
+        short.stop()
+        ours.start()
+    counts = peer.event_counts(x.room)
+    assert [counts[e] for e in x.eves] == [0, 0, 0]
+    assert (counts[x.eve_leave], counts[x.alices]) == (0, 0)
+    assert "withholds 1 events (erased_sender: 1)" in log
 
 
 def test_history_visibility_joined_withholds_what_the_destination_may_not_see(
