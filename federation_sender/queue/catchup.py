@@ -11,7 +11,10 @@ For each row (room R, stream ordering S) past the destination's
   can backfill the rest itself; in a partial-state room, or when no extremity
   qualifies, the event at S itself;
 * a row whose room the destination is no longer in, or whose events were purged, is
-  pruned once handled, so catch-up can never spin on it.
+  pruned once handled, so catch-up can never spin on it;
+* an event the backend says the destination may not see (``RoomInput.withheld``: an
+  erased sender, history visibility; :mod:`federation_sender.visibility`) is never
+  sent, neither in a gap, nor as an extremity, nor as the row's own event.
 
 Rooms are packed into transactions (``rooms_per_txn``, adapted by the queue: doubled
 after a fast answer, back to one after a slow one) within the PDU and byte limits; a
@@ -24,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 from federation_sender.ids import server_of
@@ -81,6 +84,8 @@ class RoomInput:
     """The destination's membership rows in the room, oldest first."""
     row_event: EventRow | None
     """The event at S, if it still exists."""
+    withheld: Collection[str] = frozenset()
+    """Ids of events the destination may not see (:mod:`federation_sender.visibility`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +100,8 @@ class RoomPlan:
 
 def plan_room(inp: RoomInput, destination: str, server_name: str, max_gap_events: int) -> RoomPlan:
     def visible(e: EventRow) -> bool:
+        if e.event_id in inp.withheld:
+            return False
         return server_joined_at(inp.history, e.stream_ordering) or is_membership_of(
             e, destination
         )
@@ -110,8 +117,9 @@ def plan_room(inp: RoomInput, destination: str, server_name: str, max_gap_events
         if not inp.partial_state:
             events = tuple(e for e in inp.extremities if visible(e))
             mode = "extremities"
-        if not events and inp.row_event is not None and not inp.row_event.outlier:
-            events = (inp.row_event,)
+        row = inp.row_event
+        if not events and row is not None and not row.outlier and row.event_id not in inp.withheld:
+            events = (row,)
             mode = "event"
         if not events:
             mode = "none"

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import logging
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,12 +25,14 @@ from federation_sender.model import (
     TxnLogRow,
 )
 from federation_sender.queue.backoff import BackoffState
-from federation_sender.queue.catchup import RoomInput, RoomPlan, plan_room
+from federation_sender.queue.catchup import RoomInput, RoomPlan, is_sendable, plan_room
 from federation_sender.queue.steps import Effects, FrozenTxn
 from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.transport.result import SendResult
+from federation_sender.visibility import Verdict, decide
 
 JsonDict = dict[str, object]
+log = logging.getLogger(__name__)
 
 
 class QueueStore:
@@ -301,6 +305,13 @@ async def _plan(
     lacking = [so for _, so in rows if so not in row_events]
     if lacking:
         row_events.update(await tx.events.events_at(lacking))
+    withheld = await _withheld(
+        tx, destination, server_name,
+        [e for evs in missed.values() if len(evs) <= max_gap_events
+         for e in evs if is_sendable(e, server_name)],
+        [e for evs in extremities.values() for e in evs],
+        list(row_events.values()),
+    )  # fmt: skip
     return [
         plan_room(
             RoomInput(
@@ -311,6 +322,7 @@ async def _plan(
                 partial_state=room in partial,
                 history=history.get(room, []),
                 row_event=row_events.get(so),
+                withheld=withheld,
             ),
             destination,
             server_name,
@@ -318,6 +330,26 @@ async def _plan(
         )
         for room, so in rows
     ]
+
+
+async def _withheld(
+    tx: Tx, destination: str, server_name: str, *candidates: Sequence[EventRow]
+) -> frozenset[str]:
+    """The candidates (events catch-up may send) the destination may not see, as the
+    backend knows it (none on a backend without visibility)."""
+    if tx.visibility is None:
+        return frozenset()
+    events = {e.event_id: e for evs in candidates for e in evs}
+    facts = await tx.visibility.visibility_facts(destination, server_name, list(events.values()))
+    verdicts = {eid: decide(f) for eid, f in facts.items()}
+    out = frozenset(eid for eid, v in verdicts.items() if v is not Verdict.SEND)
+    if out:
+        reasons = Counter(verdicts[eid].value for eid in out)
+        log.info(
+            "Catch-up to %s withholds %d events (%s)", destination, len(out),
+            ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items())),
+        )  # fmt: skip
+    return out
 
 
 _Pending = tuple[str, Effects, "TxnLogRow | None", int, "asyncio.Future[None]"]

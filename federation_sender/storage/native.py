@@ -33,7 +33,7 @@ from federation_sender.storage import positions as pos
 from federation_sender.storage import rooms as rm
 from federation_sender.storage import txlog
 from federation_sender.storage.engine import run_in_transaction
-from federation_sender.storage.protocols import Tx
+from federation_sender.storage.protocols import CatchUpVisibility, Tx
 
 T = TypeVar("T")
 
@@ -62,6 +62,7 @@ class NativeTx:
 
     __slots__ = (
         "admin", "catchup", "destinations", "events", "hosts", "outbox", "positions", "txlog",
+        "visibility",
     )
 
     def __init__(self, conn: AsyncConnection, hosts_cache: rm.RoomHostsCache) -> None:
@@ -69,6 +70,9 @@ class NativeTx:
         self.hosts = _Hosts(conn, hosts_cache)
         self.destinations = _Destinations(conn)
         self.catchup = _CatchUp(conn)
+        # The native schema has no erasure and no history visibility: the simulator's
+        # events are all shareable, so catch-up withholds nothing on that ground.
+        self.visibility: CatchUpVisibility | None = None
         self.outbox = _Outbox(conn)
         self.positions = _Positions(conn)
         self.txlog = NativeTxnLog(conn)

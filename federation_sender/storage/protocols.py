@@ -47,6 +47,7 @@ from federation_sender.model import (
     ToDeviceRow,
     TxnLogRow,
 )
+from federation_sender.visibility import EventFacts
 
 T = TypeVar("T")
 
@@ -194,6 +195,20 @@ class CatchUpReader(Protocol):
         ...
 
 
+class CatchUpVisibility(Protocol):
+    """What a backend knows of who may see an event (erased senders, history visibility,
+    partial state): the facts :func:`federation_sender.visibility.decide` needs. A
+    backend without it (native: the simulator's events are all shareable) has
+    ``Tx.visibility`` None, and catch-up withholds nothing on that ground."""
+
+    async def visibility_facts(
+        self, destination: str, server_name: str, events: Sequence[EventRow]
+    ) -> dict[str, EventFacts]:
+        """The facts of each event, by event id, for ``destination`` (``server_name``:
+        ours)."""
+        ...
+
+
 class OutboxStore(Protocol):
     """The durable EDU outboxes (to-device messages, device-list updates), read per
     destination past a stream id. Acknowledging a row (after the remote's 200) makes it
@@ -310,6 +325,9 @@ class Tx(Protocol):
 
     @property
     def catchup(self) -> CatchUpReader: ...
+
+    @property
+    def visibility(self) -> CatchUpVisibility | None: ...
 
     @property
     def outbox(self) -> OutboxStore: ...

@@ -29,6 +29,7 @@ from federation_sender.model import (
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
 from federation_sender.storage.protocols import Backend, Tx
+from federation_sender.storage.synapse_visibility import SynapseVisibility
 from federation_sender.synapse import events as ev
 from federation_sender.synapse import reads
 from federation_sender.synapse import writes as wr
@@ -111,6 +112,7 @@ class SynapseTx:
 
     __slots__ = (
         "admin", "catchup", "destinations", "events", "hosts", "outbox", "positions", "txlog",
+        "visibility",
     )
 
     def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: wr.PendingSignals) -> None:
@@ -118,6 +120,7 @@ class SynapseTx:
         self.hosts = SynapseHostsReader(conn, b.groups, b.external, b.syn.domain_allowed)
         self.destinations = _Destinations(conn, b, s)
         self.catchup = _CatchUp(conn)
+        self.visibility = SynapseVisibility(conn)
         self.outbox = _Outbox(conn, b)
         self.positions = _Positions(conn, b)
         # Our transaction log (in our schema) and the admin reads of ``destinations`` and

@@ -95,3 +95,38 @@ def test_pack_chunks_a_room_larger_than_a_transaction() -> None:
         sizes.append(len(b.pdus))
         positions.append(b.catchup_position)
     assert sizes == [50, 50, 20] and positions == [None, None, 1]
+
+
+def test_withheld_events_are_not_replayed_in_a_gap() -> None:
+    missed = [ev(5), ev(6), ev(7)]
+    p = plan_room(_withholding(inp(missed), "$e6"), D, ME, 50)
+    assert [e.stream_ordering for e in p.events] == [5, 7]
+    assert not p.prune
+
+
+def test_withheld_gap_leaves_nothing_and_prunes() -> None:
+    p = plan_room(_withholding(inp([ev(5), ev(6)]), "$e5", "$e6"), D, ME, 50)
+    assert p.events == () and p.prune
+
+
+def test_withheld_extremity_and_withheld_row_event_send_nothing() -> None:
+    missed = [ev(i) for i in range(2, 60)]
+    extremities = [ev(100), ev(101)]
+    base = inp(missed, ext=extremities, row_so=59)
+    p = plan_room(_withholding(base, "$e100"), D, ME, 50)
+    assert (p.mode, [e.event_id for e in p.events]) == ("extremities", ["$e101"])
+    p = plan_room(_withholding(base, "$e100", "$e101"), D, ME, 50)
+    assert (p.mode, [e.event_id for e in p.events]) == ("event", ["$e59"])
+    p = plan_room(_withholding(base, "$e100", "$e101", "$e59"), D, ME, 50)
+    assert p.events == () and p.prune
+
+
+def test_withheld_row_event_of_a_partial_state_room_is_not_sent() -> None:
+    missed = [ev(i) for i in range(2, 60)]
+    p = plan_room(_withholding(inp(missed, partial=True), "$e59"), D, ME, 50)
+    assert p.events == () and p.prune
+
+
+def _withholding(base: RoomInput, *event_ids: str) -> RoomInput:
+    return RoomInput(base.room_id, base.row_stream_ordering, base.missed, base.extremities,
+                     base.partial_state, base.history, base.row_event, frozenset(event_ids))
