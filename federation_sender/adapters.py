@@ -232,7 +232,7 @@ class StorageRoomHosts:
 
     async def receipt_hosts(self, room_id: str) -> frozenset[str]:
         """The current hosts (a partial-state room's servers at join are the Synapse
-        backend's: :class:`federation_sender.synapse.edus.rooms.SynapseRooms`)."""
+        backend's: :class:`federation_sender.storage.synapse.rooms.SynapseRooms`)."""
         return await self.current_hosts(room_id)
 
     async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:

@@ -62,10 +62,10 @@ from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
 from federation_sender.storage.stream_fetchers import stream_fetchers, unfetched_gaps
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.supervisor import Supervisor
 from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.synapse.edus.wiring import bind_stream_tokens, synapse_edus
 from federation_sender.synapse.egress import (
     build_outbound_proxy,

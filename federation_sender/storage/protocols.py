@@ -12,7 +12,7 @@ Two implementations stand behind the same Protocols:
 
 * ``native`` (:mod:`federation_sender.storage.native`): the project's own schema
   (``storage/schema.py``), on PostgreSQL or SQLite.
-* ``synapse`` (:mod:`federation_sender.synapse.backend`): Synapse's own tables
+* ``synapse`` (:mod:`federation_sender.storage.synapse.backend`): Synapse's own tables
   (``events`` + ``event_json``, ``destinations``, ``destination_rooms``,
   ``federation_stream_position``, ``device_federation_outbox``,
   ``device_lists_outbound_pokes``, state groups), with the project-only tables in a

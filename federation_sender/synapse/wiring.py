@@ -28,15 +28,15 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.clock import Clock
 from federation_sender.config import Settings
 from federation_sender.replication import commands as c
-from federation_sender.synapse.backend import SynapseBackend
-from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import (
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import (
     check_own_schema,
     check_synapse,
     upgrade_own_schema,
 )
-from federation_sender.synapse.hosts import RedisExternalCache
-from federation_sender.synapse.writes import PendingSignals
+from federation_sender.storage.synapse.destinations import PendingSignals
+from federation_sender.storage.synapse.hosts import RedisExternalCache
+from federation_sender.synapse.config import SynapseConfig
 from federation_sender.transport.signing import SigningKey, load_signing_key
 
 log = logging.getLogger(__name__)

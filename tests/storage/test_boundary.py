@@ -3,9 +3,9 @@
 * The pure cores (``queue/core.py``, ``queue/catchup.py``) import no storage module.
 * The queue engine, the admin API, the EDU fan-outs and the adapters reach storage only
   through ``storage/protocols.py`` and build no SQL.
-* Outside ``storage/`` (and the places that stand in for other processes or are another
-  backend: ``testing/``, ``sim/``, ``batch/``, ``synapse/``), nothing builds SQL or reads
-  the schema. Engine types, URL parsing and error classes are not SQL
+* Outside ``storage/`` (whose ``storage/synapse/`` is the Synapse dialect, and the places
+  that stand in for other processes: ``testing/``, ``sim/``, ``batch/``), nothing builds
+  SQL or reads the schema. Engine types, URL parsing and error classes are not SQL
   (``sqlalchemy.ext.asyncio``, ``sqlalchemy.engine``, ``sqlalchemy.exc``).
 """
 
@@ -19,7 +19,7 @@ import federation_sender
 PACKAGE = Path(federation_sender.__file__).parent
 PURE = ("queue/core.py", "queue/catchup.py")
 THROUGH_PROTOCOLS = ("queue", "admin", "edus", "adapters.py")
-MAY_BUILD_SQL = ("storage", "testing", "sim", "batch", "synapse")
+MAY_BUILD_SQL = ("storage", "testing", "sim", "batch")
 NOT_SQL = ("sqlalchemy.ext.asyncio", "sqlalchemy.engine", "sqlalchemy.exc")
 
 

@@ -33,12 +33,12 @@ from federation_sender.model import EventRow
 from federation_sender.queue.catchup import is_sendable
 from federation_sender.queue.store import QueueStore
 from federation_sender.replication import commands as c
-from federation_sender.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.destinations import PendingSignals
+from federation_sender.storage.synapse.hosts import RedisExternalCache, StateGroupHostsCache
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.hosts import RedisExternalCache, StateGroupHostsCache
 from federation_sender.synapse.wiring import ReplicationSignals
-from federation_sender.synapse.writes import PendingSignals
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment

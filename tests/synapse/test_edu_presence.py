@@ -22,8 +22,8 @@ from federation_sender.replication.reconnect import Backoff
 from federation_sender.replication.redis import RedisTransport
 from federation_sender.replication.rows import PresenceRow, parse_row
 from federation_sender.storage.stream_fetchers import stream_fetchers
-from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.edus.rooms import SynapseRooms
+from federation_sender.storage.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.rooms import SynapseRooms
 from federation_sender.testing.replication import InMemoryPositionStore, RecordingHandler
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment

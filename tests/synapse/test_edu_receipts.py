@@ -16,7 +16,7 @@ from federation_sender.edus.receipts import ReceiptFanout
 from federation_sender.replication.positions import fetch_gap
 from federation_sender.replication.rows import ReceiptsRow, parse_row
 from federation_sender.storage.stream_fetchers import stream_fetchers
-from federation_sender.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment

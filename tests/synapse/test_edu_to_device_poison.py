@@ -19,9 +19,9 @@ from sqlalchemy import text
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
-from federation_sender.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import create_synapse_engine, upgrade_own_schema
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import create_synapse_engine, upgrade_own_schema
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.http_sender import HttpTransactionSender

@@ -17,8 +17,8 @@ from typing import Any
 from federation_sender.clock import Clock
 from federation_sender.edus.presence import PresenceFanout, PresenceSink
 from federation_sender.storage.protocols import Backend
-from federation_sender.synapse.backend import SynapseBackend
-from federation_sender.synapse.edus.rooms import SynapseRooms
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.rooms import SynapseRooms
 
 
 def synapse_edus(storage: Backend, sink: PresenceSink, clock: Clock) -> dict[str, Any]:

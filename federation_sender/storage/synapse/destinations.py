@@ -10,12 +10,6 @@
   name, its id from ``cache_invalidation_stream_seq`` (as Synapse's
   ``_send_invalidation_to_replication``); the same row is published over replication
   after the commit (:class:`PendingSignals`).
-* ``federation_stream_position``: our ``events`` and ``federation`` rows, never moved
-  backwards. At first use the table is made to match ``federation_sender_instances``
-  exactly as Synapse's worker does at start (``_reset_federation_positions_txn``: the
-  minimum position of each type is given to each configured instance, other instances'
-  rows are deleted), so a handover from Synapse's worker (or from main, or a changed
-  instance list) resends rather than drops.
 """
 
 from __future__ import annotations
@@ -23,15 +17,14 @@ from __future__ import annotations
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.model import DestinationRow
 from federation_sender.storage.pgarray import bigint_array, text_array
-from federation_sender.synapse.schema import (
+from federation_sender.storage.synapse.schema import (
     destination_rooms,
     destinations,
-    federation_stream_position,
 )
 
 RETRY_TIMINGS_CACHE = "get_destination_retry_timings"
@@ -271,52 +264,3 @@ async def destinations_with_outstanding_work(
 ) -> list[str]:
     res = await conn.execute(_OUTSTANDING, {"after": after, "limit": limit, "now": now_ms})
     return [str(r[0]) for r in res]
-
-
-# --- federation_stream_position -----------------------------------------------------------
-
-
-async def reset_federation_positions(
-    conn: AsyncConnection, instance: str, configured: Sequence[str]
-) -> None:
-    """Synapse's ``_reset_federation_positions_txn``, for our instance."""
-    t = federation_stream_position
-    instances = configured or [instance]
-    if instance not in instances:
-        return
-    present = set((await conn.execute(select(t.c.instance_name))).scalars())
-    if present == set(instances) or not present:
-        return
-    mins = dict(
-        (str(k), int(v))
-        for k, v in await conn.execute(select(t.c.type, func.min(t.c.stream_id)).group_by(t.c.type))
-    )
-    await conn.execute(t.delete().where(t.c.instance_name.not_in(list(instances))))
-    for typ, stream_id in mins.items():
-        await save_position(conn, typ, instance, stream_id, monotonic=False)
-
-
-async def load_position(conn: AsyncConnection, typ: str, instance: str) -> int | None:
-    t = federation_stream_position
-    v = (
-        await conn.execute(
-            select(t.c.stream_id).where(t.c.type == typ, t.c.instance_name == instance)
-        )
-    ).scalar()
-    return None if v is None else int(v)
-
-
-async def save_position(
-    conn: AsyncConnection, typ: str, instance: str, stream_id: int, *, monotonic: bool = True
-) -> None:
-    t = federation_stream_position
-    stmt = t.update().where(t.c.type == typ, t.c.instance_name == instance)
-    if monotonic:
-        stmt = stmt.where(t.c.stream_id < stream_id)
-    res = await conn.execute(stmt.values(stream_id=stream_id))
-    if res.rowcount:
-        return
-    if await load_position(conn, typ, instance) is None:
-        await conn.execute(
-            t.insert().values(type=typ, instance_name=instance, stream_id=stream_id)
-        )

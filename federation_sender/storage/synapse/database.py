@@ -27,7 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.errors import SchemaVersionError
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import version_row
-from federation_sender.synapse.schema import check_synapse_schema
+from federation_sender.storage.synapse.schema import check_synapse_schema
 
 if TYPE_CHECKING:
     from alembic.config import Config

@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.ids import server_of
 from federation_sender.model import EventRow
-from federation_sender.synapse.schema import (
+from federation_sender.storage.synapse.schema import (
     event_to_state_groups,
     partial_state_rooms_servers,
     room_memberships,

@@ -1,4 +1,4 @@
-"""Reads of Synapse's tables for catch-up, the outboxes and replication positions.
+"""Catch-up reads of Synapse's tables.
 
 Catch-up (Synapse's ``get_catch_up_room_event_ids``): ``destination_rooms`` rows past
 the destination's position whose event still exists (joined with ``events``), oldest
@@ -9,11 +9,6 @@ federation) are placed at the position they were persisted at. At each forward
 extremity the history is made exact from the extremity's state group, so whether the
 destination may see an extremity is Synapse's question: was it joined in the state
 after the extremity.
-
-To-device messages (``device_federation_outbox``) are read past a stream id, up to the
-``to_device`` stream token main last announced (rows at or below it are committed), and,
-once the destination accepted them, deleted, as Synapse does; we delete exactly the rows
-sent rather than everything up to an id, so a row is never deleted unseen.
 """
 
 from __future__ import annotations
@@ -23,7 +18,7 @@ from collections.abc import Collection
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from federation_sender.model import MembershipRow, ToDeviceRow
+from federation_sender.model import MembershipRow
 
 _CATCHUP_ROWS = text(
     """
@@ -121,71 +116,3 @@ async def server_membership_history(
 
 def _position(row: MembershipRow) -> int:
     return row.stream_ordering
-
-
-_TO_DEVICE = text(
-    """
-    SELECT stream_id, messages_json FROM device_federation_outbox
-    WHERE destination = :d AND stream_id > :after
-      AND (CAST(:upto AS BIGINT) IS NULL OR stream_id <= CAST(:upto AS BIGINT))
-    ORDER BY stream_id
-    LIMIT :limit
-    """
-)
-
-_DELETE_TO_DEVICE = text(
-    "DELETE FROM device_federation_outbox WHERE destination = :d "
-    "AND stream_id = ANY(CAST(:ids AS BIGINT[]))"
-)
-
-
-async def unsent_to_device(
-    conn: AsyncConnection, destination: str, after: int, limit: int, upto: int | None = None
-) -> list[ToDeviceRow]:
-    """Rows past ``after``, up to ``upto`` (the ``to_device`` stream token: every row at
-    or below it is committed, as Synapse bounds its reads) when known."""
-    res = await conn.execute(
-        _TO_DEVICE, {"d": destination, "after": after, "upto": upto, "limit": limit}
-    )
-    return [ToDeviceRow(int(sid), str(msg)) for sid, msg in res]
-
-
-async def delete_to_device(
-    conn: AsyncConnection, destination: str, stream_ids: Collection[int]
-) -> None:
-    if stream_ids:
-        await conn.execute(_DELETE_TO_DEVICE, {"d": destination, "ids": list(stream_ids)})
-
-
-# --- our own schema: the replication client's positions ----------------------------------
-
-_LOAD_REPLICATION = text(
-    "SELECT stream_name, instance_name, stream_id FROM replication_positions "
-    "WHERE stream_name LIKE :prefix"
-)
-_SAVE_REPLICATION = text(
-    """
-    INSERT INTO replication_positions (stream_name, instance_name, stream_id)
-    VALUES (:s, :i, :v)
-    ON CONFLICT (stream_name, instance_name) DO UPDATE SET stream_id = EXCLUDED.stream_id
-    WHERE replication_positions.stream_id < EXCLUDED.stream_id
-    """
-)
-
-
-def _prefix(reader: str) -> str:
-    return f"{reader}:"
-
-
-async def load_replication(conn: AsyncConnection, reader: str) -> dict[tuple[str, str], int]:
-    p = _prefix(reader)
-    like = p.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-    res = await conn.execute(_LOAD_REPLICATION, {"prefix": like})
-    return {(str(s)[len(p) :], str(i)): int(v) for s, i, v in res}
-
-
-async def save_replication(
-    conn: AsyncConnection, reader: str, stream: str, writer: str, token: int
-) -> None:
-    await conn.execute(_SAVE_REPLICATION, {"s": _prefix(reader) + stream, "i": writer, "v": token})
-

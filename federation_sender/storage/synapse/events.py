@@ -27,7 +27,7 @@ from sqlalchemy import Select, bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.model import EventRow
-from federation_sender.synapse.schema import (
+from federation_sender.storage.synapse.schema import (
     event_forward_extremities,
     event_json,
     events,

@@ -29,17 +29,19 @@ from federation_sender.model import (
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
 from federation_sender.storage.protocols import Backend, Tx
-from federation_sender.synapse import events as ev
-from federation_sender.synapse import reads
-from federation_sender.synapse import writes as wr
-from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.edus import device_lists as dl
-from federation_sender.synapse.hosts import (
+from federation_sender.storage.synapse import catchup
+from federation_sender.storage.synapse import destinations as wr
+from federation_sender.storage.synapse import device_lists as dl
+from federation_sender.storage.synapse import events as ev
+from federation_sender.storage.synapse import positions as pos
+from federation_sender.storage.synapse import to_device as td
+from federation_sender.storage.synapse.hosts import (
     ExternalCache,
     StateGroupHostsCache,
     SynapseHostsReader,
 )
-from federation_sender.synapse.schema import cache_invalidation_stream_by_instance
+from federation_sender.storage.synapse.schema import cache_invalidation_stream_by_instance
+from federation_sender.synapse.config import SynapseConfig
 
 log = logging.getLogger(__name__)
 
@@ -233,12 +235,12 @@ class _CatchUp:
     async def catchup_rows(
         self, destination: str, after: int, limit: int, after_room: str | None = None
     ) -> list[tuple[str, int]]:
-        return await reads.catchup_rows(self._c, destination, after, limit, after_room)
+        return await catchup.catchup_rows(self._c, destination, after, limit, after_room)
 
     async def server_membership_history(
         self, server_name: str, room_ids: Collection[str]
     ) -> dict[str, list[MembershipRow]]:
-        return await reads.server_membership_history(self._c, server_name, room_ids)
+        return await catchup.server_membership_history(self._c, server_name, room_ids)
 
 
 class _Outbox:
@@ -256,7 +258,7 @@ class _Outbox:
     async def unsent_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int
     ) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
-        to_device = await reads.unsent_to_device(
+        to_device = await td.unsent_to_device(
             self._c, destination, to_device_after, limit, self._b.stream_token("to_device")
         )
         token = self._b.stream_token("device_lists")
@@ -275,7 +277,7 @@ class _Outbox:
     async def ack_to_device(
         self, destination: str, stream_ids: Collection[int], now_ms: int
     ) -> None:
-        await reads.delete_to_device(self._c, destination, stream_ids)
+        await td.delete_to_device(self._c, destination, stream_ids)
 
     async def ack_device_lists(
         self, destination: str, keys: Collection[tuple[int, str, str]]
@@ -298,24 +300,24 @@ class _Positions:
 
     async def _reset_once(self) -> None:
         if not self._b.positions_reset:
-            await wr.reset_federation_positions(
+            await pos.reset_federation_positions(
                 self._c, self._b.instance_name, self._b.syn.federation_sender_instances
             )
             self._b.positions_reset = True
 
     async def load(self, stream: str, instance: str) -> int | None:
         await self._reset_once()
-        return await wr.load_position(self._c, stream, instance)
+        return await pos.load_position(self._c, stream, instance)
 
     async def save(self, stream: str, instance: str, stream_id: int) -> None:
         await self._reset_once()
-        await wr.save_position(self._c, stream, instance, stream_id)
+        await pos.save_position(self._c, stream, instance, stream_id)
 
     async def load_replication(self, reader: str) -> dict[tuple[str, str], int]:
-        return await reads.load_replication(self._c, reader)
+        return await pos.load_replication(self._c, reader)
 
     async def save_replication(self, reader: str, stream: str, writer: str, token: int) -> None:
-        await reads.save_replication(self._c, reader, stream, writer, token)
+        await pos.save_replication(self._c, reader, stream, writer, token)
 
 
 
