@@ -32,8 +32,11 @@ from federation_sender.storage import outboxes as ob
 from federation_sender.storage import positions as pos
 from federation_sender.storage import rooms as rm
 from federation_sender.storage import txlog
+from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.engine import run_in_transaction
+from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.protocols import Tx
+from federation_sender.storage.stream_fetchers import common_fetchers, native_gap_notes
 
 T = TypeVar("T")
 
@@ -50,6 +53,10 @@ class NativeBackend:
         self.engine = engine
         self.hosts_cache = hosts_cache or rm.RoomHostsCache()
 
+    def capabilities(self) -> Capabilities:
+        """The outbox streams' gap fetchers; nothing Synapse-only."""
+        return Capabilities(fetchers=common_fetchers(self.engine), gap_notes=native_gap_notes())
+
     async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         async def in_tx(conn: AsyncConnection) -> T:
             return await fn(NativeTx(conn, self.hosts_cache))
@@ -65,7 +72,7 @@ class NativeTx:
     )
 
     def __init__(self, conn: AsyncConnection, hosts_cache: rm.RoomHostsCache) -> None:
-        self.events = _Events(conn)
+        self.events = EventReads(conn, ev.QUERIES)
         self.hosts = _Hosts(conn, hosts_cache)
         self.destinations = _Destinations(conn)
         self.catchup = _CatchUp(conn)
@@ -73,39 +80,6 @@ class NativeTx:
         self.positions = _Positions(conn)
         self.txlog = NativeTxnLog(conn)
         self.admin = NativeAdminReads(conn)
-
-
-class _Events:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def max_stream_ordering(self) -> int:
-        return await ev.max_stream_ordering(self._c)
-
-    async def events_after(self, after: int, upto: int, limit: int) -> list[EventRow]:
-        return await ev.events_after(self._c, after, upto, limit)
-
-    async def stream_orderings_after(self, after: int, limit: int) -> list[int]:
-        return await ev.stream_orderings_after(self._c, after, limit)
-
-    async def events_at(self, stream_orderings: Collection[int]) -> dict[int, EventRow]:
-        return await ev.events_at(self._c, stream_orderings)
-
-    async def room_events_between(
-        self, room_ids: Collection[str], after: int, upto: int, per_room_limit: int
-    ) -> dict[str, list[EventRow]]:
-        return await ev.room_events_between(self._c, room_ids, after, upto, per_room_limit)
-
-    async def forward_extremities(self, room_ids: Collection[str]) -> dict[str, list[EventRow]]:
-        return await ev.forward_extremities(self._c, room_ids)
-
-    async def partial_state(self, room_ids: Collection[str]) -> set[str]:
-        return await ev.partial_state(self._c, room_ids)
-
-    async def sender_and_received_ts(self, room_id: str, event_id: str) -> tuple[str, int] | None:
-        return await ev.sender_and_origin_ts(self._c, room_id, event_id)
 
 
 class _Hosts:

@@ -83,3 +83,23 @@ def test_no_sql_outside_storage() -> None:
         if found:
             bad[rel] = found
     assert bad == {}
+
+
+def test_no_module_asks_which_backend_it_has() -> None:
+    """The backend is chosen once, in the composition root: no ``isinstance`` on a
+    backend class, and no ``.name == "synapse"`` test of it, anywhere in the package."""
+    bad: list[str] = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "isinstance" and len(node.args) == 2
+                and "Backend" in ast.unparse(node.args[1])
+            ) or (
+                isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value in ("synapse", "native")
+                    for c in node.comparators
+                ) and ast.unparse(node.left).endswith(".name")
+            ):
+                bad.append(f"{_rel(p)}:{node.lineno}")
+    assert bad == []

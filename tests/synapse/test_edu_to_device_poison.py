@@ -51,7 +51,7 @@ async def harness(synapse_db_url: str) -> AsyncIterator[tuple[Harness, SynapseBa
     await fake.start()
     sender = HttpTransactionSender(fake.url, ME, clock, timeout_s=20)
     backend = SynapseBackend(engine, config(), "fed1", clock)
-    backend.stream_token = lambda stream: 10 if stream == "to_device" else None
+    backend.capabilities().bind_stream_tokens({"to_device": 10})
     settings = replace(QueueSettings(), wakeup_interval_s=60.0)
     h = Harness(engine, clock, fake, sender, HomeserverWriter(engine, ME), settings)
     h.manager = QueueManager(backend, sender, settings, ME, "fed1", clock, random.Random(1),

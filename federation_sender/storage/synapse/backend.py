@@ -2,17 +2,19 @@
 
 :class:`SynapseBackend` owns what outlives a transaction: the engine (its connections
 see our schema first, :mod:`.database`), the state-group hosts cache, Synapse's Redis
-external cache, and the hand-off of signals for other processes. Each
-:meth:`SynapseBackend.run` gives the function a :class:`SynapseTx`; cache invalidations
-and "server came back" signals it records are emitted only after the commit (a
-rolled-back or retried transaction emits nothing), through ``on_signals``, which the
-worker connects to its replication client.
+external cache, and the signals for other processes. Each :meth:`SynapseBackend.run`
+gives the function a :class:`SynapseTx`; cache invalidations and "server came back"
+signals it records are handed to the backend's :class:`.signals.ReplicationSignals`
+only after the commit (a rolled-back or retried transaction emits nothing). What only
+this backend offers (those signals, the Synapse-only gap fetchers, the EDUs' rooms and
+presence, outbox reads bounded by stream tokens) is in
+:meth:`SynapseBackend.capabilities`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import TypeVar
 
 from sqlalchemy import func, select
@@ -22,11 +24,12 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.model import (
     DestinationRow,
     DeviceListRow,
-    EventRow,
     MembershipRow,
     ToDeviceRow,
 )
+from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.engine import run_in_transaction
+from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
 from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.storage.synapse import catchup
@@ -40,7 +43,10 @@ from federation_sender.storage.synapse.hosts import (
     StateGroupHostsCache,
     SynapseHostsReader,
 )
+from federation_sender.storage.synapse.rooms import RoomReads, SynapseRooms
 from federation_sender.storage.synapse.schema import cache_invalidation_stream_by_instance
+from federation_sender.storage.synapse.signals import PendingSignals, ReplicationSignals
+from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers, synapse_gap_notes
 from federation_sender.synapse.config import SynapseConfig
 
 log = logging.getLogger(__name__)
@@ -67,13 +73,27 @@ class SynapseBackend:
         self.clock = clock
         self.external = external
         self.groups = StateGroupHostsCache()
-        self.on_signals: Callable[[wr.PendingSignals], None] | None = None
-        self.caches_position = 0
-        """The highest cache invalidation stream id we wrote (POSITION caches)."""
+        self.signals = ReplicationSignals(instance_name)
         self.positions_reset = False
         self.stream_token: Callable[[str], int | None] = lambda _stream: None
-        """The latest replication token of a stream (set by the composition root to the
-        replication handler's), bounding outbox reads as Synapse's stream tokens do."""
+        """The latest replication token of a stream (bound through the capabilities to
+        the replication handler's), bounding outbox reads as Synapse's stream tokens do."""
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(
+            fetchers=synapse_fetchers(self.engine),
+            gap_notes=synapse_gap_notes(),
+            signals=self.signals,
+            edu_rooms=SynapseRooms(self),
+            bind_stream_tokens=self._bind_stream_tokens,
+        )
+
+    def _bind_stream_tokens(self, tokens: Mapping[str, int]) -> None:
+        self.stream_token = tokens.get
+
+    async def read_rooms(self, fn: Callable[[RoomReads], Awaitable[T]]) -> T:
+        """``fn`` on the EDU fan-outs' reads, in one transaction."""
+        return await run_in_transaction(self.engine, lambda conn: fn(RoomReads(conn)))
 
     async def load_caches_position(self) -> int:
         t = cache_invalidation_stream_by_instance
@@ -86,25 +106,22 @@ class SynapseBackend:
             ).scalar()
             return int(v or 0)
 
-        self.caches_position = max(self.caches_position, await run_in_transaction(self.engine, fn))
-        return self.caches_position
+        position = max(self.signals.caches_position, await run_in_transaction(self.engine, fn))
+        self.signals.caches_position = position
+        return position
 
     async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
-        signals: list[wr.PendingSignals] = []
+        signals: list[PendingSignals] = []
 
         async def in_tx(conn: AsyncConnection) -> T:
             signals.clear()
-            s = wr.PendingSignals()
+            s = PendingSignals()
             signals.append(s)
             return await fn(SynapseTx(conn, self, s))
 
         result = await run_in_transaction(self.engine, in_tx)
         if signals and (signals[0].invalidations or signals[0].servers_up):
-            s = signals[0]
-            for stream_id, *_ in s.invalidations:
-                self.caches_position = max(self.caches_position, stream_id)
-            if self.on_signals is not None:
-                self.on_signals(s)
+            self.signals.emit(signals[0])
         return result
 
 
@@ -115,8 +132,8 @@ class SynapseTx:
         "admin", "catchup", "destinations", "events", "hosts", "outbox", "positions", "txlog",
     )
 
-    def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: wr.PendingSignals) -> None:
-        self.events = _Events(conn)
+    def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: PendingSignals) -> None:
+        self.events = EventReads(conn, ev.QUERIES)
         self.hosts = SynapseHostsReader(conn, b.groups, b.external, b.syn.domain_allowed)
         self.destinations = _Destinations(conn, b, s)
         self.catchup = _CatchUp(conn)
@@ -128,43 +145,10 @@ class SynapseTx:
         self.admin = NativeAdminReads(conn)
 
 
-class _Events:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def max_stream_ordering(self) -> int:
-        return await ev.max_stream_ordering(self._c)
-
-    async def events_after(self, after: int, upto: int, limit: int) -> list[EventRow]:
-        return await ev.events_after(self._c, after, upto, limit)
-
-    async def stream_orderings_after(self, after: int, limit: int) -> list[int]:
-        return await ev.stream_orderings_after(self._c, after, limit)
-
-    async def events_at(self, stream_orderings: Collection[int]) -> dict[int, EventRow]:
-        return await ev.events_at(self._c, stream_orderings)
-
-    async def room_events_between(
-        self, room_ids: Collection[str], after: int, upto: int, per_room_limit: int
-    ) -> dict[str, list[EventRow]]:
-        return await ev.room_events_between(self._c, room_ids, after, upto, per_room_limit)
-
-    async def forward_extremities(self, room_ids: Collection[str]) -> dict[str, list[EventRow]]:
-        return await ev.forward_extremities(self._c, room_ids)
-
-    async def partial_state(self, room_ids: Collection[str]) -> set[str]:
-        return await ev.partial_state(self._c, room_ids)
-
-    async def sender_and_received_ts(self, room_id: str, event_id: str) -> tuple[str, int] | None:
-        return await ev.sender_and_received_ts(self._c, room_id, event_id)
-
-
 class _Destinations:
     __slots__ = ("_b", "_c", "_s")
 
-    def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: wr.PendingSignals) -> None:
+    def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: PendingSignals) -> None:
         self._c = conn
         self._b = b
         self._s = s

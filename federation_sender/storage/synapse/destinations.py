@@ -9,13 +9,12 @@
 * ``cache_invalidation_stream_by_instance``: one row per invalidation under our instance
   name, its id from ``cache_invalidation_stream_seq`` (as Synapse's
   ``_send_invalidation_to_replication``); the same row is published over replication
-  after the commit (:class:`PendingSignals`).
+  after the commit (:mod:`.signals`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
 
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -26,18 +25,9 @@ from federation_sender.storage.synapse.schema import (
     destination_rooms,
     destinations,
 )
+from federation_sender.storage.synapse.signals import PendingSignals
 
 RETRY_TIMINGS_CACHE = "get_destination_retry_timings"
-
-
-@dataclass
-class PendingSignals:
-    """Signals for other processes, sent only once the transaction that implies them
-    has committed: cache invalidation rows (stream id, function, keys, ts) and
-    destinations that came back (REMOTE_SERVER_UP)."""
-
-    invalidations: list[tuple[int, str, list[str], int]] = field(default_factory=list)
-    servers_up: list[str] = field(default_factory=list)
 
 
 _RETRY_UPSERT = text(

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Select, bindparam, func, select
-from sqlalchemy.ext.asyncio import AsyncConnection
+from sqlalchemy import func
 
 from federation_sender.model import EventRow
+from federation_sender.storage.event_reads import EventQueries, EventSource
 from federation_sender.storage.synapse.schema import (
     event_forward_extremities,
     event_json,
@@ -127,135 +127,21 @@ def to_event_row(r: Sequence[Any]) -> EventRow:
     )
 
 
-async def max_stream_ordering(conn: AsyncConnection) -> int:
-    v = (await conn.execute(select(func.max(events.c.stream_ordering)))).scalar()
-    return int(v) if v is not None else 0
+QUERIES = EventQueries(EventSource(
+    events=events,
+    extremities=event_forward_extremities,
+    partial_state=partial_state_rooms,
+    cols=_COLS,
+    from_=_FROM,
+    to_row=to_event_row,
+    received_ts=func.coalesce(events.c.received_ts, events.c.origin_server_ts),
+))
 
-
-async def stream_orderings_after(conn: AsyncConnection, after: int, limit: int) -> list[int]:
-    """Stream orderings of committed events above ``after``, lowest first."""
-    so = events.c.stream_ordering
-    res = await conn.execute(select(so).where(so > after).order_by(so).limit(limit))
-    return [int(v) for v in res.scalars()]
-
-
-async def events_after(
-    conn: AsyncConnection, after: int, upto: int, limit: int
-) -> list[EventRow]:
-    """Synapse's ``get_all_new_event_ids_stream``: ``after < so <= upto``, oldest first."""
-    res = await conn.execute(
-        select(*_COLS)
-        .select_from(_FROM)
-        .where(events.c.stream_ordering > after, events.c.stream_ordering <= upto)
-        .order_by(events.c.stream_ordering)
-        .limit(limit)
-    )
-    return [to_event_row(r) for r in res]
-
-
-_EVENTS_AT = (
-    select(*_COLS)
-    .select_from(_FROM)
-    .where(events.c.stream_ordering.in_(bindparam("sos", expanding=True)))
-)
-
-
-async def events_at(
-    conn: AsyncConnection, stream_orderings: Collection[int]
-) -> dict[int, EventRow]:
-    if not stream_orderings:
-        return {}
-    res = await conn.execute(_EVENTS_AT, {"sos": list(stream_orderings)})
-    return {e.stream_ordering: e for e in map(to_event_row, res)}
-
-
-def _build_room_events_between() -> Select[Any]:
-    rn = (
-        func.row_number()
-        .over(partition_by=events.c.room_id, order_by=events.c.stream_ordering)
-        .label("rn")
-    )
-    inner = (
-        select(*_COLS, rn)
-        .select_from(_FROM)
-        .where(
-            events.c.room_id.in_(bindparam("rooms", expanding=True)),
-            events.c.stream_ordering > bindparam("after"),
-            events.c.stream_ordering <= bindparam("upto"),
-        )
-        .subquery()
-    )
-    return (
-        select(*[inner.c[c.name] for c in _COLS])
-        .where(inner.c.rn <= bindparam("per_room"))
-        .order_by(inner.c.room_id, inner.c.stream_ordering)
-    )
-
-
-_ROOM_EVENTS_BETWEEN = _build_room_events_between()
-
-
-async def room_events_between(
-    conn: AsyncConnection, room_ids: Collection[str], after: int, upto: int, per_room_limit: int
-) -> dict[str, list[EventRow]]:
-    if not room_ids:
-        return {}
-    res = await conn.execute(
-        _ROOM_EVENTS_BETWEEN,
-        {"rooms": list(room_ids), "after": after, "upto": upto, "per_room": per_room_limit},
-    )
-    out: dict[str, list[EventRow]] = {}
-    for r in res:
-        e = to_event_row(r)
-        out.setdefault(e.room_id, []).append(e)
-    return out
-
-
-async def forward_extremities(
-    conn: AsyncConnection, room_ids: Collection[str]
-) -> dict[str, list[EventRow]]:
-    if not room_ids:
-        return {}
-    res = await conn.execute(
-        select(*_COLS)
-        .select_from(
-            _FROM.join(
-                event_forward_extremities,
-                event_forward_extremities.c.event_id == events.c.event_id,
-            )
-        )
-        .where(event_forward_extremities.c.room_id.in_(list(room_ids)))
-        .order_by(events.c.stream_ordering)
-    )
-    out: dict[str, list[EventRow]] = {}
-    for r in res:
-        e = to_event_row(r)
-        out.setdefault(e.room_id, []).append(e)
-    return out
-
-
-async def partial_state(conn: AsyncConnection, room_ids: Collection[str]) -> set[str]:
-    if not room_ids:
-        return set()
-    res = await conn.execute(
-        select(partial_state_rooms.c.room_id).where(
-            partial_state_rooms.c.room_id.in_(list(room_ids))
-        )
-    )
-    return {str(r[0]) for r in res}
-
-
-async def sender_and_received_ts(
-    conn: AsyncConnection, room_id: str, event_id: str
-) -> tuple[str, int] | None:
-    row = (
-        await conn.execute(
-            select(
-                events.c.sender,
-                func.coalesce(events.c.received_ts, events.c.origin_server_ts),
-            ).where(events.c.event_id == event_id, events.c.room_id == room_id)
-        )
-    ).first()
-    if row is None or row[1] is None:
-        return None
-    return str(row[0]), int(row[1])
+max_stream_ordering = QUERIES.max_stream_ordering
+stream_orderings_after = QUERIES.stream_orderings_after
+events_after = QUERIES.events_after
+events_at = QUERIES.events_at
+room_events_between = QUERIES.room_events_between
+forward_extremities = QUERIES.forward_extremities
+partial_state = QUERIES.partial_state
+sender_and_received_ts = QUERIES.sender_and_received_ts

@@ -1,36 +1,34 @@
 """Rooms, hosts and presence states from Synapse's tables, for the ephemeral EDUs.
 
-* current hosts: ``get_current_hosts_in_room`` (joined members in
-  ``current_state_events``, the server part of the state key); for receipts, in a
-  partial-state room, also the servers at our join (``partial_state_rooms_servers``);
-* an event's sender and ``received_ts`` (``get_metadata_for_event``), for the receipt
-  pacing rule;
+* current hosts: ``get_current_hosts_in_room`` (:func:`.hosts.current_hosts`); for
+  receipts, in a partial-state room, also the servers at our join
+  (:func:`.hosts.partial_state_servers`);
+* an event's sender and ``received_ts`` (``get_metadata_for_event``,
+  :func:`.events.sender_and_received_ts`), for the receipt pacing rule;
 * a user's rooms: ``get_rooms_for_user`` (their joins in ``current_state_events``);
 * presence: ``presence_stream`` (Synapse keeps the latest row per user), the non-offline
   states at start as ``take_presence_startup_info`` reads them.
+
+:class:`RoomReads` runs them on one connection; :class:`SynapseRooms` runs each read in
+a transaction of the backend (:meth:`SynapseBackend.read_rooms`), which offers it as its
+``edu_rooms`` capability.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection
-from typing import Any
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.edus import EventMeta
 from federation_sender.replication.rows import PresenceState
+from federation_sender.storage.synapse.events import sender_and_received_ts
+from federation_sender.storage.synapse.hosts import current_hosts, partial_state_servers
 
-_HOSTS = text(
-    "SELECT DISTINCT substring(state_key FROM '@[^:]*:(.*)$') FROM current_state_events"
-    " WHERE room_id = :room AND type = 'm.room.member' AND membership = 'join'"
-)
-_SERVERS_AT_JOIN = text(
-    "SELECT server_name FROM partial_state_rooms_servers WHERE room_id = :room"
-)
-_EVENT_META = text(
-    "SELECT sender, received_ts FROM events WHERE event_id = :event AND room_id = :room"
-)
+T = TypeVar("T")
+
 _ROOMS = text(
     "SELECT room_id FROM current_state_events"
     " WHERE type = 'm.room.member' AND state_key = :user AND membership = 'join'"
@@ -51,38 +49,61 @@ def _state(r: Any) -> PresenceState:
     )
 
 
-class SynapseRooms:
-    """Implements :class:`federation_sender.edus.presence.PresenceSource` and
-    :class:`federation_sender.edus.RoomHosts` on Synapse's tables."""
+class RoomReads:
+    """The EDU fan-outs' reads on one connection."""
 
-    def __init__(self, engine: AsyncEngine) -> None:
-        self._engine = engine
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
 
     async def startup_states(self) -> list[PresenceState]:
-        async with self._engine.connect() as conn:
-            return [_state(r) for r in await conn.execute(_STARTUP)]
+        return [_state(r) for r in await self._c.execute(_STARTUP)]
 
     async def states_for_users(self, user_ids: Collection[str]) -> dict[str, PresenceState]:
-        async with self._engine.connect() as conn:
-            rows = await conn.execute(_FOR_USERS, {"users": list(user_ids)})
-            return {s.user_id: s for s in map(_state, rows)}
+        rows = await self._c.execute(_FOR_USERS, {"users": list(user_ids)})
+        return {s.user_id: s for s in map(_state, rows)}
 
     async def rooms_for_user(self, user_id: str) -> list[str]:
-        async with self._engine.connect() as conn:
-            return [str(r[0]) for r in await conn.execute(_ROOMS, {"user": user_id})]
+        return [str(r[0]) for r in await self._c.execute(_ROOMS, {"user": user_id})]
 
     async def current_hosts(self, room_id: str) -> frozenset[str]:
-        async with self._engine.connect() as conn:
-            return frozenset(str(r[0]) for r in await conn.execute(_HOSTS, {"room": room_id})
-                             if r[0])
+        return (await current_hosts(self._c, [room_id]))[room_id]
 
     async def receipt_hosts(self, room_id: str) -> frozenset[str]:
-        async with self._engine.connect() as conn:
-            at_join = {str(r[0]) for r in await conn.execute(_SERVERS_AT_JOIN, {"room": room_id})}
-            now = {str(r[0]) for r in await conn.execute(_HOSTS, {"room": room_id}) if r[0]}
-        return frozenset(at_join | now)
+        at_join = (await partial_state_servers(self._c, [room_id])).get(room_id, frozenset())
+        return at_join | await self.current_hosts(room_id)
 
     async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
-        async with self._engine.connect() as conn:
-            row = (await conn.execute(_EVENT_META, {"event": event_id, "room": room_id})).first()
-        return None if row is None else EventMeta(str(row[0]), int(row[1] or 0))
+        found = await sender_and_received_ts(self._c, room_id, event_id)
+        return None if found is None else EventMeta(*found)
+
+
+class RoomReader(Protocol):
+    async def read_rooms(self, fn: Callable[[RoomReads], Awaitable[T]]) -> T: ...
+
+
+class SynapseRooms:
+    """Implements :class:`federation_sender.storage.capabilities.EduRooms` on Synapse's
+    tables, each read in a transaction of the backend."""
+
+    def __init__(self, backend: RoomReader) -> None:
+        self._b = backend
+
+    async def startup_states(self) -> list[PresenceState]:
+        return await self._b.read_rooms(lambda r: r.startup_states())
+
+    async def states_for_users(self, user_ids: Collection[str]) -> dict[str, PresenceState]:
+        return await self._b.read_rooms(lambda r: r.states_for_users(user_ids))
+
+    async def rooms_for_user(self, user_id: str) -> list[str]:
+        return await self._b.read_rooms(lambda r: r.rooms_for_user(user_id))
+
+    async def current_hosts(self, room_id: str) -> frozenset[str]:
+        return await self._b.read_rooms(lambda r: r.current_hosts(room_id))
+
+    async def receipt_hosts(self, room_id: str) -> frozenset[str]:
+        return await self._b.read_rooms(lambda r: r.receipt_hosts(room_id))
+
+    async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
+        return await self._b.read_rooms(lambda r: r.event_meta(room_id, event_id))
