@@ -1,6 +1,11 @@
-"""``destinations`` (backoff, catch-up position) and ``destination_rooms``.
+"""``destinations`` (backoff, catch-up position) and ``destination_rooms``: the rules,
+written once, and the native tables.
 
-Invariants kept here rather than in callers:
+The statements are the native schema's on SQLite and PostgreSQL; Synapse's two tables
+have the same columns, so its dialect (:mod:`.synapse.destinations`) is
+:class:`DestinationsTable` on a PostgreSQL connection with what Synapse adds (each
+retry write an invalidation for main, catch-up rows only for events that still exist,
+outboxes whose rows are deleted once sent). Invariants kept here rather than in callers:
 
 * ``retry_interval`` never moves backwards except through an explicit reset to 0 (two
   writers racing cannot shorten a backoff).
@@ -10,11 +15,12 @@ Invariants kept here rather than in callers:
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from sqlalchemy import (
     Select,
+    Table,
     and_,
     bindparam,
     delete,
@@ -29,7 +35,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from federation_sender.model import DestinationRow
+from federation_sender.model import DestinationRow, MembershipRow
 from federation_sender.storage.pgarray import bigint_array, text_array
 from federation_sender.storage.schema import (
     destination_rooms as dr,
@@ -129,7 +135,7 @@ async def get_destinations(
     return {row.destination: row for row in map(DestinationRow.from_columns, res)}
 
 
-_SET_RETRY_TIMINGS = text(
+RETRY_UPSERT = (
     "INSERT INTO destinations (destination, failure_ts, retry_last_ts, retry_interval)"
     " VALUES (:destination, :failure_ts, :retry_last_ts, :retry_interval)"
     " ON CONFLICT (destination) DO UPDATE SET failure_ts = excluded.failure_ts,"
@@ -139,6 +145,9 @@ _SET_RETRY_TIMINGS = text(
     " OR destinations.retry_interval < excluded.retry_interval"
     " OR destinations.retry_last_ts < excluded.retry_last_ts"
 )
+"""Synapse's retry rule (``_set_destination_retry_timings_txn``): a reset, a first row,
+a longer interval or a later attempt replaces the stored one."""
+_SET_RETRY_TIMINGS = text(RETRY_UPSERT)
 """One text for PostgreSQL and SQLite (both speak this ON CONFLICT): SQLAlchemy cannot
 cache a dialect ``insert().on_conflict_do_update()`` and compiled it on every call, 7 %
 of the engine's CPU when 10,000 destinations come back at once (``bench/recovery.py``)."""
@@ -222,48 +231,79 @@ async def set_last_successful_many(
     )
 
 
-def _catchup_rows(keyset: bool) -> Select[Any]:
-    past = dr.c.stream_ordering > bindparam("after")
+def _catchup_rows(rooms: Table, keyset: bool, events: Table | None) -> Select[Any]:
+    past = rooms.c.stream_ordering > bindparam("after")
     if keyset:
         past = or_(
             past,
             and_(
-                dr.c.stream_ordering == bindparam("after"),
-                dr.c.room_id > bindparam("room"),
+                rooms.c.stream_ordering == bindparam("after"),
+                rooms.c.room_id > bindparam("room"),
             ),
         )
+    q = select(rooms.c.room_id, rooms.c.stream_ordering)
+    if events is not None:
+        q = q.join(events, events.c.stream_ordering == rooms.c.stream_ordering)
     return (
-        select(dr.c.room_id, dr.c.stream_ordering)
-        .where(dr.c.destination == bindparam("dest"), past)
-        .order_by(dr.c.stream_ordering, dr.c.room_id)
+        q.where(rooms.c.destination == bindparam("dest"), past)
+        .order_by(rooms.c.stream_ordering, rooms.c.room_id)
         .limit(bindparam("limit"))
     )
 
 
-_CATCHUP_ROWS = _catchup_rows(False)
-_CATCHUP_ROWS_KEYSET = _catchup_rows(True)
+class CatchupQuery:
+    """The catch-up read: the ``limit`` oldest (room_id, stream_ordering) rows of
+    ``destination_rooms`` past the keyset (``after``, ``after_room``), ordered by
+    (stream_ordering, room_id); without ``after_room``, simply past ``after``. With
+    ``events``, only rows whose event still exists (Synapse's
+    ``get_catch_up_room_event_ids``)."""
+
+    def __init__(self, rooms: Table, events: Table | None = None) -> None:
+        self._plain = _catchup_rows(rooms, False, events)
+        self._keyset = _catchup_rows(rooms, True, events)
+
+    async def rows(
+        self, conn: AsyncConnection, destination: str, after: int, limit: int,
+        after_room: str | None = None,
+    ) -> list[tuple[str, int]]:
+        params: dict[str, object] = {"dest": destination, "after": after, "limit": limit}
+        if after_room is None:
+            res = await conn.execute(self._plain, params)
+        else:
+            res = await conn.execute(self._keyset, {**params, "room": after_room})
+        return [(str(r[0]), int(r[1])) for r in res]
 
 
-async def catchup_rows(
-    conn: AsyncConnection,
-    destination: str,
-    after: int,
-    limit: int,
-    after_room: str | None = None,
-) -> list[tuple[str, int]]:
-    """The ``limit`` oldest (room_id, stream_ordering) rows past the keyset
-    (``after``, ``after_room``), ordered by (stream_ordering, room_id); without
-    ``after_room``, simply past ``after``."""
-    if after_room is None:
-        res = await conn.execute(
-            _CATCHUP_ROWS, {"dest": destination, "after": after, "limit": limit}
-        )
-    else:
-        res = await conn.execute(
-            _CATCHUP_ROWS_KEYSET,
-            {"dest": destination, "after": after, "room": after_room, "limit": limit},
-        )
-    return [(str(r[0]), int(r[1])) for r in res]
+CATCHUP = CatchupQuery(dr)
+catchup_rows = CATCHUP.rows
+
+MembershipHistory = Callable[
+    [AsyncConnection, str, Collection[str]], Awaitable[dict[str, list[MembershipRow]]]
+]
+
+
+class CatchUpReads:
+    """Implements :class:`federation_sender.storage.protocols.CatchUpReader`: a schema's
+    catch-up query and its reading of a server's membership history."""
+
+    __slots__ = ("_c", "_history", "_q")
+
+    def __init__(
+        self, conn: AsyncConnection, query: CatchupQuery, history: MembershipHistory
+    ) -> None:
+        self._c = conn
+        self._q = query
+        self._history = history
+
+    async def catchup_rows(
+        self, destination: str, after: int, limit: int, after_room: str | None = None
+    ) -> list[tuple[str, int]]:
+        return await self._q.rows(self._c, destination, after, limit, after_room)
+
+    async def server_membership_history(
+        self, server_name: str, room_ids: Collection[str]
+    ) -> dict[str, list[MembershipRow]]:
+        return await self._history(self._c, server_name, room_ids)
 
 
 async def delete_destination_rooms(
@@ -368,3 +408,55 @@ async def destinations_behind(conn: AsyncConnection) -> list[str]:
         .distinct()
     )
     return [str(r[0]) for r in res]
+
+
+class DestinationsTable:
+    """Implements :class:`federation_sender.storage.protocols.DestinationStore` on one
+    connection, with the statements above (the native schema on SQLite or PostgreSQL;
+    the Synapse dialect derives from it)."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def get_destination(self, destination: str) -> DestinationRow | None:
+        return await get_destination(self._c, destination)
+
+    async def get_destinations(self, names: Collection[str]) -> dict[str, DestinationRow]:
+        return await get_destinations(self._c, names)
+
+    async def ensure_destinations(self, names: Collection[str]) -> None:
+        await ensure_destinations(self._c, names)
+
+    async def set_retry_timings(
+        self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
+    ) -> None:
+        await set_retry_timings(self._c, destination, failure_ts, retry_last_ts, retry_interval)
+
+    async def clear_retry(self, destination: str) -> bool:
+        return await clear_retry(self._c, destination)
+
+    async def clear_retry_many(self, destinations: Collection[str]) -> None:
+        await clear_retry_many(self._c, destinations)
+
+    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
+        await set_last_successful_many(self._c, positions)
+
+    async def upsert_destination_rooms(
+        self, rows: Sequence[tuple[str, str, int]], *, skip_destinations: bool = False
+    ) -> None:
+        await upsert_destination_rooms(self._c, rows, skip_destinations=skip_destinations)
+
+    async def delete_destination_rooms(
+        self, destination: str, rows: Sequence[tuple[str, int]]
+    ) -> None:
+        await delete_destination_rooms(self._c, destination, rows)
+
+    async def destinations_behind(self) -> list[str]:
+        return await destinations_behind(self._c)
+
+    async def destinations_with_outstanding_work(
+        self, after: str | None, limit: int, now_ms: int
+    ) -> list[str]:
+        return await destinations_with_outstanding_work(self._c, after, limit, now_ms)

@@ -21,7 +21,6 @@ from federation_sender.model import (
     DeviceListRow,
     Direction,
     EventRow,
-    MembershipRow,
     ToDeviceRow,
     TxnLogRow,
 )
@@ -74,8 +73,8 @@ class NativeTx:
     def __init__(self, conn: AsyncConnection, hosts_cache: rm.RoomHostsCache) -> None:
         self.events = EventReads(conn, ev.QUERIES)
         self.hosts = _Hosts(conn, hosts_cache)
-        self.destinations = _Destinations(conn)
-        self.catchup = _CatchUp(conn)
+        self.destinations = dst.DestinationsTable(conn)
+        self.catchup = dst.CatchUpReads(conn, dst.CATCHUP, rm.server_membership_history)
         self.outbox = _Outbox(conn)
         self.positions = _Positions(conn)
         self.txlog = NativeTxnLog(conn)
@@ -110,71 +109,6 @@ class _Hosts:
 
     async def current_hosts(self, room_ids: Collection[str]) -> dict[str, frozenset[str]]:
         return {room: await rm.joined_servers_at(self._c, room, LATEST) for room in room_ids}
-
-
-class _Destinations:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def get_destination(self, destination: str) -> DestinationRow | None:
-        return await dst.get_destination(self._c, destination)
-
-    async def get_destinations(self, names: Collection[str]) -> dict[str, DestinationRow]:
-        return await dst.get_destinations(self._c, names)
-
-    async def ensure_destinations(self, names: Collection[str]) -> None:
-        await dst.ensure_destinations(self._c, names)
-
-    async def set_retry_timings(
-        self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
-    ) -> None:
-        await dst.set_retry_timings(self._c, destination, failure_ts, retry_last_ts, retry_interval)
-
-    async def clear_retry(self, destination: str) -> bool:
-        return await dst.clear_retry(self._c, destination)
-
-    async def clear_retry_many(self, destinations: Collection[str]) -> None:
-        await dst.clear_retry_many(self._c, destinations)
-
-    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
-        await dst.set_last_successful_many(self._c, positions)
-
-    async def upsert_destination_rooms(
-        self, rows: Sequence[tuple[str, str, int]], *, skip_destinations: bool = False
-    ) -> None:
-        await dst.upsert_destination_rooms(self._c, rows, skip_destinations=skip_destinations)
-
-    async def delete_destination_rooms(
-        self, destination: str, rows: Sequence[tuple[str, int]]
-    ) -> None:
-        await dst.delete_destination_rooms(self._c, destination, rows)
-
-    async def destinations_behind(self) -> list[str]:
-        return await dst.destinations_behind(self._c)
-
-    async def destinations_with_outstanding_work(
-        self, after: str | None, limit: int, now_ms: int
-    ) -> list[str]:
-        return await dst.destinations_with_outstanding_work(self._c, after, limit, now_ms)
-
-
-class _CatchUp:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def catchup_rows(
-        self, destination: str, after: int, limit: int, after_room: str | None = None
-    ) -> list[tuple[str, int]]:
-        return await dst.catchup_rows(self._c, destination, after, limit, after_room)
-
-    async def server_membership_history(
-        self, server_name: str, room_ids: Collection[str]
-    ) -> dict[str, list[MembershipRow]]:
-        return await rm.server_membership_history(self._c, server_name, room_ids)
 
 
 class _Outbox:

@@ -14,7 +14,7 @@ presence, outbox reads bounded by stream tokens) is in
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from typing import TypeVar
 
 from sqlalchemy import func, select
@@ -22,12 +22,11 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.model import (
-    DestinationRow,
     DeviceListRow,
-    MembershipRow,
     ToDeviceRow,
 )
 from federation_sender.storage.capabilities import Capabilities
+from federation_sender.storage.destinations import CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
@@ -38,6 +37,7 @@ from federation_sender.storage.synapse import device_lists as dl
 from federation_sender.storage.synapse import events as ev
 from federation_sender.storage.synapse import positions as pos
 from federation_sender.storage.synapse import to_device as td
+from federation_sender.storage.synapse.destinations import SynapseDestinations
 from federation_sender.storage.synapse.hosts import (
     ExternalCache,
     StateGroupHostsCache,
@@ -135,96 +135,16 @@ class SynapseTx:
     def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: PendingSignals) -> None:
         self.events = EventReads(conn, ev.QUERIES)
         self.hosts = SynapseHostsReader(conn, b.groups, b.external, b.syn.domain_allowed)
-        self.destinations = _Destinations(conn, b, s)
-        self.catchup = _CatchUp(conn)
+        self.destinations = SynapseDestinations(
+            conn, s, b.instance_name, lambda: time_ms(b.clock)
+        )
+        self.catchup = CatchUpReads(conn, wr.CATCHUP, catchup.server_membership_history)
         self.outbox = _Outbox(conn, b)
         self.positions = _Positions(conn, b)
         # Our transaction log (in our schema) and the admin reads of ``destinations`` and
         # ``destination_rooms`` (same columns as Synapse's) are the native code's.
         self.txlog = NativeTxnLog(conn)
         self.admin = NativeAdminReads(conn)
-
-
-class _Destinations:
-    __slots__ = ("_b", "_c", "_s")
-
-    def __init__(self, conn: AsyncConnection, b: SynapseBackend, s: PendingSignals) -> None:
-        self._c = conn
-        self._b = b
-        self._s = s
-
-    async def get_destination(self, destination: str) -> DestinationRow | None:
-        return (await wr.get_destinations(self._c, [destination])).get(destination)
-
-    async def get_destinations(self, names: Collection[str]) -> dict[str, DestinationRow]:
-        return await wr.get_destinations(self._c, names)
-
-    async def ensure_destinations(self, names: Collection[str]) -> None:
-        await wr.ensure_destinations(self._c, names)
-
-    async def set_retry_timings(
-        self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
-    ) -> None:
-        await wr.set_retry_timings(
-            self._c, self._s, self._b.instance_name, time_ms(self._b.clock),
-            destination, failure_ts, retry_last_ts, retry_interval,
-        )
-
-    async def clear_retry(self, destination: str) -> bool:
-        row = await self.get_destination(destination)
-        if row is None or not row.retry_interval:
-            return False
-        return await wr.set_retry_timings(
-            self._c, self._s, self._b.instance_name, time_ms(self._b.clock),
-            destination, None, 0, 0,
-        )
-
-    async def clear_retry_many(self, destinations: Collection[str]) -> None:
-        """Only rows backing off are written (each write is an invalidation for main)."""
-        for d in await wr.backing_off(self._c, destinations):
-            await wr.set_retry_timings(
-                self._c, self._s, self._b.instance_name, time_ms(self._b.clock), d, None, 0, 0
-            )
-
-    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
-        await wr.set_last_successful_many(self._c, positions)
-
-    async def upsert_destination_rooms(
-        self, rows: Sequence[tuple[str, str, int]], *, skip_destinations: bool = False
-    ) -> None:
-        if not skip_destinations:
-            await wr.ensure_destinations(self._c, {d for d, _, _ in rows})
-        await wr.upsert_destination_rooms(self._c, rows)
-
-    async def delete_destination_rooms(
-        self, destination: str, rows: Sequence[tuple[str, int]]
-    ) -> None:
-        await wr.delete_destination_rooms(self._c, destination, rows)
-
-    async def destinations_behind(self) -> list[str]:
-        return await wr.destinations_behind(self._c)
-
-    async def destinations_with_outstanding_work(
-        self, after: str | None, limit: int, now_ms: int
-    ) -> list[str]:
-        return await wr.destinations_with_outstanding_work(self._c, after, limit, now_ms)
-
-
-class _CatchUp:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def catchup_rows(
-        self, destination: str, after: int, limit: int, after_room: str | None = None
-    ) -> list[tuple[str, int]]:
-        return await catchup.catchup_rows(self._c, destination, after, limit, after_room)
-
-    async def server_membership_history(
-        self, server_name: str, room_ids: Collection[str]
-    ) -> dict[str, list[MembershipRow]]:
-        return await catchup.server_membership_history(self._c, server_name, room_ids)
 
 
 class _Outbox:

@@ -1,8 +1,8 @@
-"""Catch-up reads of Synapse's tables.
+"""A server's membership history in Synapse's tables, for catch-up.
 
-Catch-up (Synapse's ``get_catch_up_room_event_ids``): ``destination_rooms`` rows past
-the destination's position whose event still exists (joined with ``events``), oldest
-first. A destination's membership history is read from ``room_memberships`` (Synapse
+(The catch-up rows themselves, Synapse's ``get_catch_up_room_event_ids``, are the shared
+query of :mod:`federation_sender.storage.destinations` joined with ``events``.) A
+destination's membership history is read from ``room_memberships`` (Synapse
 has no server column: the server is the part of the user id after the first colon),
 ordered by stream position; rows without one (outliers of a room joined over
 federation) are placed at the position they were persisted at. At each forward
@@ -20,19 +20,6 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.model import MembershipRow
 
-_CATCHUP_ROWS = text(
-    """
-    SELECT r.room_id, r.stream_ordering FROM destination_rooms r
-    JOIN events e ON e.stream_ordering = r.stream_ordering
-    WHERE r.destination = :d
-      AND (r.stream_ordering > :after
-           OR (CAST(:after_room AS TEXT) IS NOT NULL AND r.stream_ordering = :after
-               AND r.room_id > :after_room))
-    ORDER BY r.stream_ordering, r.room_id
-    LIMIT :limit
-    """
-)
-
 _SERVER_HISTORY = text(
     """
     SELECT m.room_id, COALESCE(m.event_stream_ordering, e.stream_ordering), m.user_id,
@@ -44,16 +31,6 @@ _SERVER_HISTORY = text(
     ORDER BY 2
     """
 )
-
-
-async def catchup_rows(
-    conn: AsyncConnection, destination: str, after: int, limit: int, after_room: str | None
-) -> list[tuple[str, int]]:
-    res = await conn.execute(
-        _CATCHUP_ROWS,
-        {"d": destination, "after": after, "after_room": after_room, "limit": limit},
-    )
-    return [(str(room), int(so)) for room, so in res]
 
 
 # The destination's members in the state after each forward extremity of the rooms.
