@@ -15,12 +15,9 @@ outboxes whose rows are deleted once sent). Invariants kept here rather than in 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection, Sequence
-from typing import Any
+from collections.abc import Collection, Sequence
 
 from sqlalchemy import (
-    Select,
-    Table,
     and_,
     bindparam,
     delete,
@@ -35,7 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from federation_sender.model import DestinationRow, MembershipRow
+from federation_sender.model import DestinationRow
 from federation_sender.storage.pgarray import bigint_array, text_array
 from federation_sender.storage.schema import (
     destination_rooms as dr,
@@ -229,81 +226,6 @@ async def set_last_successful_many(
     await conn.execute(
         stmt, [{"destination": k, "last_successful_stream_ordering": v} for k, v in items]
     )
-
-
-def _catchup_rows(rooms: Table, keyset: bool, events: Table | None) -> Select[Any]:
-    past = rooms.c.stream_ordering > bindparam("after")
-    if keyset:
-        past = or_(
-            past,
-            and_(
-                rooms.c.stream_ordering == bindparam("after"),
-                rooms.c.room_id > bindparam("room"),
-            ),
-        )
-    q = select(rooms.c.room_id, rooms.c.stream_ordering)
-    if events is not None:
-        q = q.join(events, events.c.stream_ordering == rooms.c.stream_ordering)
-    return (
-        q.where(rooms.c.destination == bindparam("dest"), past)
-        .order_by(rooms.c.stream_ordering, rooms.c.room_id)
-        .limit(bindparam("limit"))
-    )
-
-
-class CatchupQuery:
-    """The catch-up read: the ``limit`` oldest (room_id, stream_ordering) rows of
-    ``destination_rooms`` past the keyset (``after``, ``after_room``), ordered by
-    (stream_ordering, room_id); without ``after_room``, simply past ``after``. With
-    ``events``, only rows whose event still exists (Synapse's
-    ``get_catch_up_room_event_ids``)."""
-
-    def __init__(self, rooms: Table, events: Table | None = None) -> None:
-        self._plain = _catchup_rows(rooms, False, events)
-        self._keyset = _catchup_rows(rooms, True, events)
-
-    async def rows(
-        self, conn: AsyncConnection, destination: str, after: int, limit: int,
-        after_room: str | None = None,
-    ) -> list[tuple[str, int]]:
-        params: dict[str, object] = {"dest": destination, "after": after, "limit": limit}
-        if after_room is None:
-            res = await conn.execute(self._plain, params)
-        else:
-            res = await conn.execute(self._keyset, {**params, "room": after_room})
-        return [(str(r[0]), int(r[1])) for r in res]
-
-
-CATCHUP = CatchupQuery(dr)
-catchup_rows = CATCHUP.rows
-
-MembershipHistory = Callable[
-    [AsyncConnection, str, Collection[str]], Awaitable[dict[str, list[MembershipRow]]]
-]
-
-
-class CatchUpReads:
-    """Implements :class:`federation_sender.storage.protocols.CatchUpReader`: a schema's
-    catch-up query and its reading of a server's membership history."""
-
-    __slots__ = ("_c", "_history", "_q")
-
-    def __init__(
-        self, conn: AsyncConnection, query: CatchupQuery, history: MembershipHistory
-    ) -> None:
-        self._c = conn
-        self._q = query
-        self._history = history
-
-    async def catchup_rows(
-        self, destination: str, after: int, limit: int, after_room: str | None = None
-    ) -> list[tuple[str, int]]:
-        return await self._q.rows(self._c, destination, after, limit, after_room)
-
-    async def server_membership_history(
-        self, server_name: str, room_ids: Collection[str]
-    ) -> dict[str, list[MembershipRow]]:
-        return await self._history(self._c, server_name, room_ids)
 
 
 async def delete_destination_rooms(

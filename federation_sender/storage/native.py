@@ -32,6 +32,7 @@ from federation_sender.storage import positions as pos
 from federation_sender.storage import rooms as rm
 from federation_sender.storage import txlog
 from federation_sender.storage.capabilities import Capabilities
+from federation_sender.storage.catchup import CATCHUP, CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.protocols import Tx
@@ -74,7 +75,7 @@ class NativeTx:
         self.events = EventReads(conn, ev.QUERIES)
         self.hosts = _Hosts(conn, hosts_cache)
         self.destinations = dst.DestinationsTable(conn)
-        self.catchup = dst.CatchUpReads(conn, dst.CATCHUP, rm.server_membership_history)
+        self.catchup = CatchUpReads(conn, CATCHUP, rm.server_membership_history)
         self.outbox = _Outbox(conn)
         self.positions = _Positions(conn)
         self.txlog = NativeTxnLog(conn)

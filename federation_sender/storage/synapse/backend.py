@@ -26,7 +26,7 @@ from federation_sender.model import (
     ToDeviceRow,
 )
 from federation_sender.storage.capabilities import Capabilities
-from federation_sender.storage.destinations import CatchUpReads
+from federation_sender.storage.catchup import CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.native import NativeAdminReads, NativeTxnLog

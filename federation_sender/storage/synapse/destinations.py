@@ -22,7 +22,8 @@ from collections.abc import Callable, Collection
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from federation_sender.storage.destinations import RETRY_UPSERT, CatchupQuery, DestinationsTable
+from federation_sender.storage.catchup import CatchupQuery
+from federation_sender.storage.destinations import RETRY_UPSERT, DestinationsTable
 from federation_sender.storage.pgarray import text_array
 from federation_sender.storage.synapse.schema import destination_rooms, events
 from federation_sender.storage.synapse.signals import PendingSignals
