@@ -33,6 +33,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.model import DestinationRow
+from federation_sender.storage import batch_apply
+from federation_sender.storage.batch_apply import BatchCounts, StagedChange
 from federation_sender.storage.pgarray import bigint_array, text_array
 from federation_sender.storage.schema import (
     destination_rooms as dr,
@@ -382,3 +384,11 @@ class DestinationsTable:
         self, after: str | None, limit: int, now_ms: int
     ) -> list[str]:
         return await destinations_with_outstanding_work(self._c, after, limit, now_ms)
+
+    async def apply_batch(
+        self, changes: Sequence[StagedChange], high_water_mark: int
+    ) -> BatchCounts:
+        return await batch_apply.apply_changes(self._c, changes, high_water_mark)
+
+    async def apply_staged_batch(self, staging: str, high_water_mark: int) -> BatchCounts:
+        return await batch_apply.apply_staged(self._c, staging, high_water_mark)

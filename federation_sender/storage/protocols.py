@@ -47,6 +47,7 @@ from federation_sender.model import (
     ToDeviceRow,
     TxnLogRow,
 )
+from federation_sender.storage.batch_apply import BatchCounts, StagedChange
 
 T = TypeVar("T")
 
@@ -164,6 +165,17 @@ class DestinationStore(Protocol):
 
     async def destinations_behind(self) -> list[str]:
         """Destinations with ``destination_rooms`` rows past their position."""
+        ...
+
+    async def apply_batch(
+        self, changes: Sequence[StagedChange], high_water_mark: int
+    ) -> BatchCounts:
+        """A batch job's result (:mod:`.batch_apply`): rows upserted or deleted only at or
+        below ``high_water_mark``, positions only lowered."""
+        ...
+
+    async def apply_staged_batch(self, staging: str, high_water_mark: int) -> BatchCounts:
+        """The same, from a staging table a job's executors filled."""
         ...
 
     async def destinations_with_outstanding_work(
