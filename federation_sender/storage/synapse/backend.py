@@ -14,8 +14,8 @@ presence, outbox reads bounded by stream tokens) is in
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable, Collection, Mapping
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -47,11 +47,24 @@ from federation_sender.storage.synapse.rooms import RoomReads, SynapseRooms
 from federation_sender.storage.synapse.schema import cache_invalidation_stream_by_instance
 from federation_sender.storage.synapse.signals import PendingSignals, ReplicationSignals
 from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers, synapse_gap_notes
-from federation_sender.synapse.config import SynapseConfig
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+class SynapseSettings(Protocol):
+    """What the backend reads of Synapse's configuration
+    (:class:`federation_sender.synapse.config.SynapseConfig` has it; storage does not
+    import the configuration package above it)."""
+
+    @property
+    def federation_sender_instances(self) -> Sequence[str]: ...
+
+    @property
+    def allow_device_name_lookup_over_federation(self) -> bool: ...
+
+    def domain_allowed(self, destination: str) -> bool: ...
 
 
 class SynapseBackend:
@@ -62,7 +75,7 @@ class SynapseBackend:
     def __init__(
         self,
         engine: AsyncEngine,
-        syn: SynapseConfig,
+        syn: SynapseSettings,
         instance_name: str,
         clock: Clock,
         external: ExternalCache | None = None,
