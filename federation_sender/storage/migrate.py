@@ -13,6 +13,7 @@ database already at head never loads it. ``tests/storage/test_migrations.py`` pi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,18 +72,31 @@ def version_row(conn: Connection, schema: str | None = None) -> str | None:
     return rows[0] if rows else None
 
 
-async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+async def upgrade_chain(
+    engine: AsyncEngine,
+    config: Callable[[], Config],
+    head: str,
+    current: Callable[[Connection], str | None],
+    revision: str = "head",
+) -> None:
+    """Upgrade one alembic chain (ours, or ours beside Synapse) to ``revision``, loading
+    alembic only when ``current`` is not already ``head``."""
+
     def _do(conn: Connection) -> None:
-        if revision in ("head", HEAD) and version_row(conn) == HEAD:
+        if revision in ("head", head) and current(conn) == head:
             return  # already there: no need to load alembic
         from alembic import command
 
-        cfg = alembic_config()
+        cfg = config()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
     async with engine.begin() as conn:
         await conn.run_sync(_do)
+
+
+async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    await upgrade_chain(engine, alembic_config, HEAD, version_row, revision)
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment

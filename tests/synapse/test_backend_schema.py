@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.cli import main
 from federation_sender.errors import SchemaVersionError
 from federation_sender.storage.engine import create_engine
-from federation_sender.synapse.database import (
+from federation_sender.storage.synapse.database import (
     OWN_HEAD,
     OWN_SCHEMA,
     check_own_schema,

@@ -26,8 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.errors import SchemaVersionError
 from federation_sender.storage.engine import create_engine
-from federation_sender.storage.migrate import version_row
-from federation_sender.synapse.schema import check_synapse_schema
+from federation_sender.storage.migrate import upgrade_chain, version_row
+from federation_sender.storage.synapse.schema import check_synapse_schema
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -94,18 +94,7 @@ async def check_synapse(engine: AsyncEngine) -> tuple[int, int]:
 async def upgrade_own_schema(engine: AsyncEngine, revision: str = "head") -> None:
     """Check Synapse's schema, then create or upgrade ours (idempotent)."""
     await check_synapse(engine)
-
-    def _do(conn: Connection) -> None:
-        if revision in ("head", OWN_HEAD) and _own_revision(conn) == OWN_HEAD:
-            return  # already there: no need to load alembic
-        from alembic import command
-
-        cfg = alembic_config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
-
-    async with engine.begin() as conn:
-        await conn.run_sync(_do)
+    await upgrade_chain(engine, alembic_config, OWN_HEAD, _own_revision, revision)
 
 
 async def check_own_schema(engine: AsyncEngine) -> None:
