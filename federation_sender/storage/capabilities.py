@@ -22,11 +22,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from federation_sender.edus import RoomHosts
-from federation_sender.edus.presence import PresenceSource
 from federation_sender.replication.client import GapNote
 from federation_sender.replication.commands import Command
 from federation_sender.replication.positions import StreamFetcher
+from federation_sender.storage.edu_reads import PresenceSource, RoomHosts
 
 
 class ReplicationSignals(Protocol):
