@@ -20,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import event
+from sqlalchemy import event, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -39,6 +39,9 @@ OWN_HEAD = "s0001"
 """The newest revision of our schema beside Synapse's: a start at head reads the version
 row with plain SQL and never loads alembic (see :mod:`federation_sender.storage.migrate`);
 a test compares it with alembic's head."""
+
+MIGRATE_LOCK_KEY = 0x66656453656E6472
+"""The PostgreSQL advisory lock ``migrate`` holds for its transaction (``fedSendr``)."""
 
 
 def create_synapse_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
@@ -96,6 +99,11 @@ async def upgrade_own_schema(engine: AsyncEngine, revision: str = "head") -> Non
     await check_synapse(engine)
 
     def _do(conn: Connection) -> None:
+        # Several senders (federation_sender_instances) start at once: the first to
+        # take the lock migrates, the others wait for its commit and find the head.
+        # Without it the second fails in CREATE SCHEMA IF NOT EXISTS (a unique
+        # violation in pg_namespace: IF NOT EXISTS does not serialise).
+        conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATE_LOCK_KEY})
         if revision in ("head", OWN_HEAD) and _own_revision(conn) == OWN_HEAD:
             return  # already there: no need to load alembic
         from alembic import command

@@ -3,6 +3,7 @@ check refuses databases we do not support with one line."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from pathlib import Path
@@ -25,6 +26,7 @@ from federation_sender.synapse.database import (
     OWN_SCHEMA,
     check_own_schema,
     check_synapse,
+    create_synapse_engine,
     own_head,
     own_revision,
     upgrade_own_schema,
@@ -88,6 +90,19 @@ async def test_migrate_creates_only_our_schema(synapse_engine: AsyncEngine) -> N
         assert (await conn.execute(where, {"t": "federation_stream_position"})).scalar() == (
             "public"
         )
+
+
+async def test_senders_starting_at_once_migrate_once(synapse_db_url: str) -> None:
+    """Several senders (``federation_sender_instances``) started together each migrate
+    at start; before the advisory lock all but one failed in ``CREATE SCHEMA IF NOT
+    EXISTS`` with a unique violation (seen with fed1 and fed2 started at once)."""
+    engines = [create_synapse_engine(synapse_db_url) for _ in range(3)]
+    try:
+        await asyncio.gather(*(upgrade_own_schema(e) for e in engines))
+        assert await own_revision(engines[0]) == own_head()
+    finally:
+        for e in engines:
+            await e.dispose()
 
 
 async def test_synapse_version_check(synapse_engine: AsyncEngine) -> None:
