@@ -25,6 +25,11 @@ from pathlib import Path
 SYNAPSE_VERSION = "1.163.2"
 """The pinned release: what the suite runs against unless told otherwise."""
 VERSION_ENV = "FEDERATION_SENDER_SYNAPSE_VERSION"
+CONSTRAINTS = ("txredisapi<1.6.0",)
+"""Installed beside Synapse: what its later releases pin. Releases before 1.163.0 do not
+cap txredisapi, and 1.6.0 (published after them) makes main crash at start with Redis
+(``AttributeError: 'super' object has no attribute 'startedConnecting'`` in
+``replication/tcp/redis.py``); 1.163.0 and later ask for ``<1.6.0`` themselves."""
 INSTALL_TIMEOUT_S = 1800.0
 
 
@@ -91,7 +96,7 @@ def _install(venv: Path, python: Path) -> None:
     requirement = synapse_requirement()
     _run(
         [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         requirement],
+         requirement, *CONSTRAINTS],
         f"pip install {requirement}",
     )  # fmt: skip
     # Byte-compile now: otherwise the first Synapse start takes ~30 s.
