@@ -22,8 +22,9 @@ re-derived. In order:
    while neither ran to all 20, and when the down server comes back (it contacts main,
    which clears its backoff) catches it up from ``destination_rooms``.
 
-Main keeps ``[fed1, fed2]`` in its own file throughout: in 1.163 main uses the list
-only to account the acknowledgements of the ``federation`` stream, which nothing writes.
+Main is not restarted, so it keeps ``[fed1, fed2]`` from its start: in 1.163 main uses
+the list only to account the acknowledgements of the ``federation`` stream, which
+nothing writes.
 """
 
 from __future__ import annotations
