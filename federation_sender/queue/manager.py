@@ -38,6 +38,7 @@ from federation_sender.queue.slots import Slots
 from federation_sender.queue.status import DestinationStatus, oldest_age_s, parked_status
 from federation_sender.queue.steps import Effects
 from federation_sender.queue.store import QueueStore
+from federation_sender.storage.engine import db_outage
 from federation_sender.storage.protocols import Backend
 from federation_sender.transport.result import TransactionSender
 
@@ -160,8 +161,13 @@ class QueueManager:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("queue %s loop failed; restarting", name)
+            except Exception as e:
+                outage = db_outage(e)
+                if outage is not None:
+                    log.warning("queue %s loop stopped, the database is unavailable (%s); "
+                                "restarting", name, outage)
+                else:
+                    log.exception("queue %s loop failed; restarting", name)
                 await self.clock.sleep(1.0)
 
     # --- registry ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.timing import wait_or_timeout
-from federation_sender.storage.engine import is_transient_db_error
+from federation_sender.storage.engine import db_outage
 from federation_sender.telemetry.logging import log_context
 
 log = logging.getLogger(__name__)
@@ -128,11 +128,11 @@ class QueueRegistry:
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            if is_transient_db_error(e):
+            outage = db_outage(e)
+            if outage is not None:
                 # The database restarting or unreachable: expected, and one line.
                 log.warning("queue for %s stopped, the database is unavailable (%s); it "
-                            "will be recreated from the database",
-                            d, str(e).splitlines()[0][:200] if str(e) else type(e).__name__)
+                            "will be recreated from the database", d, outage)
             else:
                 log.exception("queue for %s failed; it will be recreated from the database", d)
         finally:

@@ -73,6 +73,7 @@ from federation_sender.replication.positions import (
 from federation_sender.replication.reconnect import DEFAULT_BACKOFF, Backoff
 from federation_sender.replication.rows import ROW_PARSERS, Row
 from federation_sender.replication.transport import ConnectionLost, Session, Transport
+from federation_sender.storage.engine import db_outage
 
 logger = logging.getLogger(__name__)
 
@@ -209,9 +210,14 @@ class ReplicationClient:
                            e)
         except FederationSenderError as e:
             logger.error("replication: local error, reconnecting: %s", e, exc_info=True)
-        except Exception:
+        except Exception as e:
             # Top of the replication task: a handler bug must not kill replication.
-            logger.exception("replication: handler failed; rolling back and reconnecting")
+            outage = db_outage(e)
+            if outage is not None:
+                logger.warning("replication: the database is unavailable (%s); rolling "
+                               "back and reconnecting", outage)
+            else:
+                logger.exception("replication: handler failed; rolling back and reconnecting")
         finally:
             # What the handler finished is saved; whatever was not is redelivered on
             # the next session (at-least-once): in-memory positions restart from the

@@ -382,3 +382,34 @@ async def test_a_queue_stopped_by_the_database_going_away_is_one_line(
         f"queue for {D} stopped, the database is unavailable ((builtins.Exception) "
         "connection refused); it will be recreated from the database"
     )
+
+
+async def test_a_loop_stopped_by_the_database_going_away_is_one_line(
+        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    """The intake, wake-up and housekeeping loops restart after a failure; a database
+    restart (the second long chaos run beside Synapse) is one warning, no traceback."""
+    import asyncio
+
+    from sqlalchemy.exc import OperationalError
+
+    calls = 0
+
+    async def intake() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    caplog.set_level(logging.WARNING, logger="federation_sender.queue")
+    await start_with_room(h)
+    task = asyncio.ensure_future(h.m._supervise("intake", intake))
+    await eventually(lambda: calls == 1, what="the first failure")
+    await h.advance(1.0)
+    await asyncio.wait_for(task, 5)
+    assert calls == 2
+    (record,) = [r for r in caplog.records if "intake loop" in r.getMessage()]
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert record.getMessage() == (
+        "queue intake loop stopped, the database is unavailable ((builtins.Exception) "
+        "connection refused); restarting"
+    )
