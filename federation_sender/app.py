@@ -55,7 +55,7 @@ from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.startup import listen, wait_for_database
 from federation_sender.storage.capabilities import Capabilities
-from federation_sender.storage.engine import create_engine, is_sqlite
+from federation_sender.storage.engine import create_engine, db_outage, is_sqlite
 from federation_sender.storage.instance_lock import InstanceLock, InstanceLockLost, instance_lock
 from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
@@ -351,6 +351,7 @@ class Worker:
             streams=CONSUMED_STREAMS,
             announce=caps.signals.announce if caps.signals is not None else None,
             save_interval_s=s.replication.position_save_interval_s,
+            outage=db_outage,
         )
         if caps.signals is not None:
             caps.signals.attach(client.send)

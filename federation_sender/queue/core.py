@@ -150,8 +150,13 @@ class DestinationCore:
             return
         if self.episode.active:
             self.episode.skipped(items[-1].stream_ordering)
-        else:
-            self.pending.add_pdus(items)
+            return
+        if items[0].stream_ordering <= self.max_done:
+            # The intake hands PDUs over after committing their destination_rooms rows;
+            # a catch-up episode that read those rows meanwhile has sent them (or a
+            # later extremity of their room) and moved max_done past them.
+            items = [i for i in items if i.stream_ordering > self.max_done]
+        self.pending.add_pdus(items)
 
     def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
         if key is not None:

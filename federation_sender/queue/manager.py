@@ -39,7 +39,7 @@ from federation_sender.queue.status import DestinationStatus, oldest_age_s, park
 from federation_sender.queue.steps import Effects
 from federation_sender.queue.store import QueueStore
 from federation_sender.queue.wakelog import WakeLog
-from federation_sender.storage.protocols import Backend
+from federation_sender.storage.protocols import Backend, db_outage
 from federation_sender.transport.result import TransactionSender
 
 log = logging.getLogger(__name__)
@@ -166,8 +166,13 @@ class QueueManager:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("queue %s loop failed; restarting", name)
+            except Exception as e:
+                outage = db_outage(e)
+                if outage is not None:
+                    log.warning("queue %s loop stopped, the database is unavailable (%s); "
+                                "restarting", name, outage)
+                else:
+                    log.exception("queue %s loop failed; restarting", name)
                 await self.clock.sleep(1.0)
 
     # --- registry ------------------------------------------------------------------------

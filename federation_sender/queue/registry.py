@@ -22,6 +22,7 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.timing import wait_or_timeout
+from federation_sender.storage.protocols import db_outage
 from federation_sender.telemetry.logging import log_context
 
 log = logging.getLogger(__name__)
@@ -131,8 +132,14 @@ class QueueRegistry:
             clean = True
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("queue for %s failed; it will be recreated from the database", d)
+        except Exception as e:
+            outage = db_outage(e)
+            if outage is not None:
+                # The database restarting or unreachable: expected, and one line.
+                log.warning("queue for %s stopped, the database is unavailable (%s); it "
+                            "will be recreated from the database", d, outage)
+            else:
+                log.exception("queue for %s failed; it will be recreated from the database", d)
         finally:
             self._forget(r, clean)
             if leased and self._leases is not None:

@@ -78,11 +78,17 @@ async def upgrade_chain(
     head: str,
     current: Callable[[Connection], str | None],
     revision: str = "head",
+    *,
+    lock_key: int | None = None,
 ) -> None:
     """Upgrade one alembic chain (ours, or ours beside Synapse) to ``revision``, loading
-    alembic only when ``current`` is not already ``head``."""
+    alembic only when ``current`` is not already ``head``. ``lock_key``: a PostgreSQL
+    advisory lock taken first, for the whole transaction, so that processes starting at
+    once migrate one after the other (the first migrates, the others find the head)."""
 
     def _do(conn: Connection) -> None:
+        if lock_key is not None:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock_key})
         if revision in ("head", head) and current(conn) == head:
             return  # already there: no need to load alembic
         from alembic import command

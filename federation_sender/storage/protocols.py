@@ -48,6 +48,10 @@ from federation_sender.model import (
     TxnLogRow,
 )
 from federation_sender.storage.batch_apply import BatchCounts, StagedChange
+
+# What the callers of Backend.run need to tell a database outage (an expected operational
+# error: one line, no traceback) from a bug, without reaching into the engine.
+from federation_sender.storage.engine import db_outage as db_outage
 from federation_sender.visibility import EventFacts
 
 T = TypeVar("T")

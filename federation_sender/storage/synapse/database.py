@@ -40,6 +40,9 @@ OWN_HEAD = "s0001"
 row with plain SQL and never loads alembic (see :mod:`federation_sender.storage.migrate`);
 a test compares it with alembic's head."""
 
+MIGRATE_LOCK_KEY = 0x66656453656E6472
+"""The PostgreSQL advisory lock ``migrate`` holds for its transaction (``fedSendr``)."""
+
 
 def create_synapse_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     """An engine on Synapse's database whose connections see our schema first."""
@@ -94,7 +97,8 @@ async def check_synapse(engine: AsyncEngine) -> tuple[int, int]:
 async def upgrade_own_schema(engine: AsyncEngine, revision: str = "head") -> None:
     """Check Synapse's schema, then create or upgrade ours (idempotent)."""
     await check_synapse(engine)
-    await upgrade_chain(engine, alembic_config, OWN_HEAD, _own_revision, revision)
+    await upgrade_chain(engine, alembic_config, OWN_HEAD, _own_revision, revision,
+                        lock_key=MIGRATE_LOCK_KEY)
 
 
 async def check_own_schema(engine: AsyncEngine) -> None:
