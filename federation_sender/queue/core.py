@@ -92,6 +92,7 @@ class DestinationCore:
         on_state_change: Callable[[DestinationState, DestinationState], None] | None = None,
         catching_up: bool = True,
         parse_pdu: Callable[[EventRow], PduItem] = pdu_item,
+        last_error: str | None = None,
     ) -> None:
         self.destination = destination
         self.parse_pdu = parse_pdu
@@ -117,7 +118,8 @@ class DestinationCore:
         self.to_device_cursor = -1
         self.device_list_cursor = -1
         self.outbox_dirty = True
-        self.last_error: str | None = None
+        self.last_error = last_error
+        """The last failure's text (a new queue starts with its predecessor's)."""
         self.last_success_ms: int | None = None
         """Clock ms of the last answered non-empty transaction (since this queue loaded)."""
         self.stopped = False

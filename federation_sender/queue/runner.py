@@ -6,9 +6,10 @@ The loop exits (and the manager forgets the queue) when the core has been empty 
 memory: everything it needs later is in the database, and the wake-up sweep recreates
 it. ``wake`` cuts any wait short (new work, REMOTE_SERVER_UP, shutdown).
 
-The runner owns its state; the manager only calls :meth:`DestinationRunner.request_stop`,
-:meth:`~DestinationRunner.evict_if_idle`, :meth:`~DestinationRunner.guard_sends` and
-:meth:`~DestinationRunner.status`. Each attempt has its own deadline
+The runner is the per-destination queue object: as Synapse's
+``PerDestinationQueue.send_pdu`` and Dendrite's ``destinationQueue.sendEvent``, its
+``add_*`` methods add to the core and wake the loop. The manager and the registry talk
+to the runner's methods only (never to the core). Each attempt has its own deadline
 (``asyncio.timeout``, expired by :class:`~federation_sender.queue.timing.AttemptDeadline`
 on the injected clock); an attempt past it counts as a transient failure.
 """
@@ -19,7 +20,7 @@ import asyncio
 import logging
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
@@ -28,6 +29,7 @@ from federation_sender.config import QueueSettings
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.queue.observer import QueueObserver, report
 from federation_sender.queue.slots import Held, Slots
 from federation_sender.queue.status import DestinationStatus, live_status
@@ -146,12 +148,60 @@ class DestinationRunner:
         """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
         queue before it sends; the transaction stays owed in the database."""
 
-    # --- what the manager may ask ------------------------------------------------------
+    # --- add and wake (what the manager and the registry may ask) ------------------------
 
     def poke(self) -> None:
         if self._holding and len(self.core.pending.pdus) < self.core.limits.max_pdus:
             return  # the hold ends by itself (a stop or an eviction sets ``wake``)
         self.wake.set()
+
+    def add_pdus(self, items: Sequence[PduItem]) -> None:
+        self.core.add_pdus(items)
+        self.poke()
+
+    def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
+        self.core.add_edu(edu_type, content, key)
+        self.poke()
+
+    def add_presence(self, states: Iterable[JsonDict]) -> None:
+        self.core.add_presence(states)
+        self.poke()
+
+    def add_receipt(
+        self, room_id: str, receipt_type: str, user_id: str, data: JsonDict, *, wake: bool = True
+    ) -> None:
+        """``wake=False``: the receipt rides on the queue's next transaction."""
+        self.core.add_receipt(room_id, receipt_type, user_id, data)
+        if wake:
+            self.poke()
+
+    def poke_outbox(self) -> None:
+        """New to-device or device-list rows: read the outboxes again, now."""
+        self.core.poke_outbox()
+        self.poke()
+
+    def wake_if_owed(self) -> bool:
+        """Start a transaction for what the queue holds; False if it holds nothing."""
+        if self.core.is_empty():
+            return False
+        self.poke()
+        return True
+
+    def clear_backoff(self, wake: bool = True) -> bool:
+        """Forget the backoff (and any pause) in memory, and send at once unless ``wake``
+        is False; True if the queue was held back."""
+        held_back = self.core.clear_backoff()
+        if wake:
+            self.poke()
+        return held_back
+
+    @property
+    def last_error(self) -> str | None:
+        return self.core.last_error
+
+    def left_clean(self) -> bool:
+        """Nothing owed is left in memory or to catch up (after a clean exit)."""
+        return not self.core.catching_up and self.core.is_empty()
 
     def request_stop(self) -> bool:
         """Stop after the attempt in flight (if any); False if already stopping."""
