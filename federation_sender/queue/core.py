@@ -27,6 +27,10 @@ Invariants:
   for 30 s, then Synapse's in-request schedule) with the same frozen transaction; only
   when that phase is over is the backoff persisted. An answer of any kind ends the
   phase; a wake-up (``clear_backoff``) cuts its wait short without resetting its count.
+* The runner's loop policy is decided here too
+  (:class:`~federation_sender.queue.loop_policy.LoopPolicy`): the steady-stream hold of
+  part-filled transactions, whether new items wake the queue, and when its runner
+  exits (idle past the TTL, or parked in a long backoff).
 """
 
 from __future__ import annotations
@@ -55,6 +59,7 @@ from federation_sender.queue.items import (
     PendingItems,
     make_edu,
 )
+from federation_sender.queue.loop_policy import LoopPolicy
 from federation_sender.queue.steps import (
     Effects,
     FrozenTxn,
@@ -74,7 +79,7 @@ class DestinationCore:
     __slots__ = (
         "_next_txn_id", "backoff", "current", "destination", "device_list_cursor",
         "episode", "isolation", "last_error", "last_success_ms", "last_successful",
-        "limits", "max_done", "outbox_dirty", "parse_pdu", "pending", "policy",
+        "limits", "loop_policy", "max_done", "outbox_dirty", "parse_pdu", "pending", "policy",
         "rate_limit", "rng", "short_retry", "sm", "stopped", "to_device_cursor", "work",
     )
 
@@ -92,6 +97,7 @@ class DestinationCore:
         on_state_change: Callable[[DestinationState, DestinationState], None] | None = None,
         catching_up: bool = True,
         parse_pdu: Callable[[EventRow], PduItem] = pdu_item,
+        loop_policy: LoopPolicy | None = None,
         last_error: str | None = None,
     ) -> None:
         self.destination = destination
@@ -118,6 +124,7 @@ class DestinationCore:
         self.to_device_cursor = -1
         self.device_list_cursor = -1
         self.outbox_dirty = True
+        self.loop_policy = loop_policy or LoopPolicy()
         self.last_error = last_error
         """The last failure's text (a new queue starts with its predecessor's)."""
         self.last_success_ms: int | None = None
@@ -452,6 +459,50 @@ class DestinationCore:
         if target > self.last_successful:
             self.last_successful = target
             eff.last_successful = target
+
+    # --- the runner's loop policy (times in monotonic seconds) ------------------------------
+
+    def note_sent(self, txn: FrozenTxn, now_s: float) -> None:
+        """``txn`` is about to go out (before any wait: what is pending now is what it
+        left): the steady stream counts it (:meth:`LoopPolicy.note_sent`)."""
+        self.loop_policy.note_sent(txn, bool(self.pending.pdus), now_s)
+
+    def steady_hold_s(self, now_ms: int, monotonic_s: Callable[[], float]) -> float:
+        """How long to hold the next transaction back for the steady stream: > 0 only
+        when it would be a part-filled batch of PDUs and the stream's interval runs
+        (``monotonic_s`` is read only then: this is asked at every step)."""
+        if self.loop_policy.steady_until and self.would_send_partial_pdus(now_ms):
+            return self.loop_policy.hold_left_s(monotonic_s())
+        return 0.0
+
+    def set_holding(self, holding: bool) -> None:
+        """The runner waits out (or stopped waiting out) a steady-stream hold."""
+        self.loop_policy.holding = holding
+
+    def wakes_on_add(self) -> bool:
+        """Whether an item just added should wake the runner (not during a steady-stream
+        hold of a batch that is still part-filled)."""
+        return not self.loop_policy.holding or len(self.pending.pdus) >= self.limits.max_pdus
+
+    def parks(self, wait_s: float, idle_ttl_s: float) -> bool:
+        """The runner may exit instead of waiting ``wait_s``: longer than the idle TTL
+        in catch-up mode with nothing in memory (the wake-up sweep brings the queue back
+        when due, from the database)."""
+        return (
+            wait_s > idle_ttl_s and self.catching_up and not self.pending
+            and self.current is None
+        )
+
+    def idle_started(self, now_s: float) -> None:
+        self.loop_policy.idle_started(now_s)
+
+    def evict_if_idle(self, now_s: float, ttl_s: float) -> bool:
+        """Ask the queue, if empty and idle since ``ttl_s`` before ``now_s``, to exit."""
+        return self.loop_policy.evict_if_idle(now_s, ttl_s, self.is_empty())
+
+    def idle_ended(self) -> bool:
+        """The runner's idle wait is over: True if it exits (evicted, still empty)."""
+        return self.loop_policy.idle_ended(self.is_empty())
 
     # --- operator actions ------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from federation_sender.queue.federation_stream import FederationEdu, FederationS
 from federation_sender.queue.housekeeping import Housekeeping
 from federation_sender.queue.intake import EventIntake
 from federation_sender.queue.items import JsonDict, PduItem
+from federation_sender.queue.loop_policy import LoopPolicy
 from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.registry import LeaseGuard, QueueRegistry
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
@@ -191,6 +192,7 @@ class QueueManager:
             on_state_change=on_state,
             catching_up=catching_up,
             parse_pdu=self._pdu_cache,
+            loop_policy=LoopPolicy(self.settings.busy_txn_interval_s, self.settings.busy_min_pdus),
             last_error=last_error,
         )
         return DestinationRunner(

@@ -1,5 +1,7 @@
 """The asyncio shell around one :class:`DestinationCore`: reads the database, sends
-transactions, sleeps, persists. It decides nothing itself.
+transactions, sleeps, persists. It decides nothing itself: the core says what to do
+next, how long to hold a part-filled transaction for a steady stream, whether an added
+item wakes the queue, and when the loop exits (:mod:`~federation_sender.queue.loop_policy`).
 
 The loop exits (and the manager forgets the queue) when the core has been empty for
 ``idle_ttl_s``, or when it would back off for longer than that with nothing held in
@@ -9,7 +11,7 @@ it. ``wake`` cuts any wait short (new work, REMOTE_SERVER_UP, shutdown).
 The runner is the per-destination queue object: as Synapse's
 ``PerDestinationQueue.send_pdu`` and Dendrite's ``destinationQueue.sendEvent``, its
 ``add_*`` methods add to the core and wake the loop. The manager and the registry talk
-to the runner's methods only (never to the core). Each attempt has its own deadline
+to these methods only (never to the core). Each attempt has its own deadline
 (``asyncio.timeout``, expired by :class:`~federation_sender.queue.timing.AttemptDeadline`
 on the injected clock); an attempt past it counts as a transient failure.
 """
@@ -18,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -68,8 +69,6 @@ class RunnerConfig:
     catchup_rooms_per_batch: int
     catchup_max_gap_events: int
     outbox_read_limit: int
-    busy_interval_s: float
-    busy_min_pdus: int
 
     @classmethod
     def from_settings(
@@ -83,18 +82,14 @@ class RunnerConfig:
             catchup_rooms_per_batch=q.catchup_rooms_per_batch,
             catchup_max_gap_events=q.catchup_max_gap_events,
             outbox_read_limit=q.max_edus_per_txn,
-            busy_interval_s=q.busy_txn_interval_s,
-            busy_min_pdus=q.busy_min_pdus,
         )
 
 
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_deadline", "_evict", "_finished", "_holding", "_idle_since",
-        "_in_flight_since", "_loaded", "_may_send", "_steady_until", "_stopping",
-        "_unpersisted", "_waiting",
-        "_window_pdus", "_window_start", "clock", "config", "core",
+        "_deadline", "_finished", "_in_flight_since", "_loaded", "_may_send",
+        "_stopping", "_unpersisted", "_waiting", "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
         "wake",
     )
@@ -129,21 +124,9 @@ class DestinationRunner:
         self._finished = False
         self._waiting = False
         """Blocked on the wake event or the clock (not reading, sending or writing)."""
-        self._window_start = -math.inf
-        self._window_pdus = 0
-        self._steady_until = 0.0
-        """Monotonic time until which the destination counts as in a steady stream,
-        one interval after its last send in one (``_note_sent``); 0.0 when it is not.
-        Before then a part-filled transaction waits."""
-        self._holding = False
-        """Waiting for ``_steady_until``: new items do not wake the queue until its
-        batch is full."""
         self._unpersisted: list[asyncio.Future[None]] = []
         """Results submitted to the group commit and not yet known to be committed,
         oldest first."""
-        self._idle_since: float | None = None
-        """Monotonic time the queue went idle (None while busy)."""
-        self._evict = False
         self._may_send: Callable[[], bool] = lambda: True
         """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
         queue before it sends; the transaction stays owed in the database."""
@@ -151,9 +134,10 @@ class DestinationRunner:
     # --- add and wake (what the manager and the registry may ask) ------------------------
 
     def poke(self) -> None:
-        if self._holding and len(self.core.pending.pdus) < self.core.limits.max_pdus:
-            return  # the hold ends by itself (a stop or an eviction sets ``wake``)
-        self.wake.set()
+        """Wake the loop, unless the core holds a part-filled batch for a steady stream
+        (the hold ends by itself; a stop or an eviction sets ``wake``)."""
+        if self.core.wakes_on_add():
+            self.wake.set()
 
     def add_pdus(self, items: Sequence[PduItem]) -> None:
         self.core.add_pdus(items)
@@ -221,10 +205,8 @@ class DestinationRunner:
 
     def evict_if_idle(self, now_s: float, ttl_s: float) -> bool:
         """Ask an empty queue idle since ``ttl_s`` before ``now_s`` (monotonic) to exit."""
-        since = self._idle_since
-        if since is None or now_s - since < ttl_s or not self.core.is_empty():
+        if not self.core.evict_if_idle(now_s, ttl_s):
             return False
-        self._evict = True
         self.wake.set()
         return True
 
@@ -331,9 +313,10 @@ class DestinationRunner:
                 # A fuller transaction (coalesce.py).
                 await gate.hold(lambda: c.would_send_partial_pdus(time_ms(self.clock)))
                 now = time_ms(self.clock)
-            if self._steady_until and c.would_send_partial_pdus(now):
+            hold_s = c.steady_hold_s(now, self.clock.monotonic_s)
+            if hold_s > 0 and not self._stopping:
                 # A steady stream: at most one part-filled transaction per interval.
-                await self._hold_busy()
+                await self._hold(hold_s)
                 now = time_ms(self.clock)
             step = c.next_step(now)
             if isinstance(step, Send):
@@ -352,75 +335,31 @@ class DestinationRunner:
                     await self._catch_up(step, now)
             elif isinstance(step, Wait):
                 wait_s = max(0.0, (step.until_ms - now) / 1000.0)
-                if (
-                    wait_s > self.config.idle_ttl_s
-                    and c.catching_up
-                    and not c.pending
-                    and c.current is None
-                ):
-                    # Nothing in memory: the wake-up sweep brings us back when due.
-                    return
+                if c.parks(wait_s, self.config.idle_ttl_s):
+                    return  # nothing in memory: the wake-up sweep brings us back
                 await self._wait(wait_s)
             elif isinstance(step, Idle):
                 if c.stopped:
                     return
                 # No timer here: the manager's housekeeping evicts queues idle past the
                 # TTL through ``evict_if_idle`` (one clock task for all queues).
-                self._idle_since = self.clock.monotonic_s()
+                c.idle_started(self.clock.monotonic_s())
                 await self._wait(None)
-                self._idle_since = None
-                if self._evict and c.is_empty():
+                if c.idle_ended():
                     return
-                self._evict = False
 
-    async def _hold_busy(self) -> None:
-        """A steady stream: wait until one interval after the last send (or a full
-        batch, or a request to stop), so that at a high rate each transaction carries
-        more PDUs and the per-transaction work (signature, HTTP exchange, result
-        write) is shared by more of them."""
-        left = self._steady_until - self.clock.monotonic_s()
-        if left <= 0:
-            self._steady_until = 0.0
-            return
-        if self._stopping:
-            return
-        self._holding = True
+    async def _hold(self, left_s: float) -> None:
+        """Hold a part-filled transaction back for ``left_s`` (the core's steady-stream
+        rule), or until a full batch or a request to stop wakes the queue."""
+        self.core.set_holding(True)
         # A poke while the queue held for the intake (the hand-over it waited for) set
         # the wake-up: it must not end this hold at once. A full batch, a stop and an
         # eviction set it again.
         self.wake.clear()
         try:
-            await self._wait(left)
+            await self._wait(left_s)
         finally:
-            self._holding = False
-
-    def _note_sent(self, txn: FrozenTxn) -> None:
-        """Count the PDUs of a new live transaction that emptied the queue's PDUs (the
-        stream's supply set its size, not the limits) in the current interval (one
-        starts with the first such send after the last interval ended). Once they
-        reach ``busy_min_pdus`` the destination is in a steady stream, and the next
-        part-filled transaction waits until one interval after this send: a batch
-        that filled early does not leave its successor to go out near empty at the
-        end of the interval. A transaction cut by the limits counts nothing (a
-        backlog does not make a stream), but within one interval of the stream's
-        last send what it left waits like the rest: a hand-over that overfilled a
-        held batch does not send its remainder at once (a burst after a quiet spell
-        does). Retries, catch-up and EDU-only transactions neither count nor
-        wait."""
-        interval = self.config.busy_interval_s
-        batch = txn.batch
-        if not interval or txn.attempts or batch.catchup or not batch.pdus:
-            return  # an EDU-only transaction does not move the stream's clock
-        now = self.clock.monotonic_s()
-        if self.core.pending.pdus:
-            if now < self._steady_until:
-                self._steady_until = now + interval
-            return
-        if now - self._window_start >= interval:
-            self._window_start, self._window_pdus = now, 0
-        self._window_pdus += len(batch.pdus)
-        busy = self._window_pdus >= self.config.busy_min_pdus
-        self._steady_until = now + interval if busy else 0.0
+            self.core.set_holding(False)
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core
@@ -459,7 +398,7 @@ class DestinationRunner:
         # The global transaction slot comes first: while thousands of queues wait for
         # one of ``max_concurrent_transactions``, none holds an open span or a built
         # request, and the span measures the attempt rather than the wait.
-        self._note_sent(txn)  # before any wait: what is pending now is what it left
+        self.core.note_sent(txn, self.clock.monotonic_s())  # before any wait
         slot = await self.txn_slots.hold()
         try:
             with log_context(txn_id=txn.txn_id), self.observer.attempt(
