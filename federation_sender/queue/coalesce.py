@@ -18,7 +18,7 @@ catch-up and EDU-only transactions never wait; nor does anything while the intak
 caught up (the common case on a quiet server, where this costs nothing).
 
 A caught-up intake holds nothing here; a destination in a steady stream has a second,
-separate hold (``DestinationRunner._hold_busy``: at most one part-filled transaction
+separate hold (:mod:`~federation_sender.queue.loop_policy`: at most one part-filled transaction
 per ``queue.busy_txn_interval_s``), which is what sets the transactions' size at a
 high rate once the intake keeps up.
 
