@@ -1,19 +1,14 @@
-"""The asyncio shell around one :class:`DestinationCore`: reads the database, sends
-transactions, sleeps, persists. It decides nothing itself: the core says what to do
-next, how long to hold a part-filled transaction for a steady stream, whether an added
-item wakes the queue, and when the loop exits (:mod:`~federation_sender.queue.loop_policy`).
+"""The per-destination queue object and the asyncio shell around its
+:class:`DestinationCore`. As Synapse's ``PerDestinationQueue.send_pdu`` and Dendrite's
+``destinationQueue.sendEvent``, its ``add_*`` methods add to the core and wake the loop;
+the manager and the registry call its methods only, never the core's.
 
-The loop exits (and the manager forgets the queue) when the core has been empty for
-``idle_ttl_s``, or when it would back off for longer than that with nothing held in
-memory: everything it needs later is in the database, and the wake-up sweep recreates
-it. ``wake`` cuts any wait short (new work, REMOTE_SERVER_UP, shutdown).
-
-The runner is the per-destination queue object: as Synapse's
-``PerDestinationQueue.send_pdu`` and Dendrite's ``destinationQueue.sendEvent``, its
-``add_*`` methods add to the core and wake the loop. The manager and the registry talk
-to these methods only (never to the core). Each attempt has its own deadline
-(``asyncio.timeout``, expired by :class:`~federation_sender.queue.timing.AttemptDeadline`
-on the injected clock); an attempt past it counts as a transient failure.
+The loop reads the database, sends (:mod:`~federation_sender.queue.attempt`), sleeps
+and persists; it decides nothing. The core says what to do next, how long a part-filled
+transaction waits for a steady stream, whether an added item wakes the queue, and when
+the loop exits (:mod:`~federation_sender.queue.loop_policy`): empty for ``idle_ttl_s``,
+or about to back off for longer than that with nothing in memory (the wake-up sweep
+recreates it from the database). ``wake`` cuts any wait short.
 """
 
 from __future__ import annotations
@@ -22,11 +17,12 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
+from federation_sender.queue.attempt import TimedAttempts
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
@@ -43,7 +39,7 @@ from federation_sender.queue.steps import (
     Wait,
 )
 from federation_sender.queue.store import QueueStore, log_row_for
-from federation_sender.queue.timing import AttemptDeadline, Wakeup, wait_or_timeout
+from federation_sender.queue.timing import Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
     Outcome,
@@ -88,7 +84,7 @@ class RunnerConfig:
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_deadline", "_finished", "_in_flight_since", "_loaded", "_may_send",
+        "_attempts", "_finished", "_loaded", "_may_send",
         "_stopping", "_unpersisted", "_waiting", "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
         "wake",
@@ -111,14 +107,13 @@ class DestinationRunner:
         self.destination = core.destination
         self.store = store
         self.sender = sender
+        self._attempts = TimedAttempts(sender, clock, config.attempt_deadline_s)
         self.txn_slots = txn_slots
         self.db_slots = db_slots
         self.clock = clock
         self.observer = observer
         self.config = config
         self.wake = Wakeup()
-        self._deadline = AttemptDeadline(clock, config.attempt_deadline_s)
-        self._in_flight_since: float | None = None
         self._loaded = False
         self._stopping = False
         self._finished = False
@@ -228,7 +223,7 @@ class DestinationRunner:
 
     def in_flight_since(self) -> float | None:
         """Monotonic start of the attempt in flight, None when there is none."""
-        return self._in_flight_since
+        return self._attempts.in_flight_since
 
     def retry_at_ms(self) -> tuple[int, int] | None:
         """(retry at, interval) of a persisted backoff, for parking the destination."""
@@ -238,7 +233,7 @@ class DestinationRunner:
         return at, self.core.backoff.retry_interval_ms
 
     def status(self, now_s: float) -> DestinationStatus:
-        return live_status(self.core, self._in_flight_since, now_s)
+        return live_status(self.core, self._attempts.in_flight_since, now_s)
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -247,7 +242,7 @@ class DestinationRunner:
         try:
             await self._run()
         finally:
-            self._deadline.close()
+            self._attempts.close()
             self._finished = True
 
     async def _run(self) -> None:
@@ -428,7 +423,7 @@ class DestinationRunner:
             )
             assert slot is not None
             try:
-                result = await self._attempt(request)
+                result = await self._attempts.send(request)
             finally:
                 slot.release()  # the commit below needs no slot
         now = time_ms(self.clock)
@@ -463,31 +458,6 @@ class DestinationRunner:
                 batch.catchup,
             )
         report(self.observer, self.destination, eff, result, was_failing)
-
-    async def _attempt(self, request: Transaction) -> SendResult:
-        """One attempt (under the global slot its caller holds), within the attempt
-        deadline."""
-        limit = self.config.attempt_deadline_s
-        t0 = self.clock.monotonic_s()
-        self._in_flight_since = t0
-        try:
-            async with asyncio.timeout(None) as timeout:
-                self._deadline.watch(timeout)
-                try:
-                    result = await self.sender.send_transaction(request)
-                finally:
-                    self._deadline.unwatch()
-        except TimeoutError:
-            result = SendResult(
-                Outcome.TRANSIENT,
-                error=f"no answer within {limit:g}s",
-                duration_s=self.clock.monotonic_s() - t0,
-            )
-        finally:
-            self._in_flight_since = None
-        if result.duration_s <= 0:
-            result = replace(result, duration_s=self.clock.monotonic_s() - t0)
-        return result
 
     async def _flush_persist(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` results are uncommitted; a failed write surfaces
