@@ -108,16 +108,8 @@ class QueueManager:
             IntakeGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
         )
         self.intake = EventIntake(
-            storage,
-            server_name,
-            instance_name,
-            settings.event_batch_size,
-            shard_filter,
-            self._enqueue_pdus,
-            self.observer,
-            clock,
-            poll_interval_s,
-            self.gate,
+            storage, server_name, instance_name, settings.event_batch_size, shard_filter,
+            self._enqueue_pdus, self.observer, clock, poll_interval_s, self.gate,
         )
         self._background: list[asyncio.Task[None]] = []
         self.federation = FederationStream(
