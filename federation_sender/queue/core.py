@@ -498,11 +498,11 @@ class DestinationCore:
 
     def evict_if_idle(self, now_s: float, ttl_s: float) -> bool:
         """Ask the queue, if empty and idle since ``ttl_s`` before ``now_s``, to exit."""
-        return self.loop_policy.evict_if_idle(now_s, ttl_s, self.is_empty())
+        return self.loop_policy.evict_if_idle(now_s, ttl_s, self.is_empty)
 
     def idle_ended(self) -> bool:
         """The runner's idle wait is over: True if it exits (evicted, still empty)."""
-        return self.loop_policy.idle_ended(self.is_empty())
+        return self.loop_policy.idle_ended(self.is_empty)
 
     # --- operator actions ------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ caller) so that the core's state machine and unit tests reach it.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from federation_sender.queue.steps import FrozenTxn
 
@@ -87,18 +88,20 @@ class LoopPolicy:
     def idle_started(self, now_s: float) -> None:
         self.idle_since = now_s
 
-    def evict_if_idle(self, now_s: float, ttl_s: float, empty: bool) -> bool:
-        """Ask a queue idle since ``ttl_s`` before ``now_s`` to exit (``empty``: it holds
-        nothing); True if it was asked (its runner is then woken)."""
+    def evict_if_idle(self, now_s: float, ttl_s: float, empty: Callable[[], bool]) -> bool:
+        """Ask a queue idle since ``ttl_s`` before ``now_s`` to exit (``empty()``: it
+        holds nothing); True if it was asked (its runner is then woken)."""
         since = self.idle_since
-        if since is None or now_s - since < ttl_s or not empty:
+        if since is None or now_s - since < ttl_s or not empty():
             return False
         self._evict = True
         return True
 
-    def idle_ended(self, empty: bool) -> bool:
-        """The idle wait is over: True if the queue exits (asked to, and still empty)."""
+    def idle_ended(self, empty: Callable[[], bool]) -> bool:
+        """The idle wait is over: True if the queue exits (asked to, and ``empty()``
+        still; asked only then: this runs at every wake-up of an idle queue)."""
         self.idle_since = None
-        leave = self._evict and empty
+        if not self._evict:
+            return False
         self._evict = False
-        return leave
+        return empty()

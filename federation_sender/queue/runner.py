@@ -135,8 +135,10 @@ class DestinationRunner:
             self.wake.set()
 
     def add_pdus(self, items: Sequence[PduItem]) -> None:
-        self.core.add_pdus(items)
-        self.poke()
+        core = self.core
+        core.add_pdus(items)
+        if core.wakes_on_add():  # poke(), inlined: once per hand-over per destination
+            self.wake.set()
 
     def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
         self.core.add_edu(edu_type, content, key)
