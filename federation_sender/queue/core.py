@@ -3,7 +3,9 @@
 The asyncio shell (:mod:`federation_sender.queue.runner`) repeatedly asks
 :meth:`DestinationCore.next_step` what to do, performs it (sleep, read the database,
 send a transaction) and feeds the outcome back. Everything that decides anything lives
-here, so it is tested synchronously, including by a Hypothesis state machine.
+here (the rules for a transaction's result in :mod:`~federation_sender.queue.results`,
+a base class of the core), so it is tested synchronously, including by a Hypothesis
+state machine.
 
 Invariants:
 
@@ -50,9 +52,8 @@ from federation_sender.queue.batching import Batch, Limits, fill_edus, take_batc
 from federation_sender.queue.catchup import RoomPlan, pdu_item
 from federation_sender.queue.destination import DestinationState, DestinationStateMachine
 from federation_sender.queue.episode import CatchupEpisode
-from federation_sender.queue.isolation import ItemIsolation, Verdict
+from federation_sender.queue.isolation import ItemIsolation
 from federation_sender.queue.items import (
-    EduItem,
     EduKind,
     JsonDict,
     PduItem,
@@ -60,6 +61,7 @@ from federation_sender.queue.items import (
     make_edu,
 )
 from federation_sender.queue.loop_policy import LoopPolicy
+from federation_sender.queue.results import ResultRules
 from federation_sender.queue.steps import (
     Effects,
     FrozenTxn,
@@ -69,18 +71,15 @@ from federation_sender.queue.steps import (
     Send,
     Step,
     Wait,
-    outbox_keys,
 )
-from federation_sender.transport.result import Outcome, SendResult
 
 
-class DestinationCore:
+class DestinationCore(ResultRules):
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_next_txn_id", "backoff", "current", "destination", "device_list_cursor",
-        "episode", "isolation", "last_error", "last_success_ms", "last_successful",
-        "limits", "loop_policy", "max_done", "outbox_dirty", "parse_pdu", "pending", "policy",
-        "rate_limit", "rng", "short_retry", "sm", "stopped", "to_device_cursor", "work",
+        # (and those of ResultRules, the state the result rules use)
+        "_next_txn_id", "destination", "device_list_cursor", "limits", "loop_policy",
+        "outbox_dirty", "parse_pdu", "sm", "stopped", "to_device_cursor",
     )
 
     def __init__(
@@ -326,140 +325,6 @@ class DestinationCore:
         self.device_list_cursor = -1
         self.outbox_dirty = True
 
-    # --- results ---------------------------------------------------------------------------
-
-    def _min_held_stream_ordering(self) -> int | None:
-        m = self.pending.min_stream_ordering()
-        if not self.work and not self.isolation:
-            return m
-        sos = [
-            p.stream_ordering
-            for b in (*self.work, *self.isolation.batches())
-            for p in b.pdus
-        ]
-        if m is not None:
-            sos.append(m)
-        return min(sos, default=None)
-
-    def on_result(self, txn: FrozenTxn, result: SendResult, now_ms: int) -> Effects:
-        if self.current is not txn:
-            raise RuntimeError("result for a transaction that is not in flight")
-        eff = Effects()
-        batch = txn.batch
-        phase = self.short_retry
-        if phase.in_phase and batch:
-            phase.attempts += 1
-            eff.short_retry_attempt = True
-            if not _unanswered(result):
-                # Any answer but a 5xx: the destination is up again.
-                eff.short_retry_ended = phase.reset()
-        if result.outcome is Outcome.SUCCESS:
-            if batch:
-                self.last_success_ms = now_ms
-            self._on_success(batch, result, eff)
-            return eff
-        self.last_error = result.error or result.outcome.value
-        if result.outcome is Outcome.TOO_LARGE:
-            self.current = None
-            if batch.item_count >= 2:
-                self.work[:0] = batch.split()
-            else:
-                self._drop(batch, "too_large", eff)
-            return eff
-        if result.status == 429:
-            first = self.rate_limit.in_a_row == 0
-            if self.rate_limit.on_429(result.retry_after_s, now_ms):
-                # Overloaded, not failed: resend the same transaction after a pause.
-                if first:
-                    eff.rate_limited_ms = self.rate_limit.until_ms - now_ms
-                self.current = FrozenTxn(txn.txn_id, batch, txn.attempts + 1)
-                return eff
-        if self.isolation.is_refusal(result.status, batch):
-            verdict = self.isolation.on_refusal(batch, result.status, now_ms)
-            if verdict is not Verdict.DESTINATION:
-                self.current = None
-                if batch.item_count >= 2:  # SPLIT, or PROBE after many refusals
-                    self.work[:0] = batch.split()
-                if verdict is Verdict.PROBE:
-                    self.work.insert(0, Batch((), (), probe=True))
-                elif verdict is Verdict.DROP:
-                    self._drop(batch, "refused", eff)
-                return eff
-        self._fail(txn, result, now_ms, eff)
-        return eff
-
-    def _on_success(self, batch: Batch, result: SendResult, eff: Effects) -> None:
-        self.current = None
-        if batch:
-            # Only an answer clears it: an empty catch-up step advancing locally says
-            # nothing about the destination.
-            self.last_error = None
-        if self.rate_limit.in_a_row:
-            eff.rate_limit_ended = self.rate_limit.in_a_row
-            self.rate_limit.on_success()
-        self.isolation.on_success(batch)
-        eff.succeeded = bool(batch)
-        if self.backoff != RESET:
-            self.backoff = RESET
-            eff.backoff = RESET
-        outbox_keys(batch.edus, eff)
-        eff.prune.extend(batch.catchup_prune)
-        if batch.catchup:
-            self.episode.answered(result.duration_s)
-        if not self.episode.active:
-            # Catch-up moves the position only when the episode ends: until then
-            # rooms not yet handled may hold missed events below any row handled.
-            self._advance(batch, eff)
-
-    def _fail(self, txn: FrozenTxn, result: SendResult, now_ms: int, eff: Effects) -> None:
-        """The destination is down (or refuses everything): retry soon (the short-retry
-        phase) or back off, keeping the frozen transaction for an identical retry."""
-        self.isolation.on_destination_failure()
-        self.current = FrozenTxn(txn.txn_id, txn.batch, txn.attempts + 1)
-        phase = self.short_retry
-        if _unanswered(result) and not self.backoff.backing_off:
-            first = not phase.in_phase
-            retries = phase.attempts
-            delay = phase.on_failure(now_ms, self.rng)
-            if delay is not None:
-                eff.short_retry_ms = delay
-                eff.short_retry_started = first
-                return
-            if not first:
-                eff.short_retry_gave_up = retries
-        elif phase.in_phase:
-            eff.short_retry_gave_up = phase.reset()
-        self.backoff = self.policy.on_failure(
-            self.backoff, now_ms, self.rng, result.retry_after_s
-        )
-        eff.backoff = self.backoff
-        if self.policy.should_catch_up(self.backoff):
-            self._enter_catchup(eff)
-
-    def _drop(self, batch: Batch, reason: str, eff: Effects) -> None:
-        items: list[PduItem | EduItem] = [*batch.pdus, *batch.edus]
-        eff.dropped.extend((item, reason) for item in items)
-        self.isolation.forget(batch)
-        # A dropped outbox row is marked sent so it cannot poison the queue again.
-        outbox_keys(batch.edus, eff)
-        eff.prune.extend(batch.catchup_prune)
-        if not self.episode.active:
-            self._advance(batch, eff)
-
-    def _advance(self, batch: Batch, eff: Effects) -> None:
-        """Move the position up to the highest PDU done (sent or dropped), but below any
-        PDU still held in memory."""
-        top = batch.max_stream_ordering
-        if top is not None:
-            self.max_done = max(self.max_done, top)
-        target = self.max_done
-        held = self._min_held_stream_ordering()
-        if held is not None:
-            target = min(target, held - 1)
-        if target > self.last_successful:
-            self.last_successful = target
-            eff.last_successful = target
-
     # --- the runner's loop policy (times in monotonic seconds) ------------------------------
 
     def note_sent(self, txn: FrozenTxn, now_s: float) -> None:
@@ -544,12 +409,3 @@ class DestinationCore:
             and not self.episode.active
             and not self.outbox_dirty
         )
-
-
-def _unanswered(result: SendResult) -> bool:
-    """A failure the short-retry phase retries: no answer (refused or broken connection,
-    timeout) or a 5xx, as Synapse's sender retries inside the request; not a 429 (the
-    rate limit's) nor a refusal."""
-    if result.outcome is not Outcome.TRANSIENT:
-        return False
-    return result.status is None or result.status >= 500
