@@ -147,6 +147,7 @@ async def test_proxy_down_backs_off_the_destination_and_it_is_delivered_once_bac
     await client.start()
     h = Harness(engine, clock, FakeHomeserver(), client,  # type: ignore[arg-type]
                 HomeserverWriter(engine, ME), replace(QueueSettings(), wakeup_interval_s=60))
+    h.without_short_retry()  # the persisted schedule, which the proxy's outage must reach
     try:
         proxy.stop()
         await room_with(h, "!a:l", remote.name)
