@@ -75,6 +75,10 @@ class QueueObserver(Protocol):
 
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None: ...
 
+    def catchup_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
+        """A paced catch-up chunk: ``confirmed`` (the receiver holds its last event),
+        ``not_held`` or ``unanswered`` (the deadline passed; sending on unpaced)."""
+
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         """The intake finished a batch: events read, new position, (PDU, destination)
@@ -132,6 +136,9 @@ class NoopObserver:
         pass
 
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
+        pass
+
+    def catchup_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
         pass
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,

@@ -25,10 +25,12 @@ from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
+from federation_sender.queue.batching import Batch
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.observer import QueueObserver, report
+from federation_sender.queue.pacing import CatchupPacing
 from federation_sender.queue.slots import Held, Slots
 from federation_sender.queue.status import DestinationStatus, live_status
 from federation_sender.queue.steps import (
@@ -43,6 +45,7 @@ from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import AttemptDeadline, Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
+    EventProbe,
     Outcome,
     SendResult,
     Transaction,
@@ -56,6 +59,8 @@ _NO_EDUS: Mapping[str, int] = MappingProxyType({})
 MAX_UNPERSISTED = 8
 """Results of one queue that may await their commit while it goes on sending."""
 
+NO_PACING = CatchupPacing(deadline_s=0)
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
@@ -68,6 +73,7 @@ class RunnerConfig:
     outbox_read_limit: int
     busy_interval_s: float
     busy_min_pdus: int
+    catchup_pacing: CatchupPacing = NO_PACING
 
     @classmethod
     def from_settings(
@@ -83,6 +89,7 @@ class RunnerConfig:
             outbox_read_limit=q.max_edus_per_txn,
             busy_interval_s=q.busy_txn_interval_s,
             busy_min_pdus=q.busy_min_pdus,
+            catchup_pacing=CatchupPacing(deadline_s=q.catchup_confirm_deadline_s),
         )
 
 
@@ -90,7 +97,8 @@ class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
         "_deadline", "_evict", "_finished", "_holding", "_idle_since",
-        "_in_flight_since", "_loaded", "_may_send", "_steady_until", "_stopping",
+        "_in_flight_since", "_loaded", "_may_send", "_pacing_failed_at", "_steady_until",
+        "_stopping",
         "_unpersisted", "_waiting",
         "_window_pdus", "_window_start", "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
@@ -122,6 +130,8 @@ class DestinationRunner:
         self.wake = Wakeup()
         self._deadline = AttemptDeadline(clock, config.attempt_deadline_s)
         self._in_flight_since: float | None = None
+        self._pacing_failed_at: float | None = None
+        """When a catch-up confirmation last failed (``queue/pacing.py``)."""
         self._loaded = False
         self._stopping = False
         self._finished = False
@@ -474,6 +484,51 @@ class DestinationRunner:
                 batch.catchup,
             )
         report(self.observer, self.destination, eff, result, was_failing)
+        if batch and result.outcome is Outcome.SUCCESS and batch.catchup:
+            await self._confirm_catchup(batch, result)
+
+    async def _confirm_catchup(self, batch: Batch, result: SendResult) -> None:
+        """Pacing (``queue/pacing.py``): after a catch-up chunk that leaves the rest of
+        its room for the next transaction, wait until the receiver holds the chunk's
+        last event, so that its staging queue of the room never fills up. Bounded by
+        the policy's deadline; past it, send on as without pacing."""
+        pacing = self.config.catchup_pacing
+        event_id = pacing.event_to_confirm(batch, result.pdu_errors)
+        probe = self.sender
+        if event_id is None or not isinstance(probe, EventProbe):
+            return
+        t0 = self.clock.monotonic_s()
+        if not pacing.paced_after(self._pacing_failed_at, t0):
+            return
+        answer: bool | None = None
+        for delay in pacing.poll_delays():
+            left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
+            if left <= 0 or self._stopping:
+                break
+            try:
+                async with asyncio.timeout(min(left, self.config.attempt_deadline_s)):
+                    answer = await probe.event_persisted(self.destination, event_id)
+            except TimeoutError:
+                answer = None
+            if answer:
+                break
+            left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
+            await self.clock.sleep(max(0.0, min(delay, left)))
+        waited = self.clock.monotonic_s() - t0
+        if answer:
+            self.observer.catchup_confirmed(self.destination, "confirmed", waited)
+            return
+        if self._stopping:
+            return
+        self._pacing_failed_at = self.clock.monotonic_s()
+        outcome = "unanswered" if answer is None else "not_held"
+        self.observer.catchup_confirmed(self.destination, outcome, waited)
+        log.warning(
+            "catch-up to %s: %s not confirmed within %.0f s (%s); sending on without "
+            "pacing for %.0f s (the receiver may prune what it has not processed)",
+            self.destination, event_id, waited,
+            "no answer" if answer is None else "not held yet", pacing.off_after_failure_s,
+        )
 
     async def _attempt(self, request: Transaction) -> SendResult:
         """One attempt (under the global slot its caller holds), within the attempt

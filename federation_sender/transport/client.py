@@ -50,6 +50,7 @@ from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Literal, Protocol
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -96,13 +97,15 @@ from federation_sender.transport.http import (
 )
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
 from federation_sender.transport.result import Outcome, SendResult, Transaction
-from federation_sender.transport.signing import SigningKey
+from federation_sender.transport.signing import SigningKey, sign_request
 
 logger = logging.getLogger(__name__)
 
 MAX_PDUS_PER_TXN = 50
 MAX_EDUS_PER_TXN = 100
-__all__ = ["SEND_PATH", "FederationClient", "TransportStats"]
+EVENT_PATH = "/_matrix/federation/v1/event/"
+
+__all__ = ["EVENT_PATH", "SEND_PATH", "FederationClient", "TransportStats"]
 
 _NO_SPAN: AbstractContextManager[trace.Span] = nullcontext(trace.INVALID_SPAN)
 
@@ -503,6 +506,47 @@ class FederationClient:
             result = classify_exception(e)
         self.requests.finished(txn.destination, result.outcome)
         return self._finish(txn, result, len(prepared.body), started)
+
+    async def event_persisted(self, destination: str, event_id: str) -> bool | None:
+        """Whether ``destination`` holds ``event_id``: ``GET /_matrix/federation/v1/
+        event/{eventId}``, signed. True on a 200 (Synapse answers it from its events
+        table: the event was processed), False on a 404 (not yet), None when the
+        request failed or got another answer. Never raises for what the remote does;
+        the caller bounds the wait (catch-up pacing, ``queue/pacing.py``)."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("FederationClient used before start()")
+        path = EVENT_PATH + quote(event_id, safe="")
+        auth = sign_request(key=self._key, origin=self.server_name,
+                            destination=destination, method="GET", uri=path)
+        try:
+            resolved = self.resolve_cached(destination) or await self._lookup(destination)
+            host, port = resolved.targets[0]
+            if self._is_ip_literal(host):
+                self._filter.check(host)
+            proxy, proxy_auth = self._proxy_args(host)
+            async with asyncio.timeout(self._attempt_timeout_s), session.get(
+                self._url(host, port, path),
+                headers={"Host": resolved.host_header, "Authorization": auth,
+                         "User-Agent": self._user_agent},
+                allow_redirects=False,
+                server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
+                ssl=self._ssl_for(resolved.tls_server_name) if self._scheme == "https" else False,
+                proxy=proxy,
+                proxy_headers=proxy_auth,
+            ) as response:
+                await read_limited(response, self._max_response_bytes)
+                status = response.status
+        except (TimeoutError, FederationSenderError, aiohttp.ClientError, OSError,
+                ValueError) as e:
+            logger.debug("GET event %s from %s: %s", event_id, destination, e)
+            return None
+        if status == 200:
+            return True
+        if status == 404:
+            return False
+        logger.debug("GET event %s from %s: HTTP %d", event_id, destination, status)
+        return None
 
     def _note_proxy_failure(self, exc: BaseException) -> BaseException:
         """A forward proxy's 407 (either client): one ERROR line, then per-attempt debug."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 JsonDict = dict[str, Any]
 
@@ -59,3 +59,10 @@ class TransactionSender(Protocol):
 
         Must return within the configured per-attempt deadline.
         """
+
+
+@runtime_checkable
+class EventProbe(Protocol):
+    async def event_persisted(self, destination: str, event_id: str) -> bool | None:
+        """Whether ``destination`` holds ``event_id`` (True), not yet (False), or no
+        answer (None). Never raises for remote failures."""
