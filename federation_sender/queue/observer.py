@@ -75,9 +75,9 @@ class QueueObserver(Protocol):
 
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None: ...
 
-    def catchup_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
-        """A paced catch-up chunk: ``confirmed`` (the receiver holds its last event),
-        ``not_held`` or ``unanswered`` (the deadline passed; sending on unpaced)."""
+    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
+        """A pacing wait (``queue/pacing.py``): ``confirmed`` (the receiver holds the
+        event), ``not_held`` or ``unanswered`` (the deadline passed; sending on unpaced)."""
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
@@ -138,7 +138,7 @@ class NoopObserver:
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         pass
 
-    def catchup_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
+    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
         pass
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,

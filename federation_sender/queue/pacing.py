@@ -1,24 +1,25 @@
-"""Pacing a catch-up replay so that a receiver which stages what it is sent keeps it.
+"""Pacing what is sent to a receiver that stages it, so that it keeps every event.
 
 Synapse answers ``/send`` once a transaction's PDUs are in its inbound staging table
 (``federation_inbound_events_staging``), before it processes them, one room at a
 time. Once a room holds 100 staged events it prunes them down to their forward
 extremities (``prune_staged_events_in_room``): what was pruned is absent until someone
-backfills. Sending a long gap back to back (a transaction holds at most 50 PDUs)
-fills that queue faster than it drains.
+backfills. A backlog of one room sent back to back (a transaction holds at most 50
+PDUs) fills that queue faster than it drains: a catch-up replay, and just as much the
+events the intake hands over after a restart.
 
-So a catch-up transaction that sends the leading chunk of a room (the rest of the
-room's events follow in the next one: ``Batch.catchup_position`` is None) is
-*confirmed* before the next catch-up transaction goes out: the runner asks the
-receiver for the chunk's last event (``GET /_matrix/federation/v1/event/{eventId}``).
-Synapse answers it from its events table (``on_pdu_request``, ``get_persisted_pdu``):
-a 200 means the event was processed and persisted, and since a room's staged events
-are processed oldest first, so were the chunk's others; a 404 means not yet. At most
-one chunk per room (50 events, half the limit) is then staged at a time.
+So the queue counts, per room, the PDUs the receiver accepted that are not yet
+*confirmed*. Once a room reaches ``confirm_after`` (40) of them, the next transaction
+waits until the receiver holds the room's last one: the runner asks for it
+(``GET /_matrix/federation/v1/event/{eventId}``). Synapse answers that from its events
+table (``on_pdu_request``, ``get_persisted_pdu``): a 200 means the event was processed
+and persisted, and since a room's staged events are processed oldest first, so were
+the others; a 404 means not yet. At most ``confirm_after - 1`` + one transaction (50)
+of our events of a room are then staged at once: 89, under 100.
 
-Bounded: the confirmation has a deadline (``deadline_s``); past it, or when the
+Bounded: one confirmation has a deadline (``deadline_s``); past it, or when the
 receiver does not answer the request at all, the queue sends on as it would without
-pacing (a log line and a metric say so), and does not wait for that destination
+pacing (the runner logs a line and counts it), and does not pace that destination
 again for ``off_after_failure_s``. Only this destination's queue waits; it holds no
 transaction slot while it does.
 
@@ -32,11 +33,11 @@ from dataclasses import dataclass
 
 from federation_sender.queue.batching import Batch
 
-__all__ = ["CatchupPacing"]
+__all__ = ["PacingPolicy", "RoomPacer"]
 
 
 @dataclass(frozen=True, slots=True)
-class CatchupPacing:
+class PacingPolicy:
     deadline_s: float = 30.0
     """How long one confirmation may take; 0 turns pacing off."""
     first_poll_s: float = 0.05
@@ -45,23 +46,12 @@ class CatchupPacing:
     """The longest pause between two requests for the same event."""
     off_after_failure_s: float = 600.0
     """After a confirmation failed, this destination is not paced for so long."""
+    confirm_after: int = 40
+    """Unconfirmed PDUs of one room before the next transaction waits for them."""
 
     @property
     def enabled(self) -> bool:
         return self.deadline_s > 0
-
-    def event_to_confirm(self, batch: Batch, refused: Collection[str] = ()) -> str | None:
-        """The event the receiver must hold before the next catch-up transaction: the
-        last PDU of a catch-up batch that leaves the rest of its room for later, not
-        counting PDUs the receiver refused in its answer (``refused``: they are never
-        persisted). None: send on at once (a live batch, or one that completes its
-        rooms)."""
-        if not self.enabled or not batch.catchup or batch.catchup_position is not None:
-            return None  # live, or every room of the batch is complete
-        for pdu in reversed(batch.pdus):
-            if pdu.event_id not in refused:
-                return pdu.event_id
-        return None
 
     def poll_delays(self) -> Iterator[float]:
         """Pauses between requests: doubling from ``first_poll_s`` up to ``max_poll_s``."""
@@ -76,3 +66,47 @@ class CatchupPacing:
         return self.enabled and (
             failed_at_s is None or now_s - failed_at_s >= self.off_after_failure_s
         )
+
+
+class RoomPacer:
+    """The unconfirmed PDUs of one destination, per room (pure, one per queue)."""
+
+    __slots__ = ("_rooms", "max_rooms", "policy")
+
+    def __init__(self, policy: PacingPolicy, max_rooms: int = 10_000) -> None:
+        self.policy = policy
+        self.max_rooms = max_rooms
+        self._rooms: dict[str, tuple[int, str]] = {}
+        """room -> (unconfirmed PDUs, the newest of them)."""
+
+    def sent(self, batch: Batch, refused: Collection[str] = ()) -> None:
+        """The receiver accepted ``batch`` (``refused``: PDUs its answer refused; they
+        are never persisted, so never waited for)."""
+        if not self.policy.enabled:
+            return
+        rooms = self._rooms
+        for pdu in batch.pdus:
+            if pdu.event_id in refused:
+                continue
+            count, _ = rooms.get(pdu.room_id, (0, ""))
+            rooms[pdu.room_id] = (count + 1, pdu.event_id)
+        if len(rooms) > self.max_rooms:
+            # Rooms with few unconfirmed PDUs go first: they are no risk.
+            for room, _ in sorted(rooms.items(), key=lambda kv: kv[1][0])[
+                    : len(rooms) - self.max_rooms]:
+                del rooms[room]
+
+    def to_confirm(self) -> tuple[str, str] | None:
+        """(room, event id) the receiver must hold before the next transaction, or
+        None: send on."""
+        for room, (count, event_id) in self._rooms.items():
+            if count >= self.policy.confirm_after:
+                return room, event_id
+        return None
+
+    def confirmed(self, room_id: str) -> None:
+        """The receiver holds the room's newest PDU (or the wait was given up)."""
+        self._rooms.pop(room_id, None)
+
+    def forget(self) -> None:
+        self._rooms.clear()

@@ -30,7 +30,7 @@ from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.observer import QueueObserver, report
-from federation_sender.queue.pacing import CatchupPacing
+from federation_sender.queue.pacing import PacingPolicy, RoomPacer
 from federation_sender.queue.slots import Held, Slots
 from federation_sender.queue.status import DestinationStatus, live_status
 from federation_sender.queue.steps import (
@@ -59,7 +59,7 @@ _NO_EDUS: Mapping[str, int] = MappingProxyType({})
 MAX_UNPERSISTED = 8
 """Results of one queue that may await their commit while it goes on sending."""
 
-NO_PACING = CatchupPacing(deadline_s=0)
+NO_PACING = PacingPolicy(deadline_s=0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,7 @@ class RunnerConfig:
     outbox_read_limit: int
     busy_interval_s: float
     busy_min_pdus: int
-    catchup_pacing: CatchupPacing = NO_PACING
+    pacing: PacingPolicy = NO_PACING
 
     @classmethod
     def from_settings(
@@ -89,7 +89,7 @@ class RunnerConfig:
             outbox_read_limit=q.max_edus_per_txn,
             busy_interval_s=q.busy_txn_interval_s,
             busy_min_pdus=q.busy_min_pdus,
-            catchup_pacing=CatchupPacing(deadline_s=q.catchup_confirm_deadline_s),
+            pacing=PacingPolicy(deadline_s=q.pacing_confirm_deadline_s),
         )
 
 
@@ -97,7 +97,7 @@ class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
         "_deadline", "_evict", "_finished", "_holding", "_idle_since",
-        "_in_flight_since", "_loaded", "_may_send", "_pacing_failed_at", "_steady_until",
+        "_in_flight_since", "_loaded", "_may_send", "_pacer", "_pacing_failed_at", "_steady_until",
         "_stopping",
         "_unpersisted", "_waiting",
         "_window_pdus", "_window_start", "clock", "config", "core",
@@ -131,6 +131,8 @@ class DestinationRunner:
         self._deadline = AttemptDeadline(clock, config.attempt_deadline_s)
         self._in_flight_since: float | None = None
         self._pacing_failed_at: float | None = None
+        self._pacer: RoomPacer | None = None
+        """Unconfirmed PDUs per room (``queue/pacing.py``), made on the first send."""
         """When a catch-up confirmation last failed (``queue/pacing.py``)."""
         self._loaded = False
         self._stopping = False
@@ -484,22 +486,34 @@ class DestinationRunner:
                 batch.catchup,
             )
         report(self.observer, self.destination, eff, result, was_failing)
-        if batch and result.outcome is Outcome.SUCCESS and batch.catchup:
-            await self._confirm_catchup(batch, result)
+        if batch and result.outcome is Outcome.SUCCESS:
+            await self._pace(batch, result)
 
-    async def _confirm_catchup(self, batch: Batch, result: SendResult) -> None:
-        """Pacing (``queue/pacing.py``): after a catch-up chunk that leaves the rest of
-        its room for the next transaction, wait until the receiver holds the chunk's
-        last event, so that its staging queue of the room never fills up. Bounded by
-        the policy's deadline; past it, send on as without pacing."""
-        pacing = self.config.catchup_pacing
-        event_id = pacing.event_to_confirm(batch, result.pdu_errors)
+    async def _pace(self, batch: Batch, result: SendResult) -> None:
+        """Pacing (``queue/pacing.py``): once a room has ``confirm_after`` PDUs the
+        receiver accepted but may not have processed yet, wait until it holds the
+        newest of them, so that its staging queue of the room never fills up.
+        Bounded by the policy's deadline; past it, send on as without pacing."""
+        pacing = self.config.pacing
         probe = self.sender
-        if event_id is None or not isinstance(probe, EventProbe):
+        if not isinstance(probe, EventProbe) or not pacing.paced_after(
+                self._pacing_failed_at, self.clock.monotonic_s()):
             return
+        pacer = self._pacer
+        if pacer is None:
+            pacer = self._pacer = RoomPacer(pacing)
+        pacer.sent(batch, result.pdu_errors)
+        while (due := pacer.to_confirm()) is not None and not self._stopping:
+            room_id, event_id = due
+            if not await self._confirm(probe, event_id):
+                pacer.forget()
+                return
+            pacer.confirmed(room_id)
+
+    async def _confirm(self, probe: EventProbe, event_id: str) -> bool:
+        """Ask the receiver for ``event_id`` until it holds it or the deadline passes."""
+        pacing = self.config.pacing
         t0 = self.clock.monotonic_s()
-        if not pacing.paced_after(self._pacing_failed_at, t0):
-            return
         answer: bool | None = None
         for delay in pacing.poll_delays():
             left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
@@ -516,19 +530,20 @@ class DestinationRunner:
             await self.clock.sleep(max(0.0, min(delay, left)))
         waited = self.clock.monotonic_s() - t0
         if answer:
-            self.observer.catchup_confirmed(self.destination, "confirmed", waited)
-            return
+            self.observer.pacing_confirmed(self.destination, "confirmed", waited)
+            return True
         if self._stopping:
-            return
+            return False
         self._pacing_failed_at = self.clock.monotonic_s()
         outcome = "unanswered" if answer is None else "not_held"
-        self.observer.catchup_confirmed(self.destination, outcome, waited)
+        self.observer.pacing_confirmed(self.destination, outcome, waited)
         log.warning(
-            "catch-up to %s: %s not confirmed within %.0f s (%s); sending on without "
-            "pacing for %.0f s (the receiver may prune what it has not processed)",
+            "pacing %s: %s not confirmed within %.0f s (%s); sending on unpaced for "
+            "%.0f s (the receiver may prune events it has not processed)",
             self.destination, event_id, waited,
             "no answer" if answer is None else "not held yet", pacing.off_after_failure_s,
         )
+        return False
 
     async def _attempt(self, request: Transaction) -> SendResult:
         """One attempt (under the global slot its caller holds), within the attempt

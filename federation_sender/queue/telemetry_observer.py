@@ -145,8 +145,8 @@ class TelemetryObserver:
         step.set_attribute(n.ATTR_ROOMS, rooms)
         step.set_attribute(n.ATTR_EVENTS, pdus)
 
-    def catchup_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
-        self._metrics.catchup_confirmation(outcome, waited_s)
+    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
+        self._metrics.pacing_confirmation(outcome, waited_s)
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:

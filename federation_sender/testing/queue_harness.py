@@ -70,7 +70,7 @@ class RecordingObserver(NoopObserver):
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         pass
 
-    def catchup_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
+    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
         self.confirmations.append((destination, outcome))
 
     def short_retry(self, destination: str, answered: bool) -> None:
