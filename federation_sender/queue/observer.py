@@ -77,7 +77,8 @@ class QueueObserver(Protocol):
 
     def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
         """A pacing wait (``queue/pacing.py``): ``confirmed`` (the receiver holds the
-        event), ``not_held`` or ``unanswered`` (the deadline passed; sending on unpaced)."""
+        event), ``not_yet`` or ``no_answer`` (the deadline passed), ``unsupported``
+        (the receiver does not serve the request); the last three send on unpaced."""
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:

@@ -45,6 +45,7 @@ from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import AttemptDeadline, Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
+    EventHeld,
     EventProbe,
     Outcome,
     SendResult,
@@ -514,7 +515,7 @@ class DestinationRunner:
         """Ask the receiver for ``event_id`` until it holds it or the deadline passes."""
         pacing = self.config.pacing
         t0 = self.clock.monotonic_s()
-        answer: bool | None = None
+        answer = EventHeld.NO_ANSWER
         for delay in pacing.poll_delays():
             left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
             if left <= 0 or self._stopping:
@@ -523,25 +524,33 @@ class DestinationRunner:
                 async with asyncio.timeout(min(left, self.config.attempt_deadline_s)):
                     answer = await probe.event_persisted(self.destination, event_id)
             except TimeoutError:
-                answer = None
-            if answer:
+                answer = EventHeld.NO_ANSWER
+            if answer is EventHeld.YES or answer is EventHeld.UNSUPPORTED:
                 break
             left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
-            await self.clock.sleep(max(0.0, min(delay, left)))
+            self._waiting = True  # on the clock: quiescent (a stop ends it within 1 s)
+            try:
+                await self.clock.sleep(max(0.0, min(delay, left)))
+            finally:
+                self._waiting = False
         waited = self.clock.monotonic_s() - t0
-        if answer:
+        if answer is EventHeld.YES:
             self.observer.pacing_confirmed(self.destination, "confirmed", waited)
             return True
         if self._stopping:
             return False
         self._pacing_failed_at = self.clock.monotonic_s()
-        outcome = "unanswered" if answer is None else "not_held"
-        self.observer.pacing_confirmed(self.destination, outcome, waited)
+        self.observer.pacing_confirmed(self.destination, answer.value, waited)
+        if answer is EventHeld.UNSUPPORTED:
+            log.info("pacing %s: it does not serve GET /event; sending unpaced for %.0f s",
+                     self.destination, pacing.off_after_failure_s)
+            return False
         log.warning(
             "pacing %s: %s not confirmed within %.0f s (%s); sending on unpaced for "
             "%.0f s (the receiver may prune events it has not processed)",
             self.destination, event_id, waited,
-            "no answer" if answer is None else "not held yet", pacing.off_after_failure_s,
+            "no answer" if answer is EventHeld.NO_ANSWER else "not held yet",
+            pacing.off_after_failure_s,
         )
         return False
 

@@ -166,7 +166,7 @@ class Metrics:
         self._pacing_confirmations = Counter(
             n.PACING_CONFIRMATIONS,
             "Waits for a receiver to process what it accepted, by outcome "
-            "(confirmed, not_held, unanswered)",
+            "(confirmed, not_yet, no_answer, unsupported)",
             ["outcome"], registry=r)
         self._pacing_wait = Counter(
             n.PACING_WAIT, "Time spent waiting for receivers to process what they accepted",

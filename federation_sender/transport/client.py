@@ -44,6 +44,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import json
 import logging
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
@@ -96,7 +97,7 @@ from federation_sender.transport.http import (
     unverified_context,
 )
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
-from federation_sender.transport.result import Outcome, SendResult, Transaction
+from federation_sender.transport.result import EventHeld, Outcome, SendResult, Transaction
 from federation_sender.transport.signing import SigningKey, sign_request
 
 logger = logging.getLogger(__name__)
@@ -507,12 +508,13 @@ class FederationClient:
         self.requests.finished(txn.destination, result.outcome)
         return self._finish(txn, result, len(prepared.body), started)
 
-    async def event_persisted(self, destination: str, event_id: str) -> bool | None:
+    async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
         """Whether ``destination`` holds ``event_id``: ``GET /_matrix/federation/v1/
-        event/{eventId}``, signed. True on a 200 (Synapse answers it from its events
-        table: the event was processed), False on a 404 (not yet), None when the
-        request failed or got another answer. Never raises for what the remote does;
-        the caller bounds the wait (catch-up pacing, ``queue/pacing.py``)."""
+        event/{eventId}``, signed. Synapse answers it from its events table (200: the
+        event was processed) and a 404 with the JSON body ``""`` when it does not hold
+        it (yet); a 404 ``M_UNRECOGNIZED`` or one that is not JSON means the receiver
+        does not serve the request. Never raises for what the remote does; the
+        caller bounds the wait (``queue/pacing.py``)."""
         session = self._session
         if session is None:
             raise RuntimeError("FederationClient used before start()")
@@ -535,18 +537,24 @@ class FederationClient:
                 proxy=proxy,
                 proxy_headers=proxy_auth,
             ) as response:
-                await read_limited(response, self._max_response_bytes)
+                body = await read_limited(response, self._max_response_bytes)
                 status = response.status
         except (TimeoutError, FederationSenderError, aiohttp.ClientError, OSError,
                 ValueError) as e:
             logger.debug("GET event %s from %s: %s", event_id, destination, e)
-            return None
+            return EventHeld.NO_ANSWER
         if status == 200:
-            return True
+            return EventHeld.YES
         if status == 404:
-            return False
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                return EventHeld.UNSUPPORTED
+            if isinstance(answer, dict) and answer.get("errcode") == "M_UNRECOGNIZED":
+                return EventHeld.UNSUPPORTED
+            return EventHeld.NOT_YET
         logger.debug("GET event %s from %s: HTTP %d", event_id, destination, status)
-        return None
+        return EventHeld.NO_ANSWER
 
     def _note_proxy_failure(self, exc: BaseException) -> BaseException:
         """A forward proxy's 407 (either client): one ERROR line, then per-attempt debug."""

@@ -61,8 +61,21 @@ class TransactionSender(Protocol):
         """
 
 
+class EventHeld(enum.Enum):
+    """A receiver's answer to ``GET /_matrix/federation/v1/event/{eventId}``."""
+
+    YES = "yes"
+    """200: it holds the event (Synapse: processed and persisted)."""
+    NOT_YET = "not_yet"
+    """404 as Synapse answers it (a JSON body that is not ``M_UNRECOGNIZED``)."""
+    NO_ANSWER = "no_answer"
+    """No response, or another status: ask again."""
+    UNSUPPORTED = "unsupported"
+    """404 ``M_UNRECOGNIZED`` or not JSON: the receiver does not serve the request."""
+
+
 @runtime_checkable
 class EventProbe(Protocol):
-    async def event_persisted(self, destination: str, event_id: str) -> bool | None:
-        """Whether ``destination`` holds ``event_id`` (True), not yet (False), or no
-        answer (None). Never raises for remote failures."""
+    async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
+        """Whether ``destination`` holds ``event_id``. Never raises for remote
+        failures."""
