@@ -3,7 +3,9 @@ ours in the same run (issue 33, item 2).
 
 One receiving Synapse 1.163 (SQLite, sending for itself) and, per ``--senders``, a
 sending Synapse 1.163 deployment (PostgreSQL, a Redis of its own) whose federation
-sender is Synapse's own worker (``synapse``) or ours (``ours``, its defaults). For each
+sender is Synapse's own worker (``synapse``) or ours (``ours``, its defaults but
+``queue.catchup_max_gap_events: --gap``: a destination that starts in catch-up, as after
+a SIGKILL, replays a gap up to that long and sends extremities beyond it). For each
 sender and each ``--modes``: a new room the receiver's user joins; then
 
 * ``stop``: the federation sender is stopped, ``--events`` messages are sent, it is
@@ -18,7 +20,7 @@ sender's restart until all were live with the staging queue drained (None: not
 within ``--wait-s``).
 
     .venv/bin/python bench/catchup_backlog.py [--events 1000] [--senders synapse ours] \
-        [--modes stop sigkill] [--wait-s 300] [--json out.json]
+        [--modes stop sigkill] [--wait-s 300] [--gap 1000] [--json out.json]
 """
 
 from __future__ import annotations
@@ -53,10 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", nargs="+", default=["stop", "sigkill"],
                    choices=["stop", "sigkill"])
     p.add_argument("--wait-s", type=float, default=300.0)
+    p.add_argument("--gap", type=int, default=1000,
+                   help="our queue.catchup_max_gap_events (default 1000; ours: 50)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     clock = SystemClock()
-    out: dict[str, Any] = {"events": a.events, "runs": []}
+    out: dict[str, Any] = {"events": a.events, "gap": a.gap, "runs": []}
     complete = True
     with (
         ephemeral_cluster() as cluster,
@@ -79,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             if kind == "synapse":
                 d.start_federation_sender()
             else:
-                ours = OurSender(d, root / "ours-worker")
+                ours = OurSender(d, root / "ours-worker",
+                                 {"queue": {"catchup_max_gap_events": a.gap}})
                 stack.callback(ours.stop)
                 ours.start()
 
