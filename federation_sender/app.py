@@ -54,26 +54,25 @@ from federation_sender.replication.client import ReplicationClient
 from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.startup import listen, wait_for_database
-from federation_sender.storage.engine import create_engine, is_sqlite
+from federation_sender.storage.capabilities import Capabilities
+from federation_sender.storage.engine import create_engine, db_outage, is_sqlite
 from federation_sender.storage.instance_lock import InstanceLock, InstanceLockLost, instance_lock
 from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
-from federation_sender.storage.stream_fetchers import stream_fetchers, unfetched_gaps
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.supervisor import Supervisor
 from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.edus.wiring import bind_stream_tokens, synapse_edus
 from federation_sender.synapse.egress import (
     build_outbound_proxy,
     egress_secrets,
     worker_listeners,
 )
 from federation_sender.synapse.wiring import (
-    ReplicationSignals,
     load_synapse_signing_key,
     open_synapse_storage,
+    synapse_edus,
 )
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.telemetry.metrics import Metrics, new_registry
@@ -130,8 +129,9 @@ class Worker:
     supervisor: Supervisor | None = None
     ready: bool = False
     stop_deadline_s: float = 10.0
-    signals: ReplicationSignals | None = None
-    """Beside Synapse: what we say on replication about the ``caches`` stream we write."""
+    capabilities: Capabilities = field(default_factory=lambda: Capabilities({}, {}))
+    """What the backend offers beyond its Protocols (beside Synapse: the replication
+    signals about the ``caches`` stream we write, the EDUs' rooms, more gap fetchers)."""
     admin_verifier: TokenVerifier | None = None
     """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
     event_writers: tuple[str, ...] | None = None
@@ -191,7 +191,7 @@ class Worker:
         auto_migrate: bool,
         synapse: SynapseConfig | None = None,
     ) -> Worker:
-        storage, signals = await _open_storage(
+        storage, capabilities = await _open_storage(
             settings, clock, engine, resources, auto_migrate, synapse
         )
         # Before anything that sends is built: a second copy of this instance stops here.
@@ -244,7 +244,7 @@ class Worker:
             resources=resources,
             own_client=own_client,
             stop_deadline_s=settings.shutdown_deadline_s,
-            signals=signals,
+            capabilities=capabilities,
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
             lock=lock,
             event_writers=synapse.event_writers if synapse is not None else None,
@@ -336,23 +336,25 @@ class Worker:
             tracing=self.observer.tracing,
             event_writers=self.event_writers,
             stored_positions=store,
-            **synapse_edus(self.storage, self.manager, self.clock),
+            **synapse_edus(self.capabilities.edu_rooms, self.synapse, self.manager, self.clock),
         )
-        bind_stream_tokens(self.storage, handler.tokens)
+        caps = self.capabilities
+        caps.bind_stream_tokens(handler.tokens)
         client = ReplicationClient(
             transport,
             instance_name=s.instance_name,
             store=store,
-            fetchers=stream_fetchers(self.engine, synapse=self.storage.name == "synapse"),
-            gap_notes=unfetched_gaps(synapse=self.storage.name == "synapse"),
+            fetchers=caps.fetchers,
+            gap_notes=caps.gap_notes,
             handler=handler,
             clock=self.clock,
             streams=CONSUMED_STREAMS,
-            announce=self.signals.announce if self.signals is not None else None,
+            announce=caps.signals.announce if caps.signals is not None else None,
             save_interval_s=s.replication.position_save_interval_s,
+            outage=db_outage,
         )
-        if self.signals is not None:
-            self.signals.attach(client.send)
+        if caps.signals is not None:
+            caps.signals.attach(client.send)
 
         async def ack(token: int) -> None:
             client.send_federation_ack(token)
@@ -444,9 +446,9 @@ async def _open_storage(
     resources: contextlib.AsyncExitStack,
     auto_migrate: bool,
     synapse: SynapseConfig | None,
-) -> tuple[Backend, ReplicationSignals | None]:
-    """Wait for the database, check (or migrate) its schema, open the backend: ours, or
-    Synapse's with the replication signals it feeds."""
+) -> tuple[Backend, Capabilities]:
+    """Wait for the database, check (or migrate) its schema, open the backend (ours, or
+    Synapse's): the one place that chooses it, with what it offers beyond its Protocols."""
     db = settings.database
     await wait_for_database(
         engine, attempts=db.connect_attempts, interval_s=db.connect_retry_s, clock=clock
@@ -455,11 +457,12 @@ async def _open_storage(
         synapse_backend = await open_synapse_storage(
             engine, settings, synapse, clock, resources, auto_migrate=auto_migrate
         )
-        return synapse_backend, ReplicationSignals(synapse_backend, settings.instance_name)
+        return synapse_backend, synapse_backend.capabilities()
     if auto_migrate and is_sqlite(engine):
         await upgrade(engine)
     await check_schema(engine)
-    return NativeBackend(engine), None
+    native = NativeBackend(engine)
+    return native, native.capabilities()
 
 
 async def run_worker(

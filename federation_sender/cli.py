@@ -304,7 +304,7 @@ async def _migrate(settings: Settings, revision: str) -> int:
 
 
 async def _migrate_beside_synapse(settings: Settings, revision: str) -> int:
-    from federation_sender.synapse.database import (
+    from federation_sender.storage.synapse.database import (
         OWN_SCHEMA,
         create_synapse_engine,
         own_revision,

@@ -45,7 +45,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import ShardingSettings
 from federation_sender.storage import leases as sql
-from federation_sender.storage.engine import is_sqlite, run_in_transaction
+from federation_sender.storage.engine import db_outage, is_sqlite, run_in_transaction
 from federation_sender.storage.leases import lease_is_current
 
 __all__ = [
@@ -147,10 +147,15 @@ class ShardCoordinator:
             await self._clock.sleep(self._settings.heartbeat_interval_s)
             try:
                 await self.heartbeat_once()
-            except Exception:
+            except Exception as e:
                 # Top of the task: a failed heartbeat is retried next interval; leases
                 # lapse locally meanwhile, which stops sending.
-                log.exception("shard heartbeat failed")
+                outage = db_outage(e)
+                if outage is not None:
+                    log.warning("shard heartbeat skipped, the database is unavailable (%s)",
+                                outage)
+                else:
+                    log.exception("shard heartbeat failed")
 
     # --- membership -----------------------------------------------------------------
 

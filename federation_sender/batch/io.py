@@ -12,24 +12,27 @@ undo the worker's newer writes.
 Apply
 -----
 Results are written by Spark (in parallel, from the executors) into a fresh UNLOGGED
-staging table, then applied in one PostgreSQL transaction: one ``INSERT … ON CONFLICT DO
-UPDATE`` for upserts, one ``DELETE`` for stale rows, one upsert of destination positions
-(only ever lowered, with ``LEAST``). A run that fails before that transaction commits
+staging table, then applied in one transaction through the storage boundary
+(``tx.destinations.apply_staged_batch``, the statements of
+:mod:`federation_sender.storage.batch_apply`): one ``INSERT … ON CONFLICT DO UPDATE``
+for upserts, one ``DELETE`` for stale rows, one upsert of destination positions (only
+ever lowered). A run that fails before that transaction commits
 changes nothing but the staging table, which is dropped on the way out; the result of a
 run is a function of the data, so running again is idempotent.
 
 On the embedded SQLite database (the default configuration and the demo use one) the
 jobs read through Debian's SQLite JDBC driver (``libxerial-sqlite-jdbc-java``), and the
 apply step collects the (small) result on the driver and applies it in one SQLite
-transaction with the same rules.
+transaction with the same statements (``tx.destinations.apply_batch``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +42,10 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from federation_sender.batch.session import JDBC_DRIVER, SQLITE_JDBC_DRIVER
+from federation_sender.storage.batch_apply import BatchCounts, StagedChange
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.protocols import Tx
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -327,79 +334,38 @@ def apply_changes(
             conn.execute(f"DROP TABLE IF EXISTS {staging}")
 
 
+def _through_storage(db: Database, fn: Callable[[Tx], Awaitable[BatchCounts]]) -> ApplyResult:
+    """Run ``fn`` in one transaction of the native backend on ``db``: the batch jobs
+    write through the same tables as the worker (:mod:`federation_sender.storage
+    .batch_apply`)."""
+    url = f"sqlite:///{db.url}" if db.sqlite else db.url
+
+    async def run() -> BatchCounts:
+        engine = create_engine(url, pool_size=1)
+        try:
+            return await NativeBackend(engine).run(fn)
+        finally:
+            await engine.dispose()
+
+    counts = asyncio.run(run())
+    return ApplyResult(counts.upserted, counts.deleted, counts.positions_lowered)
+
+
 def _apply_staged(db: Database, staging: str, hwm: int) -> ApplyResult:
-    with db.connect() as conn, conn.transaction():
-        up = conn.execute(
-            f"""
-            INSERT INTO destination_rooms (destination, room_id, stream_ordering)
-            SELECT destination, room_id, stream_ordering FROM {staging}
-            WHERE action = 'upsert'
-            ON CONFLICT (destination, room_id) DO UPDATE
-            SET stream_ordering = EXCLUDED.stream_ordering
-            WHERE destination_rooms.stream_ordering <= %(hwm)s
-            """,
-            {"hwm": hwm},
-        ).rowcount
-        deleted = conn.execute(
-            f"""
-            DELETE FROM destination_rooms d USING {staging} s
-            WHERE s.action = 'delete' AND d.destination = s.destination
-              AND d.room_id = s.room_id AND d.stream_ordering <= %(hwm)s
-            """,
-            {"hwm": hwm},
-        ).rowcount
-        lowered = conn.execute(
-            f"""
-            INSERT INTO destinations (destination, last_successful_stream_ordering)
-            SELECT destination, stream_ordering FROM {staging} WHERE action = 'position'
-            ON CONFLICT (destination) DO UPDATE
-            SET last_successful_stream_ordering = LEAST(
-                destinations.last_successful_stream_ordering,
-                EXCLUDED.last_successful_stream_ordering)
-            WHERE destinations.last_successful_stream_ordering IS NULL
-               OR destinations.last_successful_stream_ordering
-                  > EXCLUDED.last_successful_stream_ordering
-            """
-        ).rowcount
-    return ApplyResult(upserted=up, deleted=deleted, positions_lowered=lowered)
+    return _through_storage(db, lambda tx: tx.destinations.apply_staged_batch(staging, hwm))
 
 
 def _apply_sqlite(db: Database, changes: DataFrame, positions: DataFrame | None,
                   hwm: int) -> ApplyResult:
     """The embedded database is small: collect on the driver, apply in one transaction
-    with the rules of :func:`_apply_staged` (nothing past ``hwm`` touched, positions only
-    lowered)."""
+    with the same statements as :func:`_apply_staged`."""
     rows = changes.select("destination", "room_id", "stream_ordering", "action").collect()
     pos = [] if positions is None else positions.select("destination", "position").collect()
-    up = [(r[0], r[1], r[2]) for r in rows if r[3] == "upsert"]
-    gone = [(r[0], r[1]) for r in rows if r[3] == "delete"]
-    conn = sqlite3.connect(db.url, timeout=30)
-    try:
-        with conn:  # one transaction: committed at the end, rolled back on an error
-            upserted = deleted = lowered = 0
-            for d, room, so in up:
-                upserted += conn.execute(
-                    "INSERT INTO destination_rooms (destination, room_id, stream_ordering) "
-                    "VALUES (?, ?, ?) ON CONFLICT (destination, room_id) DO UPDATE "
-                    "SET stream_ordering = excluded.stream_ordering "
-                    "WHERE destination_rooms.stream_ordering <= ?", (d, room, so, hwm)).rowcount
-            for d, room in gone:
-                deleted += conn.execute(
-                    "DELETE FROM destination_rooms WHERE destination = ? AND room_id = ? "
-                    "AND stream_ordering <= ?", (d, room, hwm)).rowcount
-            for d, p in pos:
-                lowered += conn.execute(
-                    "INSERT INTO destinations (destination, last_successful_stream_ordering) "
-                    "VALUES (?, ?) ON CONFLICT (destination) DO UPDATE "
-                    "SET last_successful_stream_ordering = min("
-                    "destinations.last_successful_stream_ordering, "
-                    "excluded.last_successful_stream_ordering) "
-                    "WHERE destinations.last_successful_stream_ordering IS NULL "
-                    "OR destinations.last_successful_stream_ordering > "
-                    "excluded.last_successful_stream_ordering", (d, int(p))).rowcount
-    finally:
-        conn.close()
-    return ApplyResult(upserted=upserted, deleted=deleted, positions_lowered=lowered)
+    staged: list[StagedChange] = [
+        (str(r[0]), r[1], None if r[2] is None else int(r[2]), str(r[3])) for r in rows
+    ]
+    staged += [(str(d), None, int(p), "position") for d, p in pos]
+    return _through_storage(db, lambda tx: tx.destinations.apply_batch(staged, hwm))
 
 
 def write_outputs(df: DataFrame, out_dir: str | Path, name: str) -> Any:

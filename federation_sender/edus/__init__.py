@@ -33,35 +33,13 @@ or the 40 s re-send repairs it.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Hashable
-from dataclasses import dataclass
+from collections.abc import Hashable
 from typing import Protocol
 
 from federation_sender.queue.items import JsonDict
+from federation_sender.storage.edu_reads import EventMeta, RoomHosts
 
-
-@dataclass(frozen=True, slots=True)
-class EventMeta:
-    """What the receipt pacing rule needs to know of the receipt's event."""
-
-    sender: str
-    received_ts: int
-    """When this server received (or created) the event, in ms."""
-
-
-class RoomHosts(Protocol):
-    """The backend's view of rooms, for ephemeral EDUs."""
-
-    async def current_hosts(self, room_id: str) -> Collection[str]:
-        """Servers with a joined member in the room now (our own included or not)."""
-
-    async def receipt_hosts(self, room_id: str) -> Collection[str]:
-        """Where a receipt goes: the current hosts, and in a partial-state room also
-        the servers in it at our join (Synapse's
-        ``get_current_hosts_in_room_or_partial_state_approximation``)."""
-
-    async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
-        """Sender and reception time of an event; None if unknown."""
+__all__ = ["EduSink", "EventMeta", "RoomHosts"]
 
 
 class EduSink(Protocol):

@@ -29,28 +29,13 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.ids import server_of
 from federation_sender.queue.items import JsonDict
 from federation_sender.replication.rows import PresenceFederationRow, PresenceRow, PresenceState
+from federation_sender.storage.edu_reads import PresenceSource
 
 log = logging.getLogger(__name__)
 
 ONLINE = "online"
 OFFLINE = "offline"
 DEFAULT_LAST_ACTIVE_GRANULARITY_MS = 60_000
-
-
-class PresenceSource(Protocol):
-    """The backend's side of presence."""
-
-    async def startup_states(self) -> list[PresenceState]:
-        """Every user's latest state that is not offline."""
-
-    async def states_for_users(self, user_ids: Collection[str]) -> dict[str, PresenceState]:
-        """The latest stored state of each user that has one."""
-
-    async def rooms_for_user(self, user_id: str) -> Collection[str]:
-        """Rooms the user is joined to now."""
-
-    async def current_hosts(self, room_id: str) -> Collection[str]:
-        """Servers with a joined member in the room now."""
 
 
 class PresenceSink(Protocol):

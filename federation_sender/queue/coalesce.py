@@ -18,9 +18,9 @@ catch-up and EDU-only transactions never wait; nor does anything while the intak
 caught up (the common case on a quiet server, where this costs nothing).
 
 A caught-up intake holds nothing here; a destination in a steady stream has a second,
-separate hold (``DestinationRunner._hold_busy``: at most one part-filled transaction
-per ``queue.busy_txn_interval_s``), which is what sets the transactions' size at a
-high rate once the intake keeps up.
+separate hold (:mod:`~federation_sender.queue.loop_policy`: at most one part-filled
+transaction per ``queue.busy_txn_interval_s``), which is what sets the transactions'
+size at a high rate once the intake keeps up.
 
 Waiting for one hand-over only (the first version) was not enough against a real
 Synapse: the intake hands over every few events, so at 415 destinations and about 30

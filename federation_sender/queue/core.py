@@ -3,7 +3,9 @@
 The asyncio shell (:mod:`federation_sender.queue.runner`) repeatedly asks
 :meth:`DestinationCore.next_step` what to do, performs it (sleep, read the database,
 send a transaction) and feeds the outcome back. Everything that decides anything lives
-here, so it is tested synchronously, including by a Hypothesis state machine.
+here (the rules for a transaction's result in :mod:`~federation_sender.queue.results`,
+a base class of the core), so it is tested synchronously, including by a Hypothesis
+state machine.
 
 Invariants:
 
@@ -27,6 +29,10 @@ Invariants:
   for 30 s, then Synapse's in-request schedule) with the same frozen transaction; only
   when that phase is over is the backoff persisted. An answer of any kind ends the
   phase; a wake-up (``clear_backoff``) cuts its wait short without resetting its count.
+* The runner's loop policy is decided here too
+  (:class:`~federation_sender.queue.loop_policy.LoopPolicy`): the steady-stream hold of
+  part-filled transactions, whether new items wake the queue, and when its runner
+  exits (idle past the TTL, or parked in a long backoff).
 """
 
 from __future__ import annotations
@@ -46,15 +52,16 @@ from federation_sender.queue.batching import Batch, Limits, fill_edus, take_batc
 from federation_sender.queue.catchup import RoomPlan, pdu_item
 from federation_sender.queue.destination import DestinationState, DestinationStateMachine
 from federation_sender.queue.episode import CatchupEpisode
-from federation_sender.queue.isolation import ItemIsolation, Verdict
+from federation_sender.queue.isolation import ItemIsolation
 from federation_sender.queue.items import (
-    EduItem,
     EduKind,
     JsonDict,
     PduItem,
     PendingItems,
     make_edu,
 )
+from federation_sender.queue.loop_policy import LoopPolicy
+from federation_sender.queue.results import ResultRules
 from federation_sender.queue.steps import (
     Effects,
     FrozenTxn,
@@ -64,18 +71,15 @@ from federation_sender.queue.steps import (
     Send,
     Step,
     Wait,
-    outbox_keys,
 )
-from federation_sender.transport.result import Outcome, SendResult
 
 
-class DestinationCore:
+class DestinationCore(ResultRules):
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_next_txn_id", "backoff", "current", "destination", "device_list_cursor",
-        "episode", "isolation", "last_error", "last_success_ms", "last_successful",
-        "limits", "max_done", "outbox_dirty", "parse_pdu", "pending", "policy",
-        "rate_limit", "rng", "short_retry", "sm", "stopped", "to_device_cursor", "work",
+        # (and those of ResultRules, the state the result rules use)
+        "_next_txn_id", "destination", "device_list_cursor", "limits", "loop_policy",
+        "outbox_dirty", "parse_pdu", "sm", "stopped", "to_device_cursor",
     )
 
     def __init__(
@@ -92,6 +96,8 @@ class DestinationCore:
         on_state_change: Callable[[DestinationState, DestinationState], None] | None = None,
         catching_up: bool = True,
         parse_pdu: Callable[[EventRow], PduItem] = pdu_item,
+        loop_policy: LoopPolicy | None = None,
+        last_error: str | None = None,
     ) -> None:
         self.destination = destination
         self.parse_pdu = parse_pdu
@@ -117,7 +123,9 @@ class DestinationCore:
         self.to_device_cursor = -1
         self.device_list_cursor = -1
         self.outbox_dirty = True
-        self.last_error: str | None = None
+        self.loop_policy = loop_policy or LoopPolicy()
+        self.last_error = last_error
+        """The last failure's text (a new queue starts with its predecessor's)."""
         self.last_success_ms: int | None = None
         """Clock ms of the last answered non-empty transaction (since this queue loaded)."""
         self.stopped = False
@@ -150,8 +158,13 @@ class DestinationCore:
             return
         if self.episode.active:
             self.episode.skipped(items[-1].stream_ordering)
-        else:
-            self.pending.add_pdus(items)
+            return
+        if items[0].stream_ordering <= self.max_done:
+            # The intake hands PDUs over after committing their destination_rooms rows;
+            # a catch-up episode that read those rows meanwhile has sent them (or a
+            # later extremity of their room) and moved max_done past them.
+            items = [i for i in items if i.stream_ordering > self.max_done]
+        self.pending.add_pdus(items)
 
     def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
         if key is not None:
@@ -317,139 +330,49 @@ class DestinationCore:
         self.device_list_cursor = -1
         self.outbox_dirty = True
 
-    # --- results ---------------------------------------------------------------------------
+    # --- the runner's loop policy (times in monotonic seconds) ------------------------------
 
-    def _min_held_stream_ordering(self) -> int | None:
-        m = self.pending.min_stream_ordering()
-        if not self.work and not self.isolation:
-            return m
-        sos = [
-            p.stream_ordering
-            for b in (*self.work, *self.isolation.batches())
-            for p in b.pdus
-        ]
-        if m is not None:
-            sos.append(m)
-        return min(sos, default=None)
+    def note_sent(self, txn: FrozenTxn, now_s: float) -> None:
+        """``txn`` is about to go out (before any wait: what is pending now is what it
+        left): the steady stream counts it (:meth:`LoopPolicy.note_sent`)."""
+        self.loop_policy.note_sent(txn, bool(self.pending.pdus), now_s)
 
-    def on_result(self, txn: FrozenTxn, result: SendResult, now_ms: int) -> Effects:
-        if self.current is not txn:
-            raise RuntimeError("result for a transaction that is not in flight")
-        eff = Effects()
-        batch = txn.batch
-        phase = self.short_retry
-        if phase.in_phase and batch:
-            phase.attempts += 1
-            eff.short_retry_attempt = True
-            if not _unanswered(result):
-                # Any answer but a 5xx: the destination is up again.
-                eff.short_retry_ended = phase.reset()
-        if result.outcome is Outcome.SUCCESS:
-            if batch:
-                self.last_success_ms = now_ms
-            self._on_success(batch, result, eff)
-            return eff
-        self.last_error = result.error or result.outcome.value
-        if result.outcome is Outcome.TOO_LARGE:
-            self.current = None
-            if batch.item_count >= 2:
-                self.work[:0] = batch.split()
-            else:
-                self._drop(batch, "too_large", eff)
-            return eff
-        if result.status == 429:
-            first = self.rate_limit.in_a_row == 0
-            if self.rate_limit.on_429(result.retry_after_s, now_ms):
-                # Overloaded, not failed: resend the same transaction after a pause.
-                if first:
-                    eff.rate_limited_ms = self.rate_limit.until_ms - now_ms
-                self.current = FrozenTxn(txn.txn_id, batch, txn.attempts + 1)
-                return eff
-        if self.isolation.is_refusal(result.status, batch):
-            verdict = self.isolation.on_refusal(batch, result.status, now_ms)
-            if verdict is not Verdict.DESTINATION:
-                self.current = None
-                if batch.item_count >= 2:  # SPLIT, or PROBE after many refusals
-                    self.work[:0] = batch.split()
-                if verdict is Verdict.PROBE:
-                    self.work.insert(0, Batch((), (), probe=True))
-                elif verdict is Verdict.DROP:
-                    self._drop(batch, "refused", eff)
-                return eff
-        self._fail(txn, result, now_ms, eff)
-        return eff
+    def steady_hold_s(self, now_ms: int, monotonic_s: Callable[[], float]) -> float:
+        """How long to hold the next transaction back for the steady stream: > 0 only
+        when it would be a part-filled batch of PDUs and the stream's interval runs
+        (``monotonic_s`` is read only then: this is asked at every step)."""
+        if self.loop_policy.steady_until and self.would_send_partial_pdus(now_ms):
+            return self.loop_policy.hold_left_s(monotonic_s())
+        return 0.0
 
-    def _on_success(self, batch: Batch, result: SendResult, eff: Effects) -> None:
-        self.current = None
-        if batch:
-            # Only an answer clears it: an empty catch-up step advancing locally says
-            # nothing about the destination.
-            self.last_error = None
-        if self.rate_limit.in_a_row:
-            eff.rate_limit_ended = self.rate_limit.in_a_row
-            self.rate_limit.on_success()
-        self.isolation.on_success(batch)
-        eff.succeeded = bool(batch)
-        if self.backoff != RESET:
-            self.backoff = RESET
-            eff.backoff = RESET
-        outbox_keys(batch.edus, eff)
-        eff.prune.extend(batch.catchup_prune)
-        if batch.catchup:
-            self.episode.answered(result.duration_s)
-        if not self.episode.active:
-            # Catch-up moves the position only when the episode ends: until then
-            # rooms not yet handled may hold missed events below any row handled.
-            self._advance(batch, eff)
+    def set_holding(self, holding: bool) -> None:
+        """The runner waits out (or stopped waiting out) a steady-stream hold."""
+        self.loop_policy.holding = holding
 
-    def _fail(self, txn: FrozenTxn, result: SendResult, now_ms: int, eff: Effects) -> None:
-        """The destination is down (or refuses everything): retry soon (the short-retry
-        phase) or back off, keeping the frozen transaction for an identical retry."""
-        self.isolation.on_destination_failure()
-        self.current = FrozenTxn(txn.txn_id, txn.batch, txn.attempts + 1)
-        phase = self.short_retry
-        if _unanswered(result) and not self.backoff.backing_off:
-            first = not phase.in_phase
-            retries = phase.attempts
-            delay = phase.on_failure(now_ms, self.rng)
-            if delay is not None:
-                eff.short_retry_ms = delay
-                eff.short_retry_started = first
-                return
-            if not first:
-                eff.short_retry_gave_up = retries
-        elif phase.in_phase:
-            eff.short_retry_gave_up = phase.reset()
-        self.backoff = self.policy.on_failure(
-            self.backoff, now_ms, self.rng, result.retry_after_s
+    def wakes_on_add(self) -> bool:
+        """Whether an item just added should wake the runner (not during a steady-stream
+        hold of a batch that is still part-filled)."""
+        return not self.loop_policy.holding or len(self.pending.pdus) >= self.limits.max_pdus
+
+    def parks(self, wait_s: float, idle_ttl_s: float) -> bool:
+        """The runner may exit instead of waiting ``wait_s``: longer than the idle TTL
+        in catch-up mode with nothing in memory (the wake-up sweep brings the queue back
+        when due, from the database)."""
+        return (
+            wait_s > idle_ttl_s and self.catching_up and not self.pending
+            and self.current is None
         )
-        eff.backoff = self.backoff
-        if self.policy.should_catch_up(self.backoff):
-            self._enter_catchup(eff)
 
-    def _drop(self, batch: Batch, reason: str, eff: Effects) -> None:
-        items: list[PduItem | EduItem] = [*batch.pdus, *batch.edus]
-        eff.dropped.extend((item, reason) for item in items)
-        self.isolation.forget(batch)
-        # A dropped outbox row is marked sent so it cannot poison the queue again.
-        outbox_keys(batch.edus, eff)
-        eff.prune.extend(batch.catchup_prune)
-        if not self.episode.active:
-            self._advance(batch, eff)
+    def idle_started(self, now_s: float) -> None:
+        self.loop_policy.idle_started(now_s)
 
-    def _advance(self, batch: Batch, eff: Effects) -> None:
-        """Move the position up to the highest PDU done (sent or dropped), but below any
-        PDU still held in memory."""
-        top = batch.max_stream_ordering
-        if top is not None:
-            self.max_done = max(self.max_done, top)
-        target = self.max_done
-        held = self._min_held_stream_ordering()
-        if held is not None:
-            target = min(target, held - 1)
-        if target > self.last_successful:
-            self.last_successful = target
-            eff.last_successful = target
+    def evict_if_idle(self, now_s: float, ttl_s: float) -> bool:
+        """Ask the queue, if empty and idle since ``ttl_s`` before ``now_s``, to exit."""
+        return self.loop_policy.evict_if_idle(now_s, ttl_s, self.is_empty)
+
+    def idle_ended(self) -> bool:
+        """The runner's idle wait is over: True if it exits (evicted, still empty)."""
+        return self.loop_policy.idle_ended(self.is_empty)
 
     # --- operator actions ------------------------------------------------------------------
 
@@ -491,12 +414,3 @@ class DestinationCore:
             and not self.episode.active
             and not self.outbox_dirty
         )
-
-
-def _unanswered(result: SendResult) -> bool:
-    """A failure the short-retry phase retries: no answer (refused or broken connection,
-    timeout) or a 5xx, as Synapse's sender retries inside the request; not a 429 (the
-    rate limit's) nor a refusal."""
-    if result.outcome is not Outcome.TRANSIENT:
-        return False
-    return result.status is None or result.status >= 500

@@ -21,6 +21,7 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.store import QueueStore
+from federation_sender.storage.protocols import db_outage
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +76,13 @@ class Housekeeping:
                 await self.sweep()
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("wake-up sweep failed")
+            except Exception as e:
+                outage = db_outage(e)
+                if outage is not None:
+                    log.warning("wake-up sweep skipped, the database is unavailable (%s)",
+                                outage)
+                else:
+                    log.exception("wake-up sweep failed")
             await self._clock.sleep(interval * self._rng.uniform(0.9, 1.1))
 
     async def sweep(self) -> int:

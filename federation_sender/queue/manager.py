@@ -31,15 +31,16 @@ from federation_sender.queue.federation_stream import FederationEdu, FederationS
 from federation_sender.queue.housekeeping import Housekeeping
 from federation_sender.queue.intake import EventIntake
 from federation_sender.queue.items import JsonDict, PduItem
+from federation_sender.queue.loop_policy import LoopPolicy
 from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.registry import LeaseGuard, QueueRegistry
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
 from federation_sender.queue.slots import Slots
-from federation_sender.queue.status import DestinationStatus, oldest_age_s, parked_status
+from federation_sender.queue.status import DestinationStatus, oldest_age_s
 from federation_sender.queue.steps import Effects
 from federation_sender.queue.store import QueueStore
 from federation_sender.queue.wakelog import WakeLog
-from federation_sender.storage.protocols import Backend
+from federation_sender.storage.protocols import Backend, db_outage
 from federation_sender.transport.result import TransactionSender
 
 log = logging.getLogger(__name__)
@@ -107,16 +108,8 @@ class QueueManager:
             IntakeGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
         )
         self.intake = EventIntake(
-            storage,
-            server_name,
-            instance_name,
-            settings.event_batch_size,
-            shard_filter,
-            self._enqueue_pdus,
-            self.observer,
-            clock,
-            poll_interval_s,
-            self.gate,
+            storage, server_name, instance_name, settings.event_batch_size, shard_filter,
+            self._enqueue_pdus, self.observer, clock, poll_interval_s, self.gate,
         )
         self._background: list[asyncio.Task[None]] = []
         self.federation = FederationStream(
@@ -133,11 +126,10 @@ class QueueManager:
     async def start(self) -> None:
         await self.intake.load()
         await self.federation.load()
-        self.queues.needs_catchup = {
-            d for d in await self.store.destinations_behind() if self.shard_filter(d)
-        }
-        self.catchup_at_start = sorted(self.queues.needs_catchup)
-        self.queues.started = True
+        behind = sorted(d for d in await self.store.destinations_behind()
+                        if self.shard_filter(d))
+        self.queues.start(behind)
+        self.catchup_at_start = behind
         self._background = [
             asyncio.create_task(self._supervise("intake", self.intake.run)),
             asyncio.create_task(self._supervise("wakeups", self.housekeeping.wakeup_loop)),
@@ -166,8 +158,13 @@ class QueueManager:
                 return
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("queue %s loop failed; restarting", name)
+            except Exception as e:
+                outage = db_outage(e)
+                if outage is not None:
+                    log.warning("queue %s loop stopped, the database is unavailable (%s); "
+                                "restarting", name, outage)
+                else:
+                    log.exception("queue %s loop failed; restarting", name)
                 await self.clock.sleep(1.0)
 
     # --- registry ------------------------------------------------------------------------
@@ -175,7 +172,9 @@ class QueueManager:
     def _next_txn_id(self) -> str:
         return f"{self._txn_base}.{next(self._txn_counter)}"
 
-    def _make_runner(self, destination: str, catching_up: bool) -> DestinationRunner:
+    def _make_runner(
+        self, destination: str, catching_up: bool, last_error: str | None = None
+    ) -> DestinationRunner:
         def on_state(old: DestinationState, new: DestinationState) -> None:
             self.observer.state_changed(destination, old, new)
 
@@ -190,6 +189,8 @@ class QueueManager:
             on_state_change=on_state,
             catching_up=catching_up,
             parse_pdu=self._pdu_cache,
+            loop_policy=LoopPolicy(self.settings.busy_txn_interval_s, self.settings.busy_min_pdus),
+            last_error=last_error,
         )
         return DestinationRunner(
             core,
@@ -214,8 +215,7 @@ class QueueManager:
             return
         r = self.queues.get(destination)
         if r is not None:
-            r.core.add_pdus(items)
-            r.poke()
+            r.add_pdus(items)
 
     def _runner_for_edu(self, destination: str) -> DestinationRunner | None:
         """The queue to add an ephemeral item to: none for ourselves, another shard's
@@ -236,14 +236,12 @@ class QueueManager:
         """Queue an EDU; with ``key``, a later EDU of the same type and key replaces it."""
         r = self._runner_for_edu(destination)
         if r is not None:
-            r.core.add_edu(edu_type, content, key)
-            r.poke()
+            r.add_edu(edu_type, content, key)
 
     def enqueue_presence(self, destination: str, states: Iterable[JsonDict]) -> None:
         r = self._runner_for_edu(destination)
         if r is not None:
-            r.core.add_presence(states)
-            r.poke()
+            r.add_presence(states)
 
     def enqueue_receipt(
         self,
@@ -267,21 +265,17 @@ class QueueManager:
             live = self.queues.get(destination, create=False)
             if live is None:
                 return False
-            live.core.add_receipt(room_id, receipt_type, user_id, data)
+            live.add_receipt(room_id, receipt_type, user_id, data, wake=False)
             return True
         r = self._runner_for_edu(destination)
         if r is not None:
-            r.core.add_receipt(room_id, receipt_type, user_id, data)
-            r.poke()
+            r.add_receipt(room_id, receipt_type, user_id, data)
         return True
 
     def wake(self, destination: str) -> bool:
         """Start a transaction for what a live queue holds; False if it holds nothing."""
         r = self.queues.get(destination, create=False)
-        if r is None or r.core.is_empty():
-            return False
-        r.poke()
-        return True
+        return r is not None and r.wake_if_owed()
 
     def notify_outbox(self, destination: str) -> None:
         """New to-device or device-list rows for ``destination`` were persisted."""
@@ -289,15 +283,13 @@ class QueueManager:
             return
         r = self.queues.get(destination)
         if r is not None:
-            r.core.poke_outbox()
-            r.poke()
+            r.poke_outbox()
 
     def notify_all_outboxes(self) -> None:
         """Every live queue reads its outboxes again (an outbox stream's first token
         arrived: reads before it, bounded by no token, found nothing)."""
         for r in self.live():
-            r.core.poke_outbox()
-            r.poke()
+            r.poke_outbox()
 
     @property
     def federation_position(self) -> int | None:
@@ -351,9 +343,9 @@ class QueueManager:
     async def reset_connection(self, destination: str) -> bool:
         """Admin: clear the backoff; False if the destination was not backing off."""
         r = self.queues.get(destination, create=False)
-        in_memory = r.core.clear_backoff() if r is not None else False
+        in_memory = r.clear_backoff(wake=False) if r is not None else False
         in_db = await self.store.clear_retry(destination)
-        parked = self.queues.parked.pop(destination, None) is not None
+        parked = self.queues.unpark(destination)
         if not (in_memory or in_db or parked):
             return False
         self.queues.resume(destination)
@@ -362,14 +354,12 @@ class QueueManager:
     # --- housekeeping ------------------------------------------------------------------------
 
     def live(self) -> list[DestinationRunner]:
-        return list(self.queues.runners.values())
+        return self.queues.live()
 
     def wake_for_sweep(self, destination: str) -> bool:
         if not self.shard_filter(destination):
             return False
-        if destination not in self.queues.runners:
-            # Outstanding rows with no live queue: only catch-up can send them.
-            self.queues.needs_catchup.add(destination)
+        self.queues.owe_catchup(destination)
         r = self.queues.get(destination)
         if r is None:
             return False
@@ -387,10 +377,7 @@ class QueueManager:
         idle: the admin API can read ``destinations`` for the persisted state)."""
         r = self.queues.get(destination, create=False)
         if r is None:
-            parked = self.queues.parked.get(destination)
-            if parked is None or not self.queues.is_parked(destination):
-                return None
-            return parked_status(destination, *parked, self.queues.last_errors.get(destination))
+            return self.queues.parked_status(destination)
         return r.status(self.clock.monotonic_s())
 
     def statuses(self) -> list[DestinationStatus]:
@@ -405,10 +392,7 @@ class QueueManager:
     def owed_destinations(self) -> int:
         """Destinations this instance owes something: items in memory or in flight, a
         catch-up under way or due (parked in a backoff, or behind in the database)."""
-        q = self.queues
-        owed = {*q.needs_catchup, *q.parked}
-        owed.update(d for d, r in q.runners.items() if r.owes_something())
-        return len(owed)
+        return len(self.queues.owed())
 
     def oldest_in_flight_age_s(self) -> float | None:
         return oldest_age_s(

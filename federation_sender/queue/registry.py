@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.runner import DestinationRunner
+from federation_sender.queue.status import DestinationStatus, parked_status
 from federation_sender.queue.timing import wait_or_timeout
+from federation_sender.storage.protocols import db_outage
 from federation_sender.telemetry.logging import log_context
 
 log = logging.getLogger(__name__)
@@ -42,7 +44,7 @@ class LeaseGuard(Protocol):
 class QueueRegistry:
     def __init__(
         self,
-        make_runner: Callable[[str, bool], DestinationRunner],
+        make_runner: Callable[[str, bool, str | None], DestinationRunner],
         clock: Clock,
         observer: QueueObserver,
         leases: LeaseGuard | None = None,
@@ -52,7 +54,6 @@ class QueueRegistry:
         self._on_gone = on_gone
         """Called with a destination whose queue was dropped (the sender lets go of
         what it cached for it: an idle destination holds nothing)."""
-        """(destination, catching_up) -> a new runner"""
         self._clock = clock
         self._observer = observer
         self._leases = leases
@@ -65,6 +66,40 @@ class QueueRegistry:
         """The last error of destinations whose queue exited before a success, so the
         next queue (and the status of a parked one) still shows it."""
         self.started = False
+        """The registry owns these fields: others read them, and change them only
+        through the methods below."""
+
+    def start(self, needs_catchup: Iterable[str]) -> None:
+        """Queues may be created from now on; these destinations start in catch-up."""
+        self.needs_catchup = set(needs_catchup)
+        self.started = True
+
+    def owe_catchup(self, destination: str) -> None:
+        """Outstanding rows in the database: unless the destination has a live queue,
+        only catch-up can send them, so its next queue starts in catch-up mode."""
+        if destination not in self.runners:
+            self.needs_catchup.add(destination)
+
+    def unpark(self, destination: str) -> bool:
+        """Forget a parked destination's retry time; True if it was parked."""
+        return self.parked.pop(destination, None) is not None
+
+    def live(self) -> list[DestinationRunner]:
+        return list(self.runners.values())
+
+    def parked_status(self, destination: str) -> DestinationStatus | None:
+        """Status of a destination parked in a backoff (None if it is not)."""
+        parked = self.parked.get(destination)
+        if parked is None or not self.is_parked(destination):
+            return None
+        return parked_status(destination, *parked, self.last_errors.get(destination))
+
+    def owed(self) -> set[str]:
+        """Destinations owed something: items in memory or in flight, a catch-up under
+        way or due (parked in a backoff, or behind in the database)."""
+        owed = {*self.needs_catchup, *self.parked}
+        owed.update(d for d, r in self.runners.items() if r.owes_something())
+        return owed
 
     def get(self, destination: str, create: bool = True) -> DestinationRunner | None:
         r = self.runners.get(destination)
@@ -73,8 +108,9 @@ class QueueRegistry:
         if not create or not self.started:
             return None
         self.parked.pop(destination, None)
-        r = self._make_runner(destination, destination in self.needs_catchup)
-        r.core.last_error = self.last_errors.get(destination)
+        r = self._make_runner(
+            destination, destination in self.needs_catchup, self.last_errors.get(destination)
+        )
         self.runners[destination] = r
         self._tasks[destination] = asyncio.create_task(self._run(r))
         self._observer.queues_changed(len(self.runners))
@@ -93,8 +129,7 @@ class QueueRegistry:
         r = live or self.get(destination, create=create)
         if r is None:
             return parked
-        held_back = r.core.clear_backoff()
-        r.poke()
+        held_back = r.clear_backoff()
         return parked or held_back or live is None
 
     def is_parked(self, destination: str) -> bool:
@@ -131,8 +166,14 @@ class QueueRegistry:
             clean = True
         except asyncio.CancelledError:
             raise
-        except Exception:
-            log.exception("queue for %s failed; it will be recreated from the database", d)
+        except Exception as e:
+            outage = db_outage(e)
+            if outage is not None:
+                # The database restarting or unreachable: expected, and one line.
+                log.warning("queue for %s stopped, the database is unavailable (%s); it "
+                            "will be recreated from the database", d, outage)
+            else:
+                log.exception("queue for %s failed; it will be recreated from the database", d)
         finally:
             self._forget(r, clean)
             if leased and self._leases is not None:
@@ -143,7 +184,7 @@ class QueueRegistry:
 
     def _forget(self, r: DestinationRunner, clean: bool) -> None:
         d = r.destination
-        if clean and not r.core.catching_up and r.core.is_empty():
+        if clean and r.left_clean():
             self.needs_catchup.discard(d)
         else:
             # Items may have been lost from memory: the next queue catches up.
@@ -151,10 +192,11 @@ class QueueRegistry:
         parked = r.retry_at_ms()
         if parked is not None:
             self.parked[d] = parked
-        if r.core.last_error is None:
+        err = r.last_error
+        if err is None:
             self.last_errors.pop(d, None)
         else:
-            self.last_errors[d] = r.core.last_error
+            self.last_errors[d] = err
         if self.runners.get(d) is r:
             del self.runners[d]
             self._tasks.pop(d, None)

@@ -1,34 +1,33 @@
-"""The asyncio shell around one :class:`DestinationCore`: reads the database, sends
-transactions, sleeps, persists. It decides nothing itself.
+"""The per-destination queue object and the asyncio shell around its
+:class:`DestinationCore`. As Synapse's ``PerDestinationQueue.send_pdu`` and Dendrite's
+``destinationQueue.sendEvent``, its ``add_*`` methods add to the core and wake the loop;
+the manager and the registry call its methods only, never the core's.
 
-The loop exits (and the manager forgets the queue) when the core has been empty for
-``idle_ttl_s``, or when it would back off for longer than that with nothing held in
-memory: everything it needs later is in the database, and the wake-up sweep recreates
-it. ``wake`` cuts any wait short (new work, REMOTE_SERVER_UP, shutdown).
-
-The runner owns its state; the manager only calls :meth:`DestinationRunner.request_stop`,
-:meth:`~DestinationRunner.evict_if_idle`, :meth:`~DestinationRunner.guard_sends` and
-:meth:`~DestinationRunner.status`. Each attempt has its own deadline
-(``asyncio.timeout``, expired by :class:`~federation_sender.queue.timing.AttemptDeadline`
-on the injected clock); an attempt past it counts as a transient failure.
+The loop reads the database, sends (:mod:`~federation_sender.queue.attempt`), sleeps
+and persists; it decides nothing. The core says what to do next, how long a part-filled
+transaction waits for a steady stream, whether an added item wakes the queue, and when
+the loop exits (:mod:`~federation_sender.queue.loop_policy`): empty for ``idle_ttl_s``,
+or about to back off for longer than that with nothing in memory (the wake-up sweep
+recreates it from the database). ``wake`` cuts any wait short.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
+from federation_sender.queue.attempt import TimedAttempts
 from federation_sender.queue.batching import Batch
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.queue.observer import QueueObserver, report
 from federation_sender.queue.pacing import PacingPolicy, RoomPacer
 from federation_sender.queue.slots import Held, Slots
@@ -42,7 +41,7 @@ from federation_sender.queue.steps import (
     Wait,
 )
 from federation_sender.queue.store import QueueStore, log_row_for
-from federation_sender.queue.timing import AttemptDeadline, Wakeup, wait_or_timeout
+from federation_sender.queue.timing import Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
     EventHeld,
@@ -72,8 +71,6 @@ class RunnerConfig:
     catchup_rooms_per_batch: int
     catchup_max_gap_events: int
     outbox_read_limit: int
-    busy_interval_s: float
-    busy_min_pdus: int
     pacing: PacingPolicy = NO_PACING
 
     @classmethod
@@ -88,8 +85,6 @@ class RunnerConfig:
             catchup_rooms_per_batch=q.catchup_rooms_per_batch,
             catchup_max_gap_events=q.catchup_max_gap_events,
             outbox_read_limit=q.max_edus_per_txn,
-            busy_interval_s=q.busy_txn_interval_s,
-            busy_min_pdus=q.busy_min_pdus,
             pacing=PacingPolicy(deadline_s=q.pacing_confirm_deadline_s),
         )
 
@@ -97,11 +92,8 @@ class RunnerConfig:
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_deadline", "_evict", "_finished", "_holding", "_idle_since",
-        "_in_flight_since", "_loaded", "_may_send", "_pacer", "_pacing_failed_at", "_steady_until",
-        "_stopping",
-        "_unpersisted", "_waiting",
-        "_window_pdus", "_window_start", "clock", "config", "core",
+        "_attempts", "_finished", "_loaded", "_may_send", "_pacer", "_pacing_failed_at",
+        "_stopping", "_unpersisted", "_waiting", "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
         "wake",
     )
@@ -123,48 +115,86 @@ class DestinationRunner:
         self.destination = core.destination
         self.store = store
         self.sender = sender
+        self._attempts = TimedAttempts(sender, clock, config.attempt_deadline_s)
         self.txn_slots = txn_slots
         self.db_slots = db_slots
         self.clock = clock
         self.observer = observer
         self.config = config
         self.wake = Wakeup()
-        self._deadline = AttemptDeadline(clock, config.attempt_deadline_s)
-        self._in_flight_since: float | None = None
         self._pacing_failed_at: float | None = None
+        """When a pacing confirmation last failed (``queue/pacing.py``)."""
         self._pacer: RoomPacer | None = None
         """Unconfirmed PDUs per room (``queue/pacing.py``), made on the first send."""
-        """When a catch-up confirmation last failed (``queue/pacing.py``)."""
         self._loaded = False
         self._stopping = False
         self._finished = False
         self._waiting = False
         """Blocked on the wake event or the clock (not reading, sending or writing)."""
-        self._window_start = -math.inf
-        self._window_pdus = 0
-        self._steady_until = 0.0
-        """Monotonic time until which the destination counts as in a steady stream,
-        one interval after its last send in one (``_note_sent``); 0.0 when it is not.
-        Before then a part-filled transaction waits."""
-        self._holding = False
-        """Waiting for ``_steady_until``: new items do not wake the queue until its
-        batch is full."""
         self._unpersisted: list[asyncio.Future[None]] = []
         """Results submitted to the group commit and not yet known to be committed,
         oldest first."""
-        self._idle_since: float | None = None
-        """Monotonic time the queue went idle (None while busy)."""
-        self._evict = False
         self._may_send: Callable[[], bool] = lambda: True
         """Checked before every attempt: False (e.g. the shard lease lapsed) stops the
         queue before it sends; the transaction stays owed in the database."""
 
-    # --- what the manager may ask ------------------------------------------------------
+    # --- add and wake (what the manager and the registry may ask) ------------------------
 
     def poke(self) -> None:
-        if self._holding and len(self.core.pending.pdus) < self.core.limits.max_pdus:
-            return  # the hold ends by itself (a stop or an eviction sets ``wake``)
-        self.wake.set()
+        """Wake the loop, unless the core holds a part-filled batch for a steady stream
+        (the hold ends by itself; a stop or an eviction sets ``wake``)."""
+        if self.core.wakes_on_add():
+            self.wake.set()
+
+    def add_pdus(self, items: Sequence[PduItem]) -> None:
+        core = self.core
+        core.add_pdus(items)
+        if core.wakes_on_add():  # poke(), inlined: once per hand-over per destination
+            self.wake.set()
+
+    def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
+        self.core.add_edu(edu_type, content, key)
+        self.poke()
+
+    def add_presence(self, states: Iterable[JsonDict]) -> None:
+        self.core.add_presence(states)
+        self.poke()
+
+    def add_receipt(
+        self, room_id: str, receipt_type: str, user_id: str, data: JsonDict, *, wake: bool = True
+    ) -> None:
+        """``wake=False``: the receipt rides on the queue's next transaction."""
+        self.core.add_receipt(room_id, receipt_type, user_id, data)
+        if wake:
+            self.poke()
+
+    def poke_outbox(self) -> None:
+        """New to-device or device-list rows: read the outboxes again, now."""
+        self.core.poke_outbox()
+        self.poke()
+
+    def wake_if_owed(self) -> bool:
+        """Start a transaction for what the queue holds; False if it holds nothing."""
+        if self.core.is_empty():
+            return False
+        self.poke()
+        return True
+
+    def clear_backoff(self, wake: bool = True) -> bool:
+        """Forget the backoff (and any pause) in memory, and send at once unless ``wake``
+        is False; True if the queue was held back."""
+        held_back = self.core.clear_backoff()
+        if wake:
+            self.poke()
+        return held_back
+
+    @property
+    def last_error(self) -> str | None:
+        return self.core.last_error
+
+    def left_clean(self) -> bool:
+        """Nothing owed is left in memory or to catch up (after a clean exit)."""
+        return not self.core.catching_up and self.core.is_empty()
 
     def request_stop(self) -> bool:
         """Stop after the attempt in flight (if any); False if already stopping."""
@@ -184,10 +214,8 @@ class DestinationRunner:
 
     def evict_if_idle(self, now_s: float, ttl_s: float) -> bool:
         """Ask an empty queue idle since ``ttl_s`` before ``now_s`` (monotonic) to exit."""
-        since = self._idle_since
-        if since is None or now_s - since < ttl_s or not self.core.is_empty():
+        if not self.core.evict_if_idle(now_s, ttl_s):
             return False
-        self._evict = True
         self.wake.set()
         return True
 
@@ -209,7 +237,7 @@ class DestinationRunner:
 
     def in_flight_since(self) -> float | None:
         """Monotonic start of the attempt in flight, None when there is none."""
-        return self._in_flight_since
+        return self._attempts.in_flight_since
 
     def retry_at_ms(self) -> tuple[int, int] | None:
         """(retry at, interval) of a persisted backoff, for parking the destination."""
@@ -219,7 +247,7 @@ class DestinationRunner:
         return at, self.core.backoff.retry_interval_ms
 
     def status(self, now_s: float) -> DestinationStatus:
-        return live_status(self.core, self._in_flight_since, now_s)
+        return live_status(self.core, self._attempts.in_flight_since, now_s)
 
     # --- the loop ------------------------------------------------------------------------
 
@@ -228,7 +256,7 @@ class DestinationRunner:
         try:
             await self._run()
         finally:
-            self._deadline.close()
+            self._attempts.close()
             self._finished = True
 
     async def _run(self) -> None:
@@ -294,9 +322,10 @@ class DestinationRunner:
                 # A fuller transaction (coalesce.py).
                 await gate.hold(lambda: c.would_send_partial_pdus(time_ms(self.clock)))
                 now = time_ms(self.clock)
-            if self._steady_until and c.would_send_partial_pdus(now):
+            hold_s = c.steady_hold_s(now, self.clock.monotonic_s)
+            if hold_s > 0 and not self._stopping:
                 # A steady stream: at most one part-filled transaction per interval.
-                await self._hold_busy()
+                await self._hold(hold_s)
                 now = time_ms(self.clock)
             step = c.next_step(now)
             if isinstance(step, Send):
@@ -315,75 +344,31 @@ class DestinationRunner:
                     await self._catch_up(step, now)
             elif isinstance(step, Wait):
                 wait_s = max(0.0, (step.until_ms - now) / 1000.0)
-                if (
-                    wait_s > self.config.idle_ttl_s
-                    and c.catching_up
-                    and not c.pending
-                    and c.current is None
-                ):
-                    # Nothing in memory: the wake-up sweep brings us back when due.
-                    return
+                if c.parks(wait_s, self.config.idle_ttl_s):
+                    return  # nothing in memory: the wake-up sweep brings us back
                 await self._wait(wait_s)
             elif isinstance(step, Idle):
                 if c.stopped:
                     return
                 # No timer here: the manager's housekeeping evicts queues idle past the
                 # TTL through ``evict_if_idle`` (one clock task for all queues).
-                self._idle_since = self.clock.monotonic_s()
+                c.idle_started(self.clock.monotonic_s())
                 await self._wait(None)
-                self._idle_since = None
-                if self._evict and c.is_empty():
+                if c.idle_ended():
                     return
-                self._evict = False
 
-    async def _hold_busy(self) -> None:
-        """A steady stream: wait until one interval after the last send (or a full
-        batch, or a request to stop), so that at a high rate each transaction carries
-        more PDUs and the per-transaction work (signature, HTTP exchange, result
-        write) is shared by more of them."""
-        left = self._steady_until - self.clock.monotonic_s()
-        if left <= 0:
-            self._steady_until = 0.0
-            return
-        if self._stopping:
-            return
-        self._holding = True
+    async def _hold(self, left_s: float) -> None:
+        """Hold a part-filled transaction back for ``left_s`` (the core's steady-stream
+        rule), or until a full batch or a request to stop wakes the queue."""
+        self.core.set_holding(True)
         # A poke while the queue held for the intake (the hand-over it waited for) set
         # the wake-up: it must not end this hold at once. A full batch, a stop and an
         # eviction set it again.
         self.wake.clear()
         try:
-            await self._wait(left)
+            await self._wait(left_s)
         finally:
-            self._holding = False
-
-    def _note_sent(self, txn: FrozenTxn) -> None:
-        """Count the PDUs of a new live transaction that emptied the queue's PDUs (the
-        stream's supply set its size, not the limits) in the current interval (one
-        starts with the first such send after the last interval ended). Once they
-        reach ``busy_min_pdus`` the destination is in a steady stream, and the next
-        part-filled transaction waits until one interval after this send: a batch
-        that filled early does not leave its successor to go out near empty at the
-        end of the interval. A transaction cut by the limits counts nothing (a
-        backlog does not make a stream), but within one interval of the stream's
-        last send what it left waits like the rest: a hand-over that overfilled a
-        held batch does not send its remainder at once (a burst after a quiet spell
-        does). Retries, catch-up and EDU-only transactions neither count nor
-        wait."""
-        interval = self.config.busy_interval_s
-        batch = txn.batch
-        if not interval or txn.attempts or batch.catchup or not batch.pdus:
-            return  # an EDU-only transaction does not move the stream's clock
-        now = self.clock.monotonic_s()
-        if self.core.pending.pdus:
-            if now < self._steady_until:
-                self._steady_until = now + interval
-            return
-        if now - self._window_start >= interval:
-            self._window_start, self._window_pdus = now, 0
-        self._window_pdus += len(batch.pdus)
-        busy = self._window_pdus >= self.config.busy_min_pdus
-        self._steady_until = now + interval if busy else 0.0
+            self.core.set_holding(False)
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core
@@ -422,7 +407,7 @@ class DestinationRunner:
         # The global transaction slot comes first: while thousands of queues wait for
         # one of ``max_concurrent_transactions``, none holds an open span or a built
         # request, and the span measures the attempt rather than the wait.
-        self._note_sent(txn)  # before any wait: what is pending now is what it left
+        self.core.note_sent(txn, self.clock.monotonic_s())  # before any wait
         slot = await self.txn_slots.hold()
         try:
             with log_context(txn_id=txn.txn_id), self.observer.attempt(
@@ -452,7 +437,7 @@ class DestinationRunner:
             )
             assert slot is not None
             try:
-                result = await self._attempt(request)
+                result = await self._attempts.send(request)
             finally:
                 slot.release()  # the commit below needs no slot
         now = time_ms(self.clock)
@@ -553,31 +538,6 @@ class DestinationRunner:
             pacing.off_after_failure_s,
         )
         return False
-
-    async def _attempt(self, request: Transaction) -> SendResult:
-        """One attempt (under the global slot its caller holds), within the attempt
-        deadline."""
-        limit = self.config.attempt_deadline_s
-        t0 = self.clock.monotonic_s()
-        self._in_flight_since = t0
-        try:
-            async with asyncio.timeout(None) as timeout:
-                self._deadline.watch(timeout)
-                try:
-                    result = await self.sender.send_transaction(request)
-                finally:
-                    self._deadline.unwatch()
-        except TimeoutError:
-            result = SendResult(
-                Outcome.TRANSIENT,
-                error=f"no answer within {limit:g}s",
-                duration_s=self.clock.monotonic_s() - t0,
-            )
-        finally:
-            self._in_flight_since = None
-        if result.duration_s <= 0:
-            result = replace(result, duration_s=self.clock.monotonic_s() - t0)
-        return result
 
     async def _flush_persist(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` results are uncommitted; a failed write surfaces

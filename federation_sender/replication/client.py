@@ -134,9 +134,14 @@ class ReplicationClient:
         announce: Callable[[], Sequence[c.Command]] | None = None,
         save_interval_s: float = 0.0,
         gap_notes: Mapping[str, GapNote | None] | None = None,
+        outage: Callable[[BaseException], str | None] = lambda _e: None,
     ) -> None:
         """``gap_notes``: per stream without a fetcher, what a gap skips (None: nothing,
-        no line is logged); a stream missing from it is logged as skipping its rows."""
+        no line is logged); a stream missing from it is logged as skipping its rows.
+        ``outage``: one line for an error that means the database is out of reach (the
+        storage's ``db_outage``), None for anything else; such an error is logged as that
+        line, without a traceback."""
+        self._outage = outage
         self._transport = transport
         self._gap_notes = dict(gap_notes or {})
         self.instance_name = instance_name
@@ -223,9 +228,14 @@ class ReplicationClient:
                            e)
         except FederationSenderError as e:
             logger.error("replication: local error, reconnecting: %s", e, exc_info=True)
-        except Exception:
+        except Exception as e:
             # Top of the replication task: a handler bug must not kill replication.
-            logger.exception("replication: handler failed; rolling back and reconnecting")
+            outage = self._outage(e)
+            if outage is not None:
+                logger.warning("replication: the database is unavailable (%s); rolling "
+                               "back and reconnecting", outage)
+            else:
+                logger.exception("replication: handler failed; rolling back and reconnecting")
         finally:
             # What the handler finished is saved; whatever was not is redelivered on
             # the next session (at-least-once): in-memory positions restart from the

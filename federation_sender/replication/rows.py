@@ -11,7 +11,9 @@ Streams not in :data:`ROW_PARSERS` are not consumed; the reader skips them
 without parsing their rows (Synapse publishes many we do not need).
 
 Compatibility: ``ev`` rows from older Synapse versions had 5 to 8 fields; the
-missing trailing fields default to ``None`` / ``False``.
+missing trailing fields default to ``None`` / ``False``. A row with more fields than
+we know (a newer Synapse adds them at the end) is read by its known fields, with one
+warning (``row_checks.check_row``); a missing or mistyped known field is an error.
 
 Layout: the tagged streams' rows (``events``, ``federation``) live in
 ``rows_tagged.py``, the shape checks in ``row_checks.py``; every row type and parser
@@ -26,12 +28,14 @@ from typing import NamedTuple, TypeAlias
 from federation_sender.errors import ProtocolError
 from federation_sender.replication.commands import JsonValue
 from federation_sender.replication.row_checks import (
+    EXTRA_FIELDS_WARNED,
     JsonDict,
     check_bool,
     check_dict,
     check_int,
     check_list,
     check_opt_str,
+    check_row,
     check_str,
 )
 from federation_sender.replication.rows_tagged import (
@@ -50,6 +54,7 @@ from federation_sender.replication.rows_tagged import (
 )
 
 __all__ = [
+    "EXTRA_FIELDS_WARNED",
     "ROW_PARSERS",
     "AllStateRow",
     "CachesRow",
@@ -172,19 +177,19 @@ class PresenceRow(NamedTuple):
 
 
 def parse_to_device_row(row: JsonValue) -> ToDeviceStreamRow:
-    (entity,) = check_list(row, "to_device", range(1, 2))
+    (entity,) = check_row(row, "to_device", 1)
     return ToDeviceStreamRow(check_str(entity, "to_device"))
 
 
 def parse_device_lists_row(row: JsonValue) -> DeviceListsRow:
     s = "device_lists"
-    user_id, is_sig, hosts = check_list(row, s, range(3, 4))
+    user_id, is_sig, hosts = check_row(row, s, 3)
     return DeviceListsRow(check_str(user_id, s), check_bool(is_sig, s), check_bool(hosts, s))
 
 
 def parse_receipts_row(row: JsonValue) -> ReceiptsRow:
     s = "receipts"
-    room, rtype, user, event, thread, data = check_list(row, s, range(6, 7))
+    room, rtype, user, event, thread, data = check_row(row, s, 6)
     return ReceiptsRow(
         check_str(room, s),
         check_str(rtype, s),
@@ -197,26 +202,26 @@ def parse_receipts_row(row: JsonValue) -> ReceiptsRow:
 
 def parse_typing_row(row: JsonValue) -> TypingRow:
     s = "typing"
-    room, users = check_list(row, s, range(2, 3))
+    room, users = check_row(row, s, 2)
     members = check_list(users, s, range(1 << 30))
     return TypingRow(check_str(room, s), tuple(check_str(u, s) for u in members))
 
 
 def parse_presence_federation_row(row: JsonValue) -> PresenceFederationRow:
     s = "presence_federation"
-    dest, user = check_list(row, s, range(2, 3))
+    dest, user = check_row(row, s, 2)
     return PresenceFederationRow(check_str(dest, s), check_str(user, s))
 
 
 def parse_caches_row(row: JsonValue) -> CachesRow:
     s = "caches"
-    func, keys, ts = check_list(row, s, range(3, 4))
+    func, keys, ts = check_row(row, s, 3)
     key_tuple = None if keys is None else tuple(check_list(keys, s, range(1 << 30)))
     return CachesRow(check_str(func, s), key_tuple, check_int(ts, s))
 
 
 def parse_presence_row(row: JsonValue) -> PresenceRow:
-    return PresenceRow(parse_presence_fields("presence", check_list(row, "presence", range(7, 8))))
+    return PresenceRow(parse_presence_fields("presence", check_row(row, "presence", 7)))
 
 
 Row: TypeAlias = (

@@ -14,6 +14,7 @@ from federation_sender.replication.row_checks import (
     check_int,
     check_list,
     check_opt_str,
+    check_row,
     check_str,
 )
 
@@ -115,9 +116,11 @@ def parse_events_row(row: JsonValue) -> EventsStreamRow | CurrentStateRow | AllS
     if kind == "ev":
         if type(data) is list and 5 <= len(data) <= 9:
             return _parse_event_data(data)
-        raise check_fail(s, "ev data must be an array of 5..9 items")
+        if type(data) is list and len(data) > 9:  # a newer writer's longer row
+            return _parse_event_data(check_row(data, s, 9, "ev"))
+        raise check_fail(s, "ev data must be an array of at least 5 items")
     if kind == "state":
-        room_id, typ, state_key, event_id = check_list(data, s, range(4, 5))
+        room_id, typ, state_key, event_id = check_row(data, s, 4, "state")
         return CurrentStateRow(
             check_str(room_id, s),
             check_str(typ, s),
@@ -125,7 +128,7 @@ def parse_events_row(row: JsonValue) -> EventsStreamRow | CurrentStateRow | AllS
             check_opt_str(event_id, s),
         )
     if kind == "state-all":
-        (room_id,) = check_list(data, s, range(1, 2))
+        (room_id,) = check_row(data, s, 1, "state-all")
         return AllStateRow(check_str(room_id, s))
     raise check_fail(s, f"unknown type {kind!r}")
 

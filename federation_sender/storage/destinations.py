@@ -1,6 +1,11 @@
-"""``destinations`` (backoff, catch-up position) and ``destination_rooms``.
+"""``destinations`` (backoff, catch-up position) and ``destination_rooms``: the rules,
+written once, and the native tables.
 
-Invariants kept here rather than in callers:
+The statements are the native schema's on SQLite and PostgreSQL; Synapse's two tables
+have the same columns, so its dialect (:mod:`.synapse.destinations`) is
+:class:`DestinationsTable` on a PostgreSQL connection with what Synapse adds (each
+retry write an invalidation for main, catch-up rows only for events that still exist,
+outboxes whose rows are deleted once sent). Invariants kept here rather than in callers:
 
 * ``retry_interval`` never moves backwards except through an explicit reset to 0 (two
   writers racing cannot shorten a backoff).
@@ -11,10 +16,8 @@ Invariants kept here rather than in callers:
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any
 
 from sqlalchemy import (
-    Select,
     and_,
     bindparam,
     delete,
@@ -30,6 +33,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.model import DestinationRow
+from federation_sender.storage import batch_apply
+from federation_sender.storage.batch_apply import BatchCounts, StagedChange
 from federation_sender.storage.pgarray import bigint_array, text_array
 from federation_sender.storage.schema import (
     destination_rooms as dr,
@@ -129,7 +134,7 @@ async def get_destinations(
     return {row.destination: row for row in map(DestinationRow.from_columns, res)}
 
 
-_SET_RETRY_TIMINGS = text(
+RETRY_UPSERT = (
     "INSERT INTO destinations (destination, failure_ts, retry_last_ts, retry_interval)"
     " VALUES (:destination, :failure_ts, :retry_last_ts, :retry_interval)"
     " ON CONFLICT (destination) DO UPDATE SET failure_ts = excluded.failure_ts,"
@@ -139,6 +144,9 @@ _SET_RETRY_TIMINGS = text(
     " OR destinations.retry_interval < excluded.retry_interval"
     " OR destinations.retry_last_ts < excluded.retry_last_ts"
 )
+"""Synapse's retry rule (``_set_destination_retry_timings_txn``): a reset, a first row,
+a longer interval or a later attempt replaces the stored one."""
+_SET_RETRY_TIMINGS = text(RETRY_UPSERT)
 """One text for PostgreSQL and SQLite (both speak this ON CONFLICT): SQLAlchemy cannot
 cache a dialect ``insert().on_conflict_do_update()`` and compiled it on every call, 7 %
 of the engine's CPU when 10,000 destinations come back at once (``bench/recovery.py``)."""
@@ -220,50 +228,6 @@ async def set_last_successful_many(
     await conn.execute(
         stmt, [{"destination": k, "last_successful_stream_ordering": v} for k, v in items]
     )
-
-
-def _catchup_rows(keyset: bool) -> Select[Any]:
-    past = dr.c.stream_ordering > bindparam("after")
-    if keyset:
-        past = or_(
-            past,
-            and_(
-                dr.c.stream_ordering == bindparam("after"),
-                dr.c.room_id > bindparam("room"),
-            ),
-        )
-    return (
-        select(dr.c.room_id, dr.c.stream_ordering)
-        .where(dr.c.destination == bindparam("dest"), past)
-        .order_by(dr.c.stream_ordering, dr.c.room_id)
-        .limit(bindparam("limit"))
-    )
-
-
-_CATCHUP_ROWS = _catchup_rows(False)
-_CATCHUP_ROWS_KEYSET = _catchup_rows(True)
-
-
-async def catchup_rows(
-    conn: AsyncConnection,
-    destination: str,
-    after: int,
-    limit: int,
-    after_room: str | None = None,
-) -> list[tuple[str, int]]:
-    """The ``limit`` oldest (room_id, stream_ordering) rows past the keyset
-    (``after``, ``after_room``), ordered by (stream_ordering, room_id); without
-    ``after_room``, simply past ``after``."""
-    if after_room is None:
-        res = await conn.execute(
-            _CATCHUP_ROWS, {"dest": destination, "after": after, "limit": limit}
-        )
-    else:
-        res = await conn.execute(
-            _CATCHUP_ROWS_KEYSET,
-            {"dest": destination, "after": after, "room": after_room, "limit": limit},
-        )
-    return [(str(r[0]), int(r[1])) for r in res]
 
 
 async def delete_destination_rooms(
@@ -368,3 +332,63 @@ async def destinations_behind(conn: AsyncConnection) -> list[str]:
         .distinct()
     )
     return [str(r[0]) for r in res]
+
+
+class DestinationsTable:
+    """Implements :class:`federation_sender.storage.protocols.DestinationStore` on one
+    connection, with the statements above (the native schema on SQLite or PostgreSQL;
+    the Synapse dialect derives from it)."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def get_destination(self, destination: str) -> DestinationRow | None:
+        return await get_destination(self._c, destination)
+
+    async def get_destinations(self, names: Collection[str]) -> dict[str, DestinationRow]:
+        return await get_destinations(self._c, names)
+
+    async def ensure_destinations(self, names: Collection[str]) -> None:
+        await ensure_destinations(self._c, names)
+
+    async def set_retry_timings(
+        self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
+    ) -> None:
+        await set_retry_timings(self._c, destination, failure_ts, retry_last_ts, retry_interval)
+
+    async def clear_retry(self, destination: str) -> bool:
+        return await clear_retry(self._c, destination)
+
+    async def clear_retry_many(self, destinations: Collection[str]) -> None:
+        await clear_retry_many(self._c, destinations)
+
+    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
+        await set_last_successful_many(self._c, positions)
+
+    async def upsert_destination_rooms(
+        self, rows: Sequence[tuple[str, str, int]], *, skip_destinations: bool = False
+    ) -> None:
+        await upsert_destination_rooms(self._c, rows, skip_destinations=skip_destinations)
+
+    async def delete_destination_rooms(
+        self, destination: str, rows: Sequence[tuple[str, int]]
+    ) -> None:
+        await delete_destination_rooms(self._c, destination, rows)
+
+    async def destinations_behind(self) -> list[str]:
+        return await destinations_behind(self._c)
+
+    async def destinations_with_outstanding_work(
+        self, after: str | None, limit: int, now_ms: int
+    ) -> list[str]:
+        return await destinations_with_outstanding_work(self._c, after, limit, now_ms)
+
+    async def apply_batch(
+        self, changes: Sequence[StagedChange], high_water_mark: int
+    ) -> BatchCounts:
+        return await batch_apply.apply_changes(self._c, changes, high_water_mark)
+
+    async def apply_staged_batch(self, staging: str, high_water_mark: int) -> BatchCounts:
+        return await batch_apply.apply_staged(self._c, staging, high_water_mark)

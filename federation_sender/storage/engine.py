@@ -38,6 +38,16 @@ T = TypeVar("T")
 _TRANSIENT_SQLSTATES = {"40001", "40P01", "57P01", "57P02", "57P03"}
 
 
+def db_outage(exc: BaseException) -> str | None:
+    """One line for a transient database error (the database restarting or out of
+    reach: an expected operational error, logged without a traceback); ``None`` for
+    anything else."""
+    if not is_transient_db_error(exc):
+        return None
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
 def is_transient_db_error(exc: BaseException) -> bool:
     if isinstance(exc, LocalTransientError):
         return True

@@ -13,6 +13,7 @@ database already at head never loads it. ``tests/storage/test_migrations.py`` pi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,18 +72,37 @@ def version_row(conn: Connection, schema: str | None = None) -> str | None:
     return rows[0] if rows else None
 
 
-async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+async def upgrade_chain(
+    engine: AsyncEngine,
+    config: Callable[[], Config],
+    head: str,
+    current: Callable[[Connection], str | None],
+    revision: str = "head",
+    *,
+    lock_key: int | None = None,
+) -> None:
+    """Upgrade one alembic chain (ours, or ours beside Synapse) to ``revision``, loading
+    alembic only when ``current`` is not already ``head``. ``lock_key``: a PostgreSQL
+    advisory lock taken first, for the whole transaction, so that processes starting at
+    once migrate one after the other (the first migrates, the others find the head)."""
+
     def _do(conn: Connection) -> None:
-        if revision in ("head", HEAD) and version_row(conn) == HEAD:
+        if lock_key is not None:
+            conn.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": lock_key})
+        if revision in ("head", head) and current(conn) == head:
             return  # already there: no need to load alembic
         from alembic import command
 
-        cfg = alembic_config()
+        cfg = config()
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
     async with engine.begin() as conn:
         await conn.run_sync(_do)
+
+
+async def upgrade(engine: AsyncEngine, revision: str = "head") -> None:
+    await upgrade_chain(engine, alembic_config, HEAD, version_row, revision)
 
 
 async def downgrade(engine: AsyncEngine, revision: str) -> None:

@@ -21,7 +21,6 @@ from federation_sender.model import (
     DeviceListRow,
     Direction,
     EventRow,
-    MembershipRow,
     ToDeviceRow,
     TxnLogRow,
 )
@@ -32,8 +31,12 @@ from federation_sender.storage import outboxes as ob
 from federation_sender.storage import positions as pos
 from federation_sender.storage import rooms as rm
 from federation_sender.storage import txlog
+from federation_sender.storage.capabilities import Capabilities
+from federation_sender.storage.catchup import CATCHUP, CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
+from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.protocols import CatchUpVisibility, Tx
+from federation_sender.storage.stream_fetchers import common_fetchers, native_gap_notes
 
 T = TypeVar("T")
 
@@ -49,6 +52,10 @@ class NativeBackend:
     def __init__(self, engine: AsyncEngine, hosts_cache: rm.RoomHostsCache | None = None) -> None:
         self.engine = engine
         self.hosts_cache = hosts_cache or rm.RoomHostsCache()
+
+    def capabilities(self) -> Capabilities:
+        """The outbox streams' gap fetchers; nothing Synapse-only."""
+        return Capabilities(fetchers=common_fetchers(self.engine), gap_notes=native_gap_notes())
 
     async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         async def in_tx(conn: AsyncConnection) -> T:
@@ -66,10 +73,10 @@ class NativeTx:
     )
 
     def __init__(self, conn: AsyncConnection, hosts_cache: rm.RoomHostsCache) -> None:
-        self.events = _Events(conn)
+        self.events = EventReads(conn, ev.QUERIES)
         self.hosts = _Hosts(conn, hosts_cache)
-        self.destinations = _Destinations(conn)
-        self.catchup = _CatchUp(conn)
+        self.destinations = dst.DestinationsTable(conn)
+        self.catchup = CatchUpReads(conn, CATCHUP, rm.server_membership_history)
         # The native schema has no erasure and no history visibility: the simulator's
         # events are all shareable, so catch-up withholds nothing on that ground.
         self.visibility: CatchUpVisibility | None = None
@@ -77,39 +84,6 @@ class NativeTx:
         self.positions = _Positions(conn)
         self.txlog = NativeTxnLog(conn)
         self.admin = NativeAdminReads(conn)
-
-
-class _Events:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def max_stream_ordering(self) -> int:
-        return await ev.max_stream_ordering(self._c)
-
-    async def events_after(self, after: int, upto: int, limit: int) -> list[EventRow]:
-        return await ev.events_after(self._c, after, upto, limit)
-
-    async def stream_orderings_after(self, after: int, limit: int) -> list[int]:
-        return await ev.stream_orderings_after(self._c, after, limit)
-
-    async def events_at(self, stream_orderings: Collection[int]) -> dict[int, EventRow]:
-        return await ev.events_at(self._c, stream_orderings)
-
-    async def room_events_between(
-        self, room_ids: Collection[str], after: int, upto: int, per_room_limit: int
-    ) -> dict[str, list[EventRow]]:
-        return await ev.room_events_between(self._c, room_ids, after, upto, per_room_limit)
-
-    async def forward_extremities(self, room_ids: Collection[str]) -> dict[str, list[EventRow]]:
-        return await ev.forward_extremities(self._c, room_ids)
-
-    async def partial_state(self, room_ids: Collection[str]) -> set[str]:
-        return await ev.partial_state(self._c, room_ids)
-
-    async def sender_and_received_ts(self, room_id: str, event_id: str) -> tuple[str, int] | None:
-        return await ev.sender_and_origin_ts(self._c, room_id, event_id)
 
 
 class _Hosts:
@@ -140,71 +114,6 @@ class _Hosts:
 
     async def current_hosts(self, room_ids: Collection[str]) -> dict[str, frozenset[str]]:
         return {room: await rm.joined_servers_at(self._c, room, LATEST) for room in room_ids}
-
-
-class _Destinations:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def get_destination(self, destination: str) -> DestinationRow | None:
-        return await dst.get_destination(self._c, destination)
-
-    async def get_destinations(self, names: Collection[str]) -> dict[str, DestinationRow]:
-        return await dst.get_destinations(self._c, names)
-
-    async def ensure_destinations(self, names: Collection[str]) -> None:
-        await dst.ensure_destinations(self._c, names)
-
-    async def set_retry_timings(
-        self, destination: str, failure_ts: int | None, retry_last_ts: int, retry_interval: int
-    ) -> None:
-        await dst.set_retry_timings(self._c, destination, failure_ts, retry_last_ts, retry_interval)
-
-    async def clear_retry(self, destination: str) -> bool:
-        return await dst.clear_retry(self._c, destination)
-
-    async def clear_retry_many(self, destinations: Collection[str]) -> None:
-        await dst.clear_retry_many(self._c, destinations)
-
-    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
-        await dst.set_last_successful_many(self._c, positions)
-
-    async def upsert_destination_rooms(
-        self, rows: Sequence[tuple[str, str, int]], *, skip_destinations: bool = False
-    ) -> None:
-        await dst.upsert_destination_rooms(self._c, rows, skip_destinations=skip_destinations)
-
-    async def delete_destination_rooms(
-        self, destination: str, rows: Sequence[tuple[str, int]]
-    ) -> None:
-        await dst.delete_destination_rooms(self._c, destination, rows)
-
-    async def destinations_behind(self) -> list[str]:
-        return await dst.destinations_behind(self._c)
-
-    async def destinations_with_outstanding_work(
-        self, after: str | None, limit: int, now_ms: int
-    ) -> list[str]:
-        return await dst.destinations_with_outstanding_work(self._c, after, limit, now_ms)
-
-
-class _CatchUp:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def catchup_rows(
-        self, destination: str, after: int, limit: int, after_room: str | None = None
-    ) -> list[tuple[str, int]]:
-        return await dst.catchup_rows(self._c, destination, after, limit, after_room)
-
-    async def server_membership_history(
-        self, server_name: str, room_ids: Collection[str]
-    ) -> dict[str, list[MembershipRow]]:
-        return await rm.server_membership_history(self._c, server_name, room_ids)
 
 
 class _Outbox:

@@ -12,7 +12,7 @@ Two implementations stand behind the same Protocols:
 
 * ``native`` (:mod:`federation_sender.storage.native`): the project's own schema
   (``storage/schema.py``), on PostgreSQL or SQLite.
-* ``synapse`` (:mod:`federation_sender.synapse.backend`): Synapse's own tables
+* ``synapse`` (:mod:`federation_sender.storage.synapse.backend`): Synapse's own tables
   (``events`` + ``event_json``, ``destinations``, ``destination_rooms``,
   ``federation_stream_position``, ``device_federation_outbox``,
   ``device_lists_outbound_pokes``, state groups), with the project-only tables in a
@@ -47,6 +47,11 @@ from federation_sender.model import (
     ToDeviceRow,
     TxnLogRow,
 )
+from federation_sender.storage.batch_apply import BatchCounts, StagedChange
+
+# What the callers of Backend.run need to tell a database outage (an expected operational
+# error: one line, no traceback) from a bug, without reaching into the engine.
+from federation_sender.storage.engine import db_outage as db_outage
 from federation_sender.visibility import EventFacts
 
 T = TypeVar("T")
@@ -165,6 +170,17 @@ class DestinationStore(Protocol):
 
     async def destinations_behind(self) -> list[str]:
         """Destinations with ``destination_rooms`` rows past their position."""
+        ...
+
+    async def apply_batch(
+        self, changes: Sequence[StagedChange], high_water_mark: int
+    ) -> BatchCounts:
+        """A batch job's result (:mod:`.batch_apply`): rows upserted or deleted only at or
+        below ``high_water_mark``, positions only lowered."""
+        ...
+
+    async def apply_staged_batch(self, staging: str, high_water_mark: int) -> BatchCounts:
+        """The same, from a staging table a job's executors filled."""
         ...
 
     async def destinations_with_outstanding_work(

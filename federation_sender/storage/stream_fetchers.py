@@ -20,7 +20,10 @@ could only skip them. What each consumed stream needs:
 * ``presence_federation``: none possible, main keeps that queue in memory;
 * ``federation``: none, Synapse 1.163 never writes this stream.
 
-What a gap without a fetcher skips is said by :func:`unfetched_gaps`: the replication
+Which fetchers and notes a deployment has is the backend's capability
+(:mod:`federation_sender.storage.capabilities`); the Synapse-only ones are in
+:mod:`federation_sender.storage.synapse.stream_fetchers`. What a gap without a fetcher
+skips is said by the backend's gap notes: the replication
 client logs nothing for ``events`` (nothing is missed) and one line naming what is
 skipped for the others (INFO for what is volatile anyway, WARNING for rows lost).
 
@@ -31,7 +34,6 @@ case all of its rows are returned.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -43,9 +45,6 @@ from federation_sender.replication.client import GapNote
 from federation_sender.replication.positions import StreamFetcher
 from federation_sender.replication.rows import (
     DeviceListsRow,
-    PresenceRow,
-    PresenceState,
-    ReceiptsRow,
     Row,
     ToDeviceStreamRow,
 )
@@ -60,34 +59,6 @@ _DEVICE_LISTS = (
     "SELECT DISTINCT stream_id, user_id FROM device_lists_outbound_pokes"
     " WHERE :from_id < stream_id AND stream_id <= :upto {extra} ORDER BY stream_id"
 )
-_PRESENCE = (
-    "SELECT stream_id, user_id, state, last_active_ts, last_federation_update_ts,"
-    " last_user_sync_ts, status_msg, currently_active FROM presence_stream"
-    " WHERE :from_id < stream_id AND stream_id <= :upto {extra} ORDER BY stream_id"
-)
-_RECEIPTS = (
-    "SELECT stream_id, room_id, receipt_type, user_id, event_id, thread_id, data"
-    " FROM receipts_linearized"
-    " WHERE :from_id < stream_id AND stream_id <= :upto {extra} ORDER BY stream_id"
-)
-
-
-def _presence(r: Sequence[Any]) -> Row:
-    return PresenceRow(PresenceState(
-        str(r[1]), str(r[2]), int(r[3] or 0), int(r[4] or 0), int(r[5] or 0),
-        None if r[6] is None else str(r[6]), bool(r[7]),
-    ))
-
-
-def _receipt(r: Sequence[Any]) -> Row:
-    data = json.loads(r[6]) if r[6] else {}
-    return ReceiptsRow(
-        str(r[1]), str(r[2]), str(r[3]), str(r[4]),
-        None if r[5] is None else str(r[5]),
-        data if isinstance(data, dict) else {},
-    )
-
-
 class SqlStreamFetcher:
     """Implements :class:`StreamFetcher` with one query whose first column is the
     stream id (``{extra}`` in the query is where the per-fetch bound goes)."""
@@ -117,9 +88,9 @@ class SqlStreamFetcher:
         return [(int(r[0]), self._make_row(r)) for r in kept], int(kept[-1][0]), True
 
 
-def unfetched_gaps(*, synapse: bool) -> dict[str, GapNote | None]:
-    """For each consumed stream without a fetcher: what a gap in it skips (None:
-    nothing, it is read elsewhere or never written), as the replication client logs it."""
+def common_gap_notes() -> dict[str, GapNote | None]:
+    """For each consumed stream no backend can fetch: what a gap in it skips (None:
+    nothing, it is read elsewhere), as the replication client logs it."""
     wakeups = GapNote(
         logging.INFO,
         "its cache invalidations are not replayed: a destination another process "
@@ -137,41 +108,41 @@ def unfetched_gaps(*, synapse: bool) -> dict[str, GapNote | None]:
         "presence main sent to named servers in that range is not sent again (main "
         "keeps that queue in memory); the users' next change is",
     )
-    notes: dict[str, GapNote | None] = {
+    return {
         "events": None,  # the intake reads events past its own persisted position
         "caches": wakeups,
         "typing": typing,
         "presence_federation": presence_federation,
     }
-    if synapse:
-        notes["federation"] = None  # Synapse 1.163 never writes this stream
-    else:
-        notes["federation"] = GapNote(
+
+
+def native_gap_notes() -> dict[str, GapNote | None]:
+    """The native backend's: the common notes, plus the streams its schema keeps no
+    table for."""
+    return {
+        **common_gap_notes(),
+        "federation": GapNote(
             logging.WARNING,
             "the EDUs main queued for federation in that range are not sent (main "
             "keeps them in memory until acknowledged)",
-        )
-        notes["receipts"] = GapNote(
+        ),
+        "receipts": GapNote(
             logging.WARNING,
             "receipts in that range are not sent (the native schema keeps no receipts)",
-        )
-        notes["presence"] = GapNote(
+        ),
+        "presence": GapNote(
             logging.WARNING,
             "presence changes in that range are not sent (the native schema keeps no "
             "presence)",
-        )
-    return notes
+        ),
+    }
 
 
-def stream_fetchers(engine: AsyncEngine, *, synapse: bool) -> dict[str, StreamFetcher]:
-    """The fetchers of every consumed stream that has a table (see the module table)."""
-    fetchers: dict[str, StreamFetcher] = {
+def common_fetchers(engine: AsyncEngine) -> dict[str, StreamFetcher]:
+    """The fetchers of the outbox streams, whose tables both schemas share."""
+    return {
         "to_device": SqlStreamFetcher(engine, _TO_DEVICE, lambda r: ToDeviceStreamRow(str(r[1]))),
         "device_lists": SqlStreamFetcher(
             engine, _DEVICE_LISTS, lambda r: DeviceListsRow(str(r[1]), False, True)
         ),
     }
-    if synapse:
-        fetchers["receipts"] = SqlStreamFetcher(engine, _RECEIPTS, _receipt)
-        fetchers["presence"] = SqlStreamFetcher(engine, _PRESENCE, _presence)
-    return fetchers

@@ -9,8 +9,10 @@ hosts of the prev events' state groups), positions live in Synapse's
 ``federation_sender`` worker loses nothing, and retry timings are written with the
 cache invalidations main needs to keep its cached copy true.
 
-We write only what Synapse's sender writes (see :mod:`.schema`); our own tables live in
-the ``federation_sender`` PostgreSQL schema (:mod:`.database`). Configuration comes from
-Synapse's own files (:mod:`.config`). Differences from Synapse's worker, and the
-limitations, are in ``docs/synapse.md``.
+This package holds what is not SQL: configuration from Synapse's own files
+(:mod:`.config`), the admin-token check, the egress listeners and the wiring. The SQL is
+the storage package's third dialect, :mod:`federation_sender.storage.synapse`: we write
+only what Synapse's sender writes (its ``schema``); our own tables live in the
+``federation_sender`` PostgreSQL schema (its ``database``). Differences from Synapse's
+worker, and the limitations, are in ``docs/synapse.md``.
 """

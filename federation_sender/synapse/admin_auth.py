@@ -40,25 +40,14 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.admin.errors import AdminError, Codes
 from federation_sender.clock import Clock, time_ms
+from federation_sender.storage.synapse.access_tokens import lookup_access_token
 
 DEFAULT_TTL_S = 30.0
 DEFAULT_MAX_ENTRIES = 1024
-
-_LOOKUP = text(
-    """
-    SELECT u.name, t.user_id, t.valid_until_ms, u.admin, u.deactivated, u.locked,
-           u.is_guest
-    FROM access_tokens t
-    JOIN users u ON u.name = COALESCE(t.puppets_user_id, t.user_id)
-    WHERE t.token = :token
-    """
-)
-
 
 @dataclass(frozen=True)
 class _Accepted:
@@ -107,12 +96,11 @@ class SynapseAdminTokens:
 
     async def _lookup(self, token: str) -> _Accepted:
         self.lookups += 1
-        async with self._engine.connect() as conn:
-            row = (await conn.execute(_LOOKUP, {"token": token})).first()
+        row = await lookup_access_token(self._engine, token)
         if row is None:
             raise _unknown()
         user, owner, valid_until_ms, admin, deactivated, locked, guest = row
-        if valid_until_ms is not None and int(valid_until_ms) < time_ms(self._clock):
+        if valid_until_ms is not None and valid_until_ms < time_ms(self._clock):
             raise _expired()
         if deactivated:
             raise _unknown()
@@ -125,5 +113,4 @@ class SynapseAdminTokens:
             raise AdminError(403, Codes.FORBIDDEN, "You are not a server admin")
         principal = f"Synapse admin {user}" if owner == user else (
             f"Synapse admin {owner} as {user}")
-        return _Accepted(principal, None if valid_until_ms is None else int(valid_until_ms),
-                         self._clock.monotonic_s() + self.ttl_s)
+        return _Accepted(principal, valid_until_ms, self._clock.monotonic_s() + self.ttl_s)

@@ -1,4 +1,4 @@
-"""Composing the worker beside Synapse: storage, signals to other processes, the key.
+"""Composing the worker beside Synapse: storage, the EDU fan-outs' arguments, the key.
 
 Used by :mod:`federation_sender.app` only; kept apart so the composition root stays
 one screen per backend.
@@ -7,36 +7,34 @@ one screen per backend.
   the search path), Synapse's schema version checked, our schema migrated (only ours;
   with ``auto_migrate`` off, checked), Synapse's Redis external cache, and the
   :class:`SynapseBackend`.
-* :class:`ReplicationSignals`: what a Synapse process says on replication about the
-  streams it writes. After each commit that invalidated retry timings it publishes
-  ``RDATA caches <instance> <id> ["get_destination_retry_timings", [dest], ts]``, and
-  ``REMOTE_SERVER_UP <dest>`` for a destination that came back; after connecting and in
-  answer to every ``REPLICATE`` it sends ``POSITION caches <instance> <id> <id>``, so a
-  reader that missed rows while we were disconnected fetches them from
-  ``cache_invalidation_stream_by_instance`` (Synapse's readers do).
+* :func:`synapse_edus`: the replication handler's EDU arguments from the backend's
+  ``edu_rooms`` capability and Synapse's configuration.
+
+What the backend says on replication (cache invalidations, ``REMOTE_SERVER_UP``,
+``POSITION caches``) is its ``signals`` capability
+(:mod:`federation_sender.storage.synapse.signals`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.clock import Clock
 from federation_sender.config import Settings
-from federation_sender.replication import commands as c
-from federation_sender.synapse.backend import SynapseBackend
-from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import (
+from federation_sender.edus.presence import PresenceFanout, PresenceSink
+from federation_sender.storage.capabilities import EduRooms
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import (
     check_own_schema,
     check_synapse,
     upgrade_own_schema,
 )
-from federation_sender.synapse.hosts import RedisExternalCache
-from federation_sender.synapse.writes import PendingSignals
+from federation_sender.storage.synapse.hosts import RedisExternalCache
+from federation_sender.synapse.config import SynapseConfig
 from federation_sender.transport.signing import SigningKey, load_signing_key
 
 log = logging.getLogger(__name__)
@@ -79,31 +77,27 @@ def load_synapse_signing_key(path: str) -> SigningKey:
     return load_signing_key(path, others_may_read=True)
 
 
-class ReplicationSignals:
-    """Publishes the backend's signals on a replication client (see the module doc)."""
-
-    def __init__(self, backend: SynapseBackend, instance_name: str) -> None:
-        self._backend = backend
-        self._instance = instance_name
-        self._send: Callable[[c.Command], bool] | None = None
-        self.dropped = 0
-        backend.on_signals = self.emit
-
-    def attach(self, send: Callable[[c.Command], bool]) -> None:
-        self._send = send
-
-    def emit(self, signals: PendingSignals) -> None:
-        commands: list[c.Command] = [
-            c.RdataCommand("caches", self._instance, stream_id, [func, keys, ts])
-            for stream_id, func, keys, ts in signals.invalidations
-        ]
-        commands.extend(c.RemoteServerUpCommand(d) for d in signals.servers_up)
-        for command in commands:
-            if self._send is None or not self._send(command):
-                # Disconnected: the POSITION sent on reconnecting makes readers fetch
-                # the invalidations from the database.
-                self.dropped += 1
-
-    def announce(self) -> Sequence[c.Command]:
-        pos = self._backend.caches_position
-        return [c.PositionCommand("caches", self._instance, pos, pos)]
+def synapse_edus(
+    rooms: EduRooms | None, syn: SynapseConfig | None, sink: PresenceSink, clock: Clock
+) -> dict[str, Any]:
+    """Keyword arguments of the replication handler beside Synapse: rooms and hosts as
+    Synapse reads them for typing and receipts (the backend's ``edu_rooms``, partial-state
+    approximation included), the presence fan-out when Synapse has presence enabled,
+    the receipt pacing rate from ``federation_rr_transactions_per_room_per_second``;
+    nothing without them."""
+    if rooms is None or syn is None:
+        return {}
+    out: dict[str, Any] = {
+        "room_hosts": rooms,
+        "receipt_max_delay_s": 1.0 / syn.federation_rr_transactions_per_room_per_second,
+    }
+    if syn.presence_enabled:
+        out["presence"] = PresenceFanout(
+            syn.server_name,
+            rooms,
+            sink,
+            clock,
+            last_active_granularity_ms=syn.presence_last_active_granularity_ms,
+            excluded_rooms=syn.rooms_to_exclude_from_presence,
+        )
+    return out

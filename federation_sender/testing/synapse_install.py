@@ -5,10 +5,13 @@ virtualenv lives in the user's cache directory
 (``$XDG_CACHE_HOME/federation-sender/synapse-<version>``, default ``~/.cache/...``) so
 that fresh clones on one machine (CI) share it; ``FEDERATION_SENDER_SYNAPSE_VENV`` puts
 it elsewhere and ``FEDERATION_SENDER_SYNAPSE_PYTHON`` names an existing interpreter
-that has Synapse. The first use installs ``matrix-synapse[postgres,redis]`` and
-byte-compiles it (a minute or two); a ``.installed`` marker written last makes later
-uses free. A file lock lets parallel test runs install once. A failed install is one
-line (:class:`SynapseInstallError`) naming pip's last error line, not pip's output.
+that has Synapse. ``FEDERATION_SENDER_SYNAPSE_VERSION`` picks another release than the
+pinned one (``scripts/synapse-compat.sh`` runs the tests against each release of the
+supported window, each in its own cached virtualenv). The first use installs
+``matrix-synapse[postgres,redis]`` and byte-compiles it (a minute or two); a
+``.installed`` marker written last makes later uses free. A file lock lets parallel
+test runs install once. A failed install is one line (:class:`SynapseInstallError`)
+naming pip's last error line, not pip's output.
 """
 
 from __future__ import annotations
@@ -20,7 +23,13 @@ import sys
 from pathlib import Path
 
 SYNAPSE_VERSION = "1.163.2"
-SYNAPSE_REQUIREMENT = f"matrix-synapse[postgres,redis]=={SYNAPSE_VERSION}"
+"""The pinned release: what the suite runs against unless told otherwise."""
+VERSION_ENV = "FEDERATION_SENDER_SYNAPSE_VERSION"
+CONSTRAINTS = ("txredisapi<1.6.0",)
+"""Installed beside Synapse: what its later releases pin. Releases before 1.163.0 do not
+cap txredisapi, and 1.6.0 (published after them) makes main crash at start with Redis
+(``AttributeError: 'super' object has no attribute 'startedConnecting'`` in
+``replication/tcp/redis.py``); 1.163.0 and later ask for ``<1.6.0`` themselves."""
 INSTALL_TIMEOUT_S = 1800.0
 
 
@@ -33,9 +42,18 @@ def cache_dir() -> Path:
     return Path(base) / "federation-sender"
 
 
+def synapse_version() -> str:
+    """The release to use: ``$FEDERATION_SENDER_SYNAPSE_VERSION``, else the pinned one."""
+    return os.environ.get(VERSION_ENV) or SYNAPSE_VERSION
+
+
+def synapse_requirement() -> str:
+    return f"matrix-synapse[postgres,redis]=={synapse_version()}"
+
+
 def venv_dir() -> Path:
     override = os.environ.get("FEDERATION_SENDER_SYNAPSE_VENV")
-    return Path(override) if override else cache_dir() / f"synapse-{SYNAPSE_VERSION}"
+    return Path(override) if override else cache_dir() / f"synapse-{synapse_version()}"
 
 
 def synapse_python() -> Path:
@@ -75,10 +93,11 @@ def _run(args: list[str], what: str) -> None:
 
 def _install(venv: Path, python: Path) -> None:
     _run([sys.executable, "-m", "venv", "--clear", str(venv)], f"creating {venv}")
+    requirement = synapse_requirement()
     _run(
         [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-         SYNAPSE_REQUIREMENT],
-        f"pip install {SYNAPSE_REQUIREMENT}",
+         requirement, *CONSTRAINTS],
+        f"pip install {requirement}",
     )  # fmt: skip
     # Byte-compile now: otherwise the first Synapse start takes ~30 s.
     subprocess.run(

@@ -11,6 +11,12 @@ in a persisted backoff after at most its window's probes, Synapse's 10 long retr
 one retry per wake-up (REMOTE_SERVER_UP, which may come at any time); and a persisted
 backoff after failures without an answer comes only once the window has passed.
 
+The core also decides the runner's loop policy: the steady-stream hold (modelled as the
+runner does it: before each step, a hold the core asks for is waited out) never holds
+more than one interval, nor a full batch, a retry or catch-up; an idle eviction exits
+only an empty queue; and a queue that parks (exits for a long wait) owes nothing that
+catch-up from its persisted position would not resend.
+
 Some runs start in catch-up mode (as at startup), others outside it, so both delivery
 paths are reached. The remote may be down (transient failures) or, from some point
 until the end, refuse everything (400, even an empty transaction).
@@ -44,11 +50,14 @@ from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import RoomPlan
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.items import PduItem
+from federation_sender.queue.loop_policy import LoopPolicy
 from federation_sender.queue.steps import Effects, Idle, NeedCatchup, NeedOutbox, Send, Wait
 from federation_sender.storage.events import EventRow
 from federation_sender.transport.result import Outcome, SendResult
 
 MAX_BODY_ITEMS = 120
+INTERVAL_S = 1.0
+IDLE_TTL_S = 60.0
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -59,6 +68,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.core = DestinationCore(
             "d.test", BackoffPolicy(), Limits(max_bytes=50_000), random.Random(0),
             lambda: f"t{next(ids)}", max_item_failures=3,
+            loop_policy=LoopPolicy(INTERVAL_S, min_pdus=10),
         )
         self.core.load(RESET, None)
         self.so = 0
@@ -150,6 +160,20 @@ class CoreMachine(RuleBasedStateMachine):
         if self.phase_start is not None:
             self.phase_wakes += 1
 
+    @rule(idle_s=st.sampled_from([0.0, IDLE_TTL_S - 1, IDLE_TTL_S]))
+    def evict_if_idle(self, idle_s: float) -> None:
+        """The housekeeping asks a queue idle for ``idle_s`` to exit."""
+        c = self.core
+        now_s = self.now / 1000
+        c.idle_started(now_s)
+        empty = c.is_empty()
+        asked = c.evict_if_idle(now_s + idle_s, IDLE_TTL_S)
+        assert asked == (empty and idle_s >= IDLE_TTL_S)
+        exits = c.idle_ended()
+        assert exits == asked
+        if exits:
+            assert c.pending_pdus == 0 and c.pending_edus == 0 and c.current is None
+
     @precondition(lambda self: len(self.bad) < 3)
     @rule(data=st.data())
     def poison(self, data: st.DataObject) -> None:
@@ -179,14 +203,29 @@ class CoreMachine(RuleBasedStateMachine):
             if not self.step():
                 return
 
+    def hold(self) -> None:
+        """The runner's steady-stream hold, waited out."""
+        c = self.core
+        full = len(c.pending.pdus) >= c.limits.max_pdus
+        hold_s = c.steady_hold_s(self.now, lambda: self.now / 1000)
+        if hold_s > 0:
+            assert hold_s <= INTERVAL_S, hold_s
+            assert not full and c.current is None and not c.catching_up
+            self.now += max(1, int(hold_s * 1000))
+
     def step(self) -> bool:
         c = self.core
         self.woken = False
+        self.hold()
         s = c.next_step(self.now)
         if isinstance(s, Idle):
             return False
         if isinstance(s, Wait):
             assert s.until_ms > self.now
+            if c.parks((s.until_ms - self.now) / 1000, IDLE_TTL_S):
+                # The runner would exit: what it owes is above the persisted position.
+                owed = set(self.enqueued) - self.delivered - self.dropped
+                assert all(self.enqueued[e] > c.last_successful for e in owed)
             self.now = s.until_ms
         elif isinstance(s, NeedOutbox):
             c.add_outbox([], [], True)
@@ -230,6 +269,10 @@ class CoreMachine(RuleBasedStateMachine):
                 self.last_429_ms = None
                 self.attempts_in_429s = []
             backing_off = c.backoff.backing_off
+            steady_until = c.loop_policy.steady_until
+            c.note_sent(t, self.now / 1000)
+            if t.attempts or b.catchup or not b.pdus:
+                assert c.loop_policy.steady_until == steady_until  # neither counts nor waits
             eff = c.on_result(t, res, self.now)
             self.check_phase(res, eff, backing_off)
             self.retry_of = None

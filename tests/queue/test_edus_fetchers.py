@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from federation_sender.replication.positions import fetch_gap
 from federation_sender.replication.rows import DeviceListsRow, ToDeviceStreamRow
-from federation_sender.storage.stream_fetchers import stream_fetchers
+from federation_sender.storage.stream_fetchers import common_fetchers
 from federation_sender.testing.queue_harness import ALICE, Harness
 
 
 async def test_outbox_gaps_are_read_back(h: Harness) -> None:
-    fetchers = stream_fetchers(h.engine, synapse=False)
+    fetchers = common_fetchers(h.engine)
     assert set(fetchers) == {"to_device", "device_lists"}
     before = await h.writer.to_device("r1.test", {"message_id": "m0"})
     for i in range(5):
@@ -29,7 +29,7 @@ async def test_outbox_gaps_are_read_back(h: Harness) -> None:
 
 
 async def test_rows_of_one_stream_id_are_never_split(h: Harness) -> None:
-    fetcher = stream_fetchers(h.engine, synapse=False)["device_lists"]
+    fetcher = common_fetchers(h.engine)["device_lists"]
     sid = await h.writer.device_list("r1.test", ALICE, "DEV")
     from sqlalchemy import insert
 

@@ -365,3 +365,61 @@ async def test_instances_started_in_the_same_millisecond_use_distinct_txn_ids(
                           "fs2", h.clock, random.Random(1), lambda _d: True)
     ids = [m._next_txn_id() for m in (first, second)]
     assert ids[0] != ids[1] and all(i.endswith(".1") for i in ids), ids
+
+
+async def test_a_queue_stopped_by_the_database_going_away_is_one_line(
+        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    """A PostgreSQL restart (seen in the chaos run beside Synapse) is expected: the queue
+    stops with one warning, no traceback, and is recreated from the database."""
+    from sqlalchemy.exc import OperationalError
+
+    from federation_sender.transport.result import SendResult, Transaction
+
+    class DatabaseGone:
+        async def send_transaction(self, txn: Transaction) -> SendResult:
+            raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    h.sender = DatabaseGone()  # type: ignore[assignment]
+    caplog.set_level(logging.WARNING, logger="federation_sender.queue")
+    await start_with_room(h)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await wait_until(lambda: any("queue for" in r.getMessage() for r in caplog.records),
+                     "the queue's line", timeout_s=10)
+    record = next(r for r in caplog.records if "queue for" in r.getMessage())
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert record.getMessage() == (
+        f"queue for {D} stopped, the database is unavailable ((builtins.Exception) "
+        "connection refused); it will be recreated from the database"
+    )
+
+
+async def test_a_loop_stopped_by_the_database_going_away_is_one_line(
+        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
+    """The intake, wake-up and housekeeping loops restart after a failure; a database
+    restart (the second long chaos run beside Synapse) is one warning, no traceback."""
+    import asyncio
+
+    from sqlalchemy.exc import OperationalError
+
+    calls = 0
+
+    async def intake() -> None:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+
+    caplog.set_level(logging.WARNING, logger="federation_sender.queue")
+    await start_with_room(h)
+    task = asyncio.ensure_future(h.m._supervise("intake", intake))
+    await wait_until(lambda: calls == 1, "the first failure", timeout_s=10)
+    await h.advance(1.0)
+    await asyncio.wait_for(task, 5)
+    assert calls == 2
+    (record,) = [r for r in caplog.records if "intake loop" in r.getMessage()]
+    assert record.levelno == logging.WARNING and record.exc_info is None
+    assert record.getMessage() == (
+        "queue intake loop stopped, the database is unavailable ((builtins.Exception) "
+        "connection refused); restarting"
+    )

@@ -51,6 +51,7 @@ async def test_start_finds_the_destinations_in_catch_up(h: Harness) -> None:
 
 
 async def backing_off(h: Harness) -> None:
+    h.without_short_retry()  # a persisted backoff, which only a wake-up cuts short
     await room_with(h, "!a:l", D)
     await h.start()
     h.fake.behave(D, status=503)

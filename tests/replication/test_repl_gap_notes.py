@@ -3,7 +3,7 @@ position restored at start): nothing above DEBUG for ``events`` (the intake read
 events from the database, nothing is missed), one INFO line saying what is skipped for
 a volatile stream (typing), one WARNING line for rows lost (native receipts), and the
 generic WARNING for a stream nobody described. The notes are the worker's own
-(``unfetched_gaps``); the input goes through the real connection parser."""
+(the backends' gap notes); the input goes through the real connection parser."""
 
 from __future__ import annotations
 
@@ -14,7 +14,8 @@ import logging
 import pytest
 
 from federation_sender.replication.client import ReplicationClient
-from federation_sender.storage.stream_fetchers import unfetched_gaps
+from federation_sender.storage.stream_fetchers import native_gap_notes
+from federation_sender.storage.synapse.stream_fetchers import synapse_gap_notes
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.replication import (
     InMemoryPositionStore,
@@ -35,7 +36,7 @@ async def run_positions(synapse: bool, caplog: pytest.LogCaptureFixture) -> list
     client = ReplicationClient(
         MemoryTransport([session]), instance_name="fed1", store=store, fetchers={},
         handler=handler, clock=clock, streams=STREAMS,
-        gap_notes=unfetched_gaps(synapse=synapse),
+        gap_notes=synapse_gap_notes() if synapse else native_gap_notes(),
     )  # fmt: skip
     caplog.set_level(logging.DEBUG, logger="federation_sender.replication.client")
     task = asyncio.create_task(client.run())

@@ -16,6 +16,7 @@ from federation_sender.clock import SystemClock
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.connection import Limits
 from federation_sender.replication.reconnect import Backoff
+from federation_sender.replication.row_checks import EXTRA_FIELDS_WARNED
 from federation_sender.replication.rows import EventsStreamRow, ToDeviceStreamRow, TypingRow
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer, TcpTransport
@@ -365,3 +366,35 @@ async def test_connects_and_disconnects_are_logged(caplog: pytest.LogCaptureFixt
     first = lines.index(connected)
     assert any(level == "WARNING" and msg.startswith(f"replication: disconnected from {where}")
                for level, msg in lines[first:])
+
+
+async def test_longer_rows_from_a_newer_writer_are_read_not_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A newer Synapse's ``ev`` row with a tenth field: read by its nine known fields,
+    one warning, no ERROR and no reconnect. (Before, each such row ended the session
+    and the writer sent it again on the next: 12 reconnects in 13 s, position stuck.)"""
+    caplog.set_level(logging.WARNING, logger="federation_sender.replication")
+    EXTRA_FIELDS_WARNED.clear()
+    ev = '["$e{0}","!r:hs","m.room.message",null,null,null,null,false,false,{{"new":1}}]'
+    lines = [f'RDATA events master {i} ["ev",{ev.format(i)}]\n'.encode() for i in (6, 7)]
+    script = [[b"SERVER hs\nPOSITION events master 5 5\n", *lines]]
+    server, received = await _raw_server(script)
+    port = server.sockets[0].getsockname()[1]
+    store = InMemoryPositionStore({("events", "master"): 5})
+    try:
+        async with reader(port, store=store) as r:
+            await r.handler.wait_for(lambda: store.positions.get(("events", "master")) == 7)
+            assert r.handler.rows("events") == [event(6), event(7)]
+            assert r.client.sessions_opened == 1
+            got = []
+            while not received.empty():
+                got.append((await received.get())[1])
+            assert not [g for g in got if g.startswith(b"ERROR")], got
+    finally:
+        server.close()
+    warnings = [m for m in caplog.messages if "extra ones are ignored" in m]
+    assert warnings == [
+        "replication: events 'ev' rows have 10 fields, 9 known here: the extra ones are "
+        "ignored (a newer Synapse?); logged once"
+    ]

@@ -18,9 +18,9 @@ from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend, Tx
-from federation_sender.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import create_synapse_engine, upgrade_own_schema
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import create_synapse_engine, upgrade_own_schema
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.queue_writer import HomeserverWriter, WrittenEvent
 

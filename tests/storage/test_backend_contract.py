@@ -274,3 +274,47 @@ async def test_transaction_log_and_admin_reads(subject: Subject) -> None:
     assert [r.destination for r in searched] == ["b.test"] and n_searched == 1
     assert dest_rooms == [("!r:l", 3)] and n_rooms == 1
     assert backing_off == 1
+
+
+async def test_batch_apply_stops_at_the_high_water_mark_and_only_lowers_positions(
+    subject: Subject,
+) -> None:
+    """The Spark jobs' writes (``batch/io.py``) go through ``apply_batch``: rows are
+    upserted or deleted only while their stored stream ordering is at most the job's
+    high-water mark; positions are only lowered, or set where none is stored."""
+    await subject.events_exist([("!a", 5), ("!a", 8), ("!b", 20), ("!c", 3)])
+
+    async def setup(tx: Tx) -> None:
+        await tx.destinations.upsert_destination_rooms(
+            [("d1", "!a", 5), ("d1", "!b", 20), ("d2", "!c", 3)]
+        )
+        await tx.destinations.set_last_successful_many([("d1", 10), ("d3", 4)])
+
+    await subject.run(setup)
+    changes: list[Any] = [
+        ("d1", "!a", 8, "upsert"),  # stored 5 <= 10: replaced
+        ("d1", "!b", 9, "upsert"),  # stored 20 > 10: the worker's newer row stays
+        ("d2", "!c", None, "delete"),  # stored 3 <= 10: deleted
+        ("d1", "!b", None, "delete"),  # stored 20 > 10: stays
+        ("d1", None, 7, "position"),  # 10 lowered to 7
+        ("d3", None, 6, "position"),  # 4 is lower already: kept
+        ("d2", None, 1, "position"),  # no position stored: set
+        ("d4", None, 2, "position"),  # no row: created
+    ]
+
+    async def apply(tx: Tx) -> tuple[int, int, int]:
+        return tuple(await tx.destinations.apply_batch(changes, 10))  # type: ignore[return-value]
+
+    assert await subject.run(apply) == (1, 1, 3)
+
+    async def reads(tx: Tx) -> tuple[Any, ...]:
+        rows = await tx.destinations.get_destinations(["d1", "d2", "d3", "d4"])
+        return (
+            await tx.catchup.catchup_rows("d1", -1, 10),
+            await tx.catchup.catchup_rows("d2", -1, 10),
+            {d: r.last_successful_stream_ordering for d, r in rows.items()},
+        )
+
+    assert await subject.run(reads) == (
+        [("!a", 8), ("!b", 20)], [], {"d1": 7, "d2": 1, "d3": 4, "d4": 2},
+    )

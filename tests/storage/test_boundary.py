@@ -3,9 +3,9 @@
 * The pure cores (``queue/core.py``, ``queue/catchup.py``) import no storage module.
 * The queue engine, the admin API, the EDU fan-outs and the intake reach storage only
   through ``storage/protocols.py`` and build no SQL.
-* Outside ``storage/`` (and the places that stand in for other processes or are another
-  backend: ``testing/``, ``sim/``, ``batch/``, ``synapse/``), nothing builds SQL or reads
-  the schema. Engine types, URL parsing and error classes are not SQL
+* Outside ``storage/`` (whose ``storage/synapse/`` is the Synapse dialect, and the places
+  that stand in for other processes: ``testing/``, ``sim/``, ``batch/``), nothing builds
+  SQL or reads the schema. Engine types, URL parsing and error classes are not SQL
   (``sqlalchemy.ext.asyncio``, ``sqlalchemy.engine``, ``sqlalchemy.exc``).
 """
 
@@ -19,7 +19,7 @@ import federation_sender
 PACKAGE = Path(federation_sender.__file__).parent
 PURE = ("queue/core.py", "queue/catchup.py")
 THROUGH_PROTOCOLS = ("queue", "admin", "edus", "intake")
-MAY_BUILD_SQL = ("storage", "testing", "sim", "batch", "synapse")
+MAY_BUILD_SQL = ("storage", "testing", "sim", "batch")
 NOT_SQL = ("sqlalchemy.ext.asyncio", "sqlalchemy.engine", "sqlalchemy.exc")
 
 
@@ -55,13 +55,16 @@ def test_pure_cores_import_no_storage() -> None:
 
 
 def test_engine_admin_edus_and_intake_use_only_the_protocols() -> None:
-    allowed = {"federation_sender.storage", "federation_sender.storage.protocols"}
+    # The boundary's Protocols: the transaction's aggregates, and what the EDU fan-outs
+    # read of rooms, hosts and presence.
+    boundary = ("federation_sender.storage.protocols", "federation_sender.storage.edu_reads")
+    allowed = {"federation_sender.storage", *boundary}
     bad: dict[str, list[str]] = {}
     for p in _modules(*THROUGH_PROTOCOLS):
         found = sorted(
             i for i in _imports(p)
             if (i.startswith("federation_sender.storage") and i not in allowed
-                and not i.startswith("federation_sender.storage.protocols."))
+                and not i.startswith(tuple(f"{b}." for b in boundary)))
             or i.split(".")[0] == "sqlalchemy"
         )
         if found:
@@ -83,3 +86,23 @@ def test_no_sql_outside_storage() -> None:
         if found:
             bad[rel] = found
     assert bad == {}
+
+
+def test_no_module_asks_which_backend_it_has() -> None:
+    """The backend is chosen once, in the composition root: no ``isinstance`` on a
+    backend class, and no ``.name == "synapse"`` test of it, anywhere in the package."""
+    bad: list[str] = []
+    for p in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(), str(p))):
+            if (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                and node.func.id == "isinstance" and len(node.args) == 2
+                and "Backend" in ast.unparse(node.args[1])
+            ) or (
+                isinstance(node, ast.Compare) and any(
+                    isinstance(c, ast.Constant) and c.value in ("synapse", "native")
+                    for c in node.comparators
+                ) and ast.unparse(node.left).endswith(".name")
+            ):
+                bad.append(f"{_rel(p)}:{node.lineno}")
+    assert bad == []

@@ -3,6 +3,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.storage import catchup as cu
 from federation_sender.storage import destinations as dst
 from federation_sender.storage import schema as s
 from federation_sender.testing.queue_writer import HomeserverWriter
@@ -52,12 +53,12 @@ async def test_catchup_rows_keyset_and_pruning(engine: AsyncEngine) -> None:
     async with engine.begin() as conn:
         await dst.upsert_destination_rooms(
             conn, [("d", "!a", 5), ("d", "!b", 5), ("d", "!c", 3), ("d", "!z", 1), ("e", "!a", 9)])
-        assert await dst.catchup_rows(conn, "d", 1, 10) == [("!c", 3), ("!a", 5), ("!b", 5)]
-        assert await dst.catchup_rows(conn, "d", 1, 1, "") == [("!z", 1)]
-        assert await dst.catchup_rows(conn, "d", 5, 10, "!a") == [("!b", 5)]
-        assert await dst.catchup_rows(conn, "d", -1, 2) == [("!z", 1), ("!c", 3)]
+        assert await cu.catchup_rows(conn, "d", 1, 10) == [("!c", 3), ("!a", 5), ("!b", 5)]
+        assert await cu.catchup_rows(conn, "d", 1, 1, "") == [("!z", 1)]
+        assert await cu.catchup_rows(conn, "d", 5, 10, "!a") == [("!b", 5)]
+        assert await cu.catchup_rows(conn, "d", -1, 2) == [("!z", 1), ("!c", 3)]
         await dst.delete_destination_rooms(conn, "d", [("!a", 5), ("!b", 4)])
-        assert await dst.catchup_rows(conn, "d", 1, 10) == [("!c", 3), ("!b", 5)]
+        assert await cu.catchup_rows(conn, "d", 1, 10) == [("!c", 3), ("!b", 5)]
 
 
 async def test_wakeup_page_finds_outstanding_work_without_backoff(engine: AsyncEngine) -> None:

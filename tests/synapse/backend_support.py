@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment
@@ -56,16 +56,21 @@ async def synapse_engine_fixture(synapse_db_url: str) -> AsyncIterator[AsyncEngi
 
 
 class OurWorker:
-    """Our worker process as the deployment's federation sender instance."""
+    """Our worker process as the deployment's federation sender instance, or as
+    ``instance`` (one of several in ``federation_sender_instances``): its worker file
+    ``<instance>.yaml`` in the deployment's directory names it."""
 
     def __init__(self, deployment: SynapseDeployment, directory: Path,
-                 queue: dict[str, object] | None = None) -> None:
+                 queue: dict[str, object] | None = None, instance: str | None = None) -> None:
         """``queue``: our ``queue:`` keys over the suite's defaults. Those turn our
         short-retry window off: with the suite's Synapse settings
         (``max_long_retries: 2``, 500 ms apart) a destination that is down is then backed
         off after about a second, as Synapse's sender does there, so a test sees the
-        persisted backoff; tests/synapse/test_short_outage.py turns it back on."""
+        persisted backoff; tests/synapse/test_short_outage.py turns it back on.
+        ``instance``: another of the deployment's sender instances (several senders)."""
         self.d = deployment
+        self.instance = instance or deployment.instance_name
+        self.worker_yaml = deployment.directory / f"{self.instance}.yaml"
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.config = directory / "ours.yaml"
@@ -95,7 +100,7 @@ class OurWorker:
         args = [
             sys.executable, "-m", "federation_sender", "worker", "-c", str(self.config),
             "--synapse-config", str(self.d.homeserver_yaml),
-            "--synapse-config", str(self.d.worker_yaml),
+            "--synapse-config", str(self.worker_yaml),
         ]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         self.starts += 1
@@ -103,7 +108,7 @@ class OurWorker:
             log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child
             self.popen = subprocess.Popen(args, stdout=log, stderr=log, env=env, cwd=self.directory)
             log.close()
-            marker = f"POSITION caches {self.d.instance_name} "
+            marker = f"POSITION caches {self.instance} "
             try:
                 tap.wait_for(
                     lambda lines: any(ln.startswith(marker) for ln in lines)

@@ -33,12 +33,10 @@ from federation_sender.model import EventRow
 from federation_sender.queue.catchup import is_sendable
 from federation_sender.queue.store import QueueStore
 from federation_sender.replication import commands as c
-from federation_sender.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.hosts import RedisExternalCache, StateGroupHostsCache
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.hosts import RedisExternalCache, StateGroupHostsCache
-from federation_sender.synapse.wiring import ReplicationSignals
-from federation_sender.synapse.writes import PendingSignals
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
@@ -270,8 +268,10 @@ async def test_backend_retry_timings_invalidate_main_and_signal_after_commit(
 ) -> None:
     clock = FakeClock()
     backend = SynapseBackend(synapse_engine, _syn("example.org"), INSTANCE, clock)
-    emitted: list[PendingSignals] = []
-    backend.on_signals = emitted.append
+    sent: list[c.Command] = []
+    signals = backend.capabilities().signals
+    assert signals is not None
+    signals.attach(lambda cmd: sent.append(cmd) is None)
     d = "remote.example"
 
     async def set_retry(failure_ts, last_ts, interval):  # type: ignore[no-untyped-def]
@@ -293,13 +293,13 @@ async def test_backend_retry_timings_invalidate_main_and_signal_after_commit(
 
     async with synapse_engine.connect() as conn:
         inv = (await conn.execute(text(
-            "SELECT stream_id, instance_name, cache_func, keys "
+            "SELECT stream_id, instance_name, cache_func, keys, invalidation_ts "
             "FROM cache_invalidation_stream_by_instance ORDER BY stream_id"
         ))).all()
-    assert [tuple(r[1:]) for r in inv] == [(INSTANCE, "get_destination_retry_timings", [d])] * 5
-    assert [s.invalidations[0][0] for s in emitted] == [r[0] for r in inv]
-    assert [s.servers_up for s in emitted] == [[], [], [], [d], []]
-    assert backend.caches_position == inv[-1][0]
+    assert [tuple(r[1:4]) for r in inv] == [(INSTANCE, "get_destination_retry_timings", [d])] * 5
+    # What goes on replication, after each commit: the rows as RDATA, the comeback.
+    rdata = [c.RdataCommand("caches", INSTANCE, r[0], [r[2], r[3], r[4]]) for r in inv]
+    assert sent == [*rdata[:4], c.RemoteServerUpCommand(d), rdata[4]]
 
     # A transaction that rolls back signals nothing.
     async def fails(tx):  # type: ignore[no-untyped-def]
@@ -308,19 +308,10 @@ async def test_backend_retry_timings_invalidate_main_and_signal_after_commit(
 
     with pytest.raises(RuntimeError):
         await backend.run(fails)
-    assert len(emitted) == 5
+    assert len(sent) == 6
 
-    # What goes on replication: the rows as RDATA, the comeback, our position.
-    sent: list[c.Command] = []
-    signals = ReplicationSignals(backend, INSTANCE)
-    signals.attach(lambda cmd: sent.append(cmd) is None)
-    signals.emit(emitted[3])
-    stream_id, func, keys, ts = emitted[3].invalidations[0]
-    assert sent == [
-        c.RdataCommand("caches", INSTANCE, stream_id, [func, keys, ts]),
-        c.RemoteServerUpCommand(d),
-    ]
-    pos = backend.caches_position
+    # Our position, said after connecting and on every REPLICATE.
+    pos = inv[-1][0]
     assert list(signals.announce()) == [c.PositionCommand("caches", INSTANCE, pos, pos)]
 
 
@@ -447,7 +438,7 @@ async def test_backend_to_device_bounded_by_the_stream_token_and_deleted_by_id(
         return [r.stream_id for r in td]
 
     assert await backend.run(read) == [1, 2, 3]  # no token announced yet
-    backend.stream_token = {"to_device": 2}.get
+    backend.capabilities().bind_stream_tokens({"to_device": 2})
     assert await backend.run(read) == [1, 2]  # 3 may sit above a row not yet committed
 
     async def ack(tx):  # type: ignore[no-untyped-def]

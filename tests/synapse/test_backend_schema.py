@@ -3,6 +3,7 @@ check refuses databases we do not support with one line."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 from pathlib import Path
@@ -20,11 +21,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.cli import main
 from federation_sender.errors import SchemaVersionError
 from federation_sender.storage.engine import create_engine
-from federation_sender.synapse.database import (
+from federation_sender.storage.synapse.database import (
     OWN_HEAD,
     OWN_SCHEMA,
     check_own_schema,
     check_synapse,
+    create_synapse_engine,
     own_head,
     own_revision,
     upgrade_own_schema,
@@ -90,18 +92,52 @@ async def test_migrate_creates_only_our_schema(synapse_engine: AsyncEngine) -> N
         )
 
 
+async def test_senders_starting_at_once_migrate_once(synapse_db_url: str) -> None:
+    """Several senders (``federation_sender_instances``) started together each migrate
+    at start; before the advisory lock all but one failed in ``CREATE SCHEMA IF NOT
+    EXISTS`` with a unique violation (seen with fed1 and fed2 started at once)."""
+    engines = [create_synapse_engine(synapse_db_url) for _ in range(3)]
+    try:
+        await asyncio.gather(*(upgrade_own_schema(e) for e in engines))
+        assert await own_revision(engines[0]) == own_head()
+    finally:
+        for e in engines:
+            await e.dispose()
+
+
+TESTED = (
+    "is not one this federation sender was tested against (schema 94, compat version at "
+    "most 94: Synapse 1.158.0 to 1.163.2)"
+)
+
+
 async def test_synapse_version_check(synapse_engine: AsyncEngine) -> None:
+    """Exactly the tested range: schema 94 with a compat version up to 94. A newer
+    schema is refused even when its compat version would let a 1.163 worker run on it
+    (Synapse's own rule): nothing of ours has been tested against it."""
     assert await check_synapse(synapse_engine) == (94, 84)
-    async with synapse_engine.begin() as conn:
-        await conn.execute(text("UPDATE schema_compat_version SET compat_version = 95"))
-    with pytest.raises(SchemaVersionError) as e:
-        await upgrade_own_schema(synapse_engine)
-    assert "newer than this federation sender supports" in str(e.value)
-    async with synapse_engine.begin() as conn:
-        await conn.execute(text("UPDATE schema_compat_version SET compat_version = 84"))
-        await conn.execute(text("UPDATE schema_version SET version = 93"))
-    with pytest.raises(SchemaVersionError, match="older than 94"):
-        await check_synapse(synapse_engine)
+
+    async def refused(version: int, compat: int) -> str:
+        async with synapse_engine.begin() as conn:
+            await conn.execute(text(f"UPDATE schema_compat_version SET compat_version = {compat}"))
+            await conn.execute(text(f"UPDATE schema_version SET version = {version}"))
+        with pytest.raises(SchemaVersionError) as e:
+            await upgrade_own_schema(synapse_engine)
+        message = str(e.value)
+        assert "\n" not in message
+        return message
+
+    assert await refused(94, 95) == (
+        f"Synapse database schema 94 (compat version 95) {TESTED}; upgrade "
+        "federation-sender or run Synapse's own federation sender"
+    )
+    assert await refused(95, 84) == (
+        f"Synapse database schema 95 (compat version 84) {TESTED}; upgrade "
+        "federation-sender or run Synapse's own federation sender"
+    )
+    assert await refused(93, 84) == (
+        f"Synapse database schema 93 (compat version 84) {TESTED}; upgrade Synapse"
+    )
     async with synapse_engine.connect() as conn:
         assert not (
             await conn.execute(
@@ -179,8 +215,8 @@ def test_cli_worker_refuses_with_one_line(
     err = capsys.readouterr().err
     assert "Traceback" not in err
     assert err.strip().splitlines()[-1] == (
-        "federation-sender: Synapse database schema 94 (compat version 95) is newer than "
-        "this federation sender supports (94); upgrade federation-sender"
+        f"federation-sender: Synapse database schema 94 (compat version 95) {TESTED}; "
+        "upgrade federation-sender or run Synapse's own federation sender"
     )
 
 

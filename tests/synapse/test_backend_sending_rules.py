@@ -1,4 +1,4 @@
-"""The sending rules of ``synapse/events.py``, pinned on events a real Synapse 1.163
+"""The sending rules of ``storage/synapse/events.py``, pinned on events a real Synapse 1.163
 stored, with our worker as ``fed1`` and fake servers that speak federation with it.
 
 Never sent (Synapse's ``_process_event_queue_loop`` and ``get_events_as_list``):
@@ -36,8 +36,8 @@ from backend_support import OurWorker
 
 from federation_sender.clock import SystemClock
 from federation_sender.queue.catchup import is_sendable
-from federation_sender.synapse import events as ev
-from federation_sender.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse import events as ev
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork

@@ -35,9 +35,9 @@ from backend_support import OurWorker
 
 from federation_sender.clock import SystemClock
 from federation_sender.model import EventRow
+from federation_sender.storage.synapse import events as ev
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.storage.synapse_visibility import visibility_facts
-from federation_sender.synapse import events as ev
-from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 from federation_sender.visibility import EventFacts, Verdict, decide

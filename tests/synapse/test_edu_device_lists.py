@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.edus import device_lists as dl
+from federation_sender.storage.synapse import device_lists as dl
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from tests.synapse import edu_support as e2ee
 

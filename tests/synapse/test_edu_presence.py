@@ -21,14 +21,30 @@ from federation_sender.replication.commands import MAX_LINE_BYTES
 from federation_sender.replication.reconnect import Backoff
 from federation_sender.replication.redis import RedisTransport
 from federation_sender.replication.rows import PresenceRow, parse_row
-from federation_sender.storage.stream_fetchers import stream_fetchers
-from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.edus.rooms import SynapseRooms
+from federation_sender.storage.capabilities import EduRooms
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers
+from federation_sender.synapse.config import SynapseConfig
 from federation_sender.testing.replication import InMemoryPositionStore, RecordingHandler
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 
 _names = itertools.count()
+
+
+def edu_rooms(engine: AsyncEngine, server_name: str) -> EduRooms:
+    """The Synapse backend's rooms, as it offers them to the EDU fan-outs."""
+    syn = SynapseConfig(
+        server_name=server_name, database_url="", redis_url="", signing_key_path="",
+        worker_name="fed1", federation_sender_instances=("fed1",),
+        federation_domain_whitelist=None, ip_range_blacklist=(), ip_range_whitelist=(),
+        verify_tls=True, extra_ca_file=None, min_retry_interval_ms=600_000,
+        retry_multiplier=2.0, max_retry_interval_ms=7 * 86_400_000,
+    )
+    rooms = SynapseBackend(engine, syn, "fed1", SystemClock()).capabilities().edu_rooms
+    assert rooms is not None
+    return rooms
 
 
 @pytest.fixture
@@ -65,14 +81,14 @@ async def test_presence_source_reads_what_main_published(
                      what="alice's presence")
         token, live = [(t, r) for t, r in presence_rows(tap.lines, alice.user_id)
                        if r.state.status_msg == "lunch"][-1]
-    source = SynapseRooms(engine)
+    source = edu_rooms(engine, d.server_name)
     stored = await source.states_for_users([alice.user_id, "@nobody:nowhere"])
     assert stored == {alice.user_id: live.state}
     assert live.state in await source.startup_states()
     assert await source.rooms_for_user(alice.user_id) == [room]
     assert await source.current_hosts(room) == {d.server_name}
     # A gap in the presence stream is read back from presence_stream.
-    fetcher = stream_fetchers(engine, synapse=True)["presence"]
+    fetcher = synapse_fetchers(engine)["presence"]
     rows, upto, limited = await fetcher.fetch("master", token - 1, token, 100)
     assert (rows, upto, limited) == ([(token, live)], token, False)
 
@@ -84,7 +100,7 @@ async def test_receipt_hosts_and_event_metadata(
     alice = d.client.register(f"pr_alice{next(_names)}")
     room = d.client.create_room(alice)
     event_id = d.client.send_message(alice, room, "hello")
-    rooms = SynapseRooms(engine)
+    rooms = edu_rooms(engine, d.server_name)
     meta = await rooms.event_meta(room, event_id)
     assert meta is not None and meta.sender == alice.user_id
     received = int(d.sql(f"SELECT received_ts FROM events WHERE event_id = '{event_id}'"))

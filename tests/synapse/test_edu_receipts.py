@@ -15,8 +15,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.edus.receipts import ReceiptFanout
 from federation_sender.replication.positions import fetch_gap
 from federation_sender.replication.rows import ReceiptsRow, parse_row
-from federation_sender.storage.stream_fetchers import stream_fetchers
-from federation_sender.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.database import create_synapse_engine
+from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment
@@ -61,7 +61,7 @@ async def test_receipt_gap_reads_back_what_main_published(
         tap.wait_for(lambda lines: len(published(lines, "receipts")) >= 3, what="3 receipts")
         live = published(tap.lines, "receipts")
 
-    fetcher = stream_fetchers(engine, synapse=True)["receipts"]
+    fetcher = synapse_fetchers(engine)["receipts"]
     first, last = live[0][0], live[-1][0]
     fetched = [r for u in [u async for u in fetch_gap(fetcher, "receipts", "master",
                                                       first - 1, last, batch_rows=2)]

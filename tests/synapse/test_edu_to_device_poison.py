@@ -19,9 +19,9 @@ from sqlalchemy import text
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue import QueueManager
-from federation_sender.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import create_synapse_engine, upgrade_own_schema
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.database import create_synapse_engine, upgrade_own_schema
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.http_sender import HttpTransactionSender
@@ -51,7 +51,7 @@ async def harness(synapse_db_url: str) -> AsyncIterator[tuple[Harness, SynapseBa
     await fake.start()
     sender = HttpTransactionSender(fake.url, ME, clock, timeout_s=20)
     backend = SynapseBackend(engine, config(), "fed1", clock)
-    backend.stream_token = lambda stream: 10 if stream == "to_device" else None
+    backend.capabilities().bind_stream_tokens({"to_device": 10})
     settings = replace(QueueSettings(), wakeup_interval_s=60.0)
     h = Harness(engine, clock, fake, sender, HomeserverWriter(engine, ME), settings)
     h.manager = QueueManager(backend, sender, settings, ME, "fed1", clock, random.Random(1),

@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.edus import device_lists as dl
+from federation_sender.storage.synapse import device_lists as dl
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork

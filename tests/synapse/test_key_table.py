@@ -25,15 +25,15 @@ from federation_sender.builders import build_federation_client
 from federation_sender.clock import SystemClock
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
-from federation_sender.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.backend import SynapseBackend
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.synapse.config import (
     SynapseConfig,
     merge_settings,
     parse_synapse_config,
 )
-from federation_sender.synapse.database import create_synapse_engine
-from federation_sender.synapse.edus.wiring import synapse_edus
 from federation_sender.synapse.egress import build_outbound_proxy, worker_listeners
+from federation_sender.synapse.wiring import synapse_edus
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.ports import free_port
 from federation_sender.transport.signing import SigningKey
@@ -319,7 +319,8 @@ def edus(keys: dict[str, Any]) -> dict[str, Any]:
     s = syn(keys)
     engine = create_synapse_engine("postgresql://nobody@127.0.0.1:1/none")
     backend = SynapseBackend(engine, s, "fed1", SystemClock())
-    return synapse_edus(backend, None, SystemClock())  # type: ignore[arg-type]
+    rooms = backend.capabilities().edu_rooms
+    return synapse_edus(rooms, s, None, SystemClock())  # type: ignore[arg-type]
 
 
 def p_rr(tmp: Path) -> None:

@@ -24,8 +24,8 @@ from typing import Any
 import pytest
 
 from federation_sender.admin.errors import AdminError
+from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.synapse.admin_auth import SynapseAdminTokens
-from federation_sender.synapse.database import create_synapse_engine
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.our_sender import OurSender
 from federation_sender.testing.synapse_client import User

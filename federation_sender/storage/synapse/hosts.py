@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.ids import server_of
 from federation_sender.model import EventRow
-from federation_sender.synapse.schema import (
+from federation_sender.storage.synapse.schema import (
     event_to_state_groups,
     partial_state_rooms_servers,
     room_memberships,
@@ -196,6 +196,23 @@ async def current_hosts(
     return {r: frozenset(h) for r, h in found.items()}
 
 
+async def partial_state_servers(
+    conn: AsyncConnection, rooms: Collection[str]
+) -> dict[str, frozenset[str]]:
+    """The servers in each partial-state room at our join
+    (``partial_state_rooms_servers``); rooms not partial-state are absent."""
+    if not rooms:
+        return {}
+    t = partial_state_rooms_servers
+    res = await conn.execute(
+        select(t.c.room_id, t.c.server_name).where(t.c.room_id.in_(list(rooms)))
+    )
+    found: dict[str, set[str]] = {}
+    for room, server in res:
+        found.setdefault(str(room), set()).add(str(server))
+    return {r: frozenset(s) for r, s in found.items()}
+
+
 @dataclass(frozen=True, slots=True)
 class _Parsed:
     event: EventRow
@@ -302,16 +319,7 @@ class SynapseHostsReader:
         )
 
     async def _partial_servers(self, rooms: list[str]) -> dict[str, frozenset[str]]:
-        if not rooms:
-            return {}
-        t = partial_state_rooms_servers
-        res = await self._c.execute(
-            select(t.c.room_id, t.c.server_name).where(t.c.room_id.in_(rooms))
-        )
-        found: dict[str, set[str]] = {}
-        for room, server in res:
-            found.setdefault(str(room), set()).add(str(server))
-        return {r: frozenset(s) for r, s in found.items()}
+        return await partial_state_servers(self._c, rooms)
 
     async def _hosts_before(self, need: Sequence[_Parsed]) -> dict[str, frozenset[str]]:
         """event id -> hosts of the state before it (steps 3 and 4)."""

@@ -26,8 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.errors import SchemaVersionError
 from federation_sender.storage.engine import create_engine
-from federation_sender.storage.migrate import version_row
-from federation_sender.synapse.schema import check_synapse_schema
+from federation_sender.storage.migrate import upgrade_chain, version_row
+from federation_sender.storage.synapse.schema import check_synapse_schema
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -39,6 +39,9 @@ OWN_HEAD = "s0001"
 """The newest revision of our schema beside Synapse's: a start at head reads the version
 row with plain SQL and never loads alembic (see :mod:`federation_sender.storage.migrate`);
 a test compares it with alembic's head."""
+
+MIGRATE_LOCK_KEY = 0x66656453656E6472
+"""The PostgreSQL advisory lock ``migrate`` holds for its transaction (``fedSendr``)."""
 
 
 def create_synapse_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
@@ -94,18 +97,8 @@ async def check_synapse(engine: AsyncEngine) -> tuple[int, int]:
 async def upgrade_own_schema(engine: AsyncEngine, revision: str = "head") -> None:
     """Check Synapse's schema, then create or upgrade ours (idempotent)."""
     await check_synapse(engine)
-
-    def _do(conn: Connection) -> None:
-        if revision in ("head", OWN_HEAD) and _own_revision(conn) == OWN_HEAD:
-            return  # already there: no need to load alembic
-        from alembic import command
-
-        cfg = alembic_config()
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
-
-    async with engine.begin() as conn:
-        await conn.run_sync(_do)
+    await upgrade_chain(engine, alembic_config, OWN_HEAD, _own_revision, revision,
+                        lock_key=MIGRATE_LOCK_KEY)
 
 
 async def check_own_schema(engine: AsyncEngine) -> None:

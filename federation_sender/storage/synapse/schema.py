@@ -10,10 +10,13 @@ We write exactly what Synapse's own federation sender writes: ``destinations``,
 ``cache_invalidation_stream_by_instance`` (plus, once EDUs are sent from the outboxes,
 their deletes and ``device_lists_outbound_last_success``).
 
-The version check follows Synapse's rule for a worker: the database must be at least at
-the schema version this code was written against (:data:`SCHEMA_VERSION`), and its
-``schema_compat_version`` (the oldest code version that can still use it) must not be
-newer than that version.
+The version check accepts exactly the schema range this code has been tested against
+(:data:`TESTED_SCHEMA_VERSIONS`, the releases :data:`TESTED_SYNAPSE_RELEASES` of
+``scripts/synapse-compat.sh``), and, as Synapse's own rule for a worker, a
+``schema_compat_version`` (the oldest code version that can still use the database)
+no newer than the newest of them. Every release of the window (1.158.0 to 1.163.2) has
+``SCHEMA_VERSION`` 94 and ``SCHEMA_COMPAT_VERSION`` 84; what differs between them within
+schema 94 is in docs/synapse.md ("Synapse releases").
 """
 
 from __future__ import annotations
@@ -35,6 +38,12 @@ from federation_sender.errors import SchemaVersionError
 
 SCHEMA_VERSION = 94
 """Synapse 1.163's ``SCHEMA_VERSION``: the schema these queries were written against."""
+
+TESTED_SCHEMA_VERSIONS = (94, 94)
+"""The lowest and highest ``schema_version`` accepted: those of the tested releases."""
+
+TESTED_SYNAPSE_RELEASES = ("1.158.0", "1.163.2")
+"""The oldest and newest Synapse release the tests have run against (docs/synapse.md)."""
 
 synapse_metadata = MetaData()
 
@@ -171,15 +180,17 @@ async def check_synapse_schema(conn: AsyncConnection) -> tuple[int, int]:
     if version is None:
         raise SchemaVersionError("Synapse's schema_version table is empty")
     compat_v = int(compat) if compat is not None else int(version)
-    if int(version) < SCHEMA_VERSION:
-        raise SchemaVersionError(
-            f"Synapse database schema {version} is older than {SCHEMA_VERSION} (Synapse "
-            "1.163); upgrade Synapse before running this federation sender"
+    low, high = TESTED_SCHEMA_VERSIONS
+    if not low <= int(version) <= high or compat_v > high:
+        first, last = TESTED_SYNAPSE_RELEASES
+        tested = f"schema {low}" if low == high else f"schemas {low} to {high}"
+        advice = (
+            "upgrade Synapse" if int(version) < low
+            else "upgrade federation-sender or run Synapse's own federation sender"
         )
-    if compat_v > SCHEMA_VERSION:
         raise SchemaVersionError(
-            f"Synapse database schema {version} (compat version {compat_v}) is newer "
-            f"than this federation sender supports ({SCHEMA_VERSION}); upgrade "
-            "federation-sender"
+            f"Synapse database schema {version} (compat version {compat_v}) is not one "
+            f"this federation sender was tested against ({tested}, compat version at "
+            f"most {high}: Synapse {first} to {last}); {advice}"
         )
     return int(version), compat_v

@@ -1,6 +1,6 @@
 """Alembic environment for our own tables beside Synapse's (schema ``federation_sender``).
 
-Run only through :func:`federation_sender.synapse.database.upgrade_own_schema`, which
+Run only through :func:`federation_sender.storage.synapse.database.upgrade_own_schema`, which
 passes an open connection. Alembic's version table lives in our schema too
 (``version_table_schema``), so nothing of ours appears among Synapse's tables.
 """
