@@ -121,6 +121,10 @@ class QueueSettings:
     catchup_rooms_per_batch: int = 50
     catchup_max_gap_events: int = 50
     """Per room, catch-up replays up to this many missed events in order; beyond, extremities."""
+    pacing_confirm_deadline_s: float = 30.0
+    """Once 40 PDUs of one room were accepted by a destination but not yet confirmed
+    processed, the next transaction waits until it holds the newest, at most this long
+    (``queue/pacing.py``); 0 never waits."""
     wakeup_interval_s: float = 60.0
     wakeup_rate_per_s: float = 100.0
     event_batch_size: int = 100

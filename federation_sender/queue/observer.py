@@ -75,6 +75,11 @@ class QueueObserver(Protocol):
 
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None: ...
 
+    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
+        """A pacing wait (``queue/pacing.py``): ``confirmed`` (the receiver holds the
+        event), ``not_yet`` or ``no_answer`` (the deadline passed), ``unsupported``
+        (the receiver does not serve the request); the last three send on unpaced."""
+
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         """The intake finished a batch: events read, new position, (PDU, destination)
@@ -132,6 +137,9 @@ class NoopObserver:
         pass
 
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
+        pass
+
+    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
         pass
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,

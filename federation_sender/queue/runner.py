@@ -23,11 +23,13 @@ from types import MappingProxyType
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
 from federation_sender.queue.attempt import TimedAttempts
+from federation_sender.queue.batching import Batch
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.queue.observer import QueueObserver, report
+from federation_sender.queue.pacing import PacingPolicy, RoomPacer
 from federation_sender.queue.slots import Held, Slots
 from federation_sender.queue.status import DestinationStatus, live_status
 from federation_sender.queue.steps import (
@@ -42,6 +44,8 @@ from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
+    EventHeld,
+    EventProbe,
     Outcome,
     SendResult,
     Transaction,
@@ -55,6 +59,8 @@ _NO_EDUS: Mapping[str, int] = MappingProxyType({})
 MAX_UNPERSISTED = 8
 """Results of one queue that may await their commit while it goes on sending."""
 
+NO_PACING = PacingPolicy(deadline_s=0)
+
 
 @dataclass(frozen=True, slots=True)
 class RunnerConfig:
@@ -65,6 +71,7 @@ class RunnerConfig:
     catchup_rooms_per_batch: int
     catchup_max_gap_events: int
     outbox_read_limit: int
+    pacing: PacingPolicy = NO_PACING
 
     @classmethod
     def from_settings(
@@ -78,13 +85,14 @@ class RunnerConfig:
             catchup_rooms_per_batch=q.catchup_rooms_per_batch,
             catchup_max_gap_events=q.catchup_max_gap_events,
             outbox_read_limit=q.max_edus_per_txn,
+            pacing=PacingPolicy(deadline_s=q.pacing_confirm_deadline_s),
         )
 
 
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_attempts", "_finished", "_loaded", "_may_send",
+        "_attempts", "_finished", "_loaded", "_may_send", "_pacer", "_pacing_failed_at",
         "_stopping", "_unpersisted", "_waiting", "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
         "wake",
@@ -114,6 +122,10 @@ class DestinationRunner:
         self.observer = observer
         self.config = config
         self.wake = Wakeup()
+        self._pacing_failed_at: float | None = None
+        """When a pacing confirmation last failed (``queue/pacing.py``)."""
+        self._pacer: RoomPacer | None = None
+        """Unconfirmed PDUs per room (``queue/pacing.py``), made on the first send."""
         self._loaded = False
         self._stopping = False
         self._finished = False
@@ -460,6 +472,72 @@ class DestinationRunner:
                 batch.catchup,
             )
         report(self.observer, self.destination, eff, result, was_failing)
+        if batch and result.outcome is Outcome.SUCCESS:
+            await self._pace(batch, result)
+
+    async def _pace(self, batch: Batch, result: SendResult) -> None:
+        """Pacing (``queue/pacing.py``): once a room has ``confirm_after`` PDUs the
+        receiver accepted but may not have processed yet, wait until it holds the
+        newest of them, so that its staging queue of the room never fills up.
+        Bounded by the policy's deadline; past it, send on as without pacing."""
+        pacing = self.config.pacing
+        probe = self.sender
+        if not isinstance(probe, EventProbe) or not pacing.paced_after(
+                self._pacing_failed_at, self.clock.monotonic_s()):
+            return
+        pacer = self._pacer
+        if pacer is None:
+            pacer = self._pacer = RoomPacer(pacing)
+        pacer.sent(batch, result.pdu_errors)
+        while (due := pacer.to_confirm()) is not None and not self._stopping:
+            room_id, event_id = due
+            if not await self._confirm(probe, event_id):
+                pacer.forget()
+                return
+            pacer.confirmed(room_id)
+
+    async def _confirm(self, probe: EventProbe, event_id: str) -> bool:
+        """Ask the receiver for ``event_id`` until it holds it or the deadline passes."""
+        pacing = self.config.pacing
+        t0 = self.clock.monotonic_s()
+        answer = EventHeld.NO_ANSWER
+        for delay in pacing.poll_delays():
+            left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
+            if left <= 0 or self._stopping:
+                break
+            try:
+                async with asyncio.timeout(min(left, self.config.attempt_deadline_s)):
+                    answer = await probe.event_persisted(self.destination, event_id)
+            except TimeoutError:
+                answer = EventHeld.NO_ANSWER
+            if answer is EventHeld.YES or answer is EventHeld.UNSUPPORTED:
+                break
+            left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
+            self._waiting = True  # on the clock: quiescent (a stop ends it within 1 s)
+            try:
+                await self.clock.sleep(max(0.0, min(delay, left)))
+            finally:
+                self._waiting = False
+        waited = self.clock.monotonic_s() - t0
+        if answer is EventHeld.YES:
+            self.observer.pacing_confirmed(self.destination, "confirmed", waited)
+            return True
+        if self._stopping:
+            return False
+        self._pacing_failed_at = self.clock.monotonic_s()
+        self.observer.pacing_confirmed(self.destination, answer.value, waited)
+        if answer is EventHeld.UNSUPPORTED:
+            log.info("pacing %s: it does not serve GET /event; sending unpaced for %.0f s",
+                     self.destination, pacing.off_after_failure_s)
+            return False
+        log.warning(
+            "pacing %s: %s not confirmed within %.0f s (%s); sending on unpaced for "
+            "%.0f s (the receiver may prune events it has not processed)",
+            self.destination, event_id, waited,
+            "no answer" if answer is EventHeld.NO_ANSWER else "not held yet",
+            pacing.off_after_failure_s,
+        )
+        return False
 
     async def _flush_persist(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` results are uncommitted; a failed write surfaces

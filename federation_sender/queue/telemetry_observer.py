@@ -145,6 +145,9 @@ class TelemetryObserver:
         step.set_attribute(n.ATTR_ROOMS, rooms)
         step.set_attribute(n.ATTR_EVENTS, pdus)
 
+    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
+        self._metrics.pacing_confirmation(outcome, waited_s)
+
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         self._metrics.events_fanned_out(count, rooms, pdus, fanned_out, duration_s=duration_s)

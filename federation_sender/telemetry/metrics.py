@@ -163,6 +163,14 @@ class Metrics:
         self._block_time = Counter(n.BLOCK_TIME, "", ["block_name"], registry=r)
         self._catchup_steps = Counter(n.CATCHUP_STEPS, "Catch-up steps by outcome",
                                       ["outcome"], registry=r)
+        self._pacing_confirmations = Counter(
+            n.PACING_CONFIRMATIONS,
+            "Waits for a receiver to process what it accepted, by outcome "
+            "(confirmed, not_yet, no_answer, unsupported)",
+            ["outcome"], registry=r)
+        self._pacing_wait = Counter(
+            n.PACING_WAIT, "Time spent waiting for receivers to process what they accepted",
+            registry=r)
         self._live_instances = Gauge(n.SHARD_LIVE_INSTANCES,
                                      "Live federation sender instances seen by this one",
                                      registry=r)
@@ -302,6 +310,10 @@ class Metrics:
 
     def catchup_step(self, outcome: str) -> None:
         self._catchup_steps.labels(outcome).inc()
+
+    def pacing_confirmation(self, outcome: str, waited_s: float) -> None:
+        self._pacing_confirmations.labels(outcome).inc()
+        self._pacing_wait.inc(waited_s)
 
     def shard_membership(self, live_instances: int, leases_held: int) -> None:
         self._live_instances.set(live_instances)

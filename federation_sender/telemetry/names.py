@@ -73,6 +73,8 @@ REPLICATION_BATCHES = "federation_sender_replication_batches"
 REPLICATION_ROWS = "federation_sender_replication_rows"
 EVENT_PROCESSING_LAG_S = "federation_sender_event_processing_lag_seconds"
 CATCHUP_STEPS = "federation_sender_catchup_steps"
+PACING_CONFIRMATIONS = "federation_sender_pacing_confirmations"
+PACING_WAIT = "federation_sender_pacing_wait_seconds"
 SHARD_LIVE_INSTANCES = "federation_sender_shard_live_instances"
 SHARD_LEASES_HELD = "federation_sender_shard_leases_held"
 

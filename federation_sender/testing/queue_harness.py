@@ -37,6 +37,7 @@ class RecordingObserver(NoopObserver):
         self.dropped: list[tuple[str, str, str]] = []
         self.states: list[tuple[str, DestinationState, DestinationState]] = []
         self.catchups: list[tuple[str, int]] = []
+        self.confirmations: list[tuple[str, str]] = []
         self.short_retries: list[tuple[str, bool]] = []
 
     def transaction_sent(
@@ -68,6 +69,9 @@ class RecordingObserver(NoopObserver):
 
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         pass
+
+    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
+        self.confirmations.append((destination, outcome))
 
     def short_retry(self, destination: str, answered: bool) -> None:
         self.short_retries.append((destination, answered))

@@ -44,12 +44,14 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import json
 import logging
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
 from typing import Literal, Protocol
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
@@ -95,14 +97,16 @@ from federation_sender.transport.http import (
     unverified_context,
 )
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
-from federation_sender.transport.result import Outcome, SendResult, Transaction
-from federation_sender.transport.signing import SigningKey
+from federation_sender.transport.result import EventHeld, Outcome, SendResult, Transaction
+from federation_sender.transport.signing import SigningKey, sign_request
 
 logger = logging.getLogger(__name__)
 
 MAX_PDUS_PER_TXN = 50
 MAX_EDUS_PER_TXN = 100
-__all__ = ["SEND_PATH", "FederationClient", "TransportStats"]
+EVENT_PATH = "/_matrix/federation/v1/event/"
+
+__all__ = ["EVENT_PATH", "SEND_PATH", "FederationClient", "TransportStats"]
 
 _NO_SPAN: AbstractContextManager[trace.Span] = nullcontext(trace.INVALID_SPAN)
 
@@ -503,6 +507,54 @@ class FederationClient:
             result = classify_exception(e)
         self.requests.finished(txn.destination, result.outcome)
         return self._finish(txn, result, len(prepared.body), started)
+
+    async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
+        """Whether ``destination`` holds ``event_id``: ``GET /_matrix/federation/v1/
+        event/{eventId}``, signed. Synapse answers it from its events table (200: the
+        event was processed) and a 404 with the JSON body ``""`` when it does not hold
+        it (yet); a 404 ``M_UNRECOGNIZED`` or one that is not JSON means the receiver
+        does not serve the request. Never raises for what the remote does; the
+        caller bounds the wait (``queue/pacing.py``)."""
+        session = self._session
+        if session is None:
+            raise RuntimeError("FederationClient used before start()")
+        path = EVENT_PATH + quote(event_id, safe="")
+        auth = sign_request(key=self._key, origin=self.server_name,
+                            destination=destination, method="GET", uri=path)
+        try:
+            resolved = self.resolve_cached(destination) or await self._lookup(destination)
+            host, port = resolved.targets[0]
+            if self._is_ip_literal(host):
+                self._filter.check(host)
+            proxy, proxy_auth = self._proxy_args(host)
+            async with asyncio.timeout(self._attempt_timeout_s), session.get(
+                self._url(host, port, path),
+                headers={"Host": resolved.host_header, "Authorization": auth,
+                         "User-Agent": self._user_agent},
+                allow_redirects=False,
+                server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
+                ssl=self._ssl_for(resolved.tls_server_name) if self._scheme == "https" else False,
+                proxy=proxy,
+                proxy_headers=proxy_auth,
+            ) as response:
+                body = await read_limited(response, self._max_response_bytes)
+                status = response.status
+        except (TimeoutError, FederationSenderError, aiohttp.ClientError, OSError,
+                ValueError) as e:
+            logger.debug("GET event %s from %s: %s", event_id, destination, e)
+            return EventHeld.NO_ANSWER
+        if status == 200:
+            return EventHeld.YES
+        if status == 404:
+            try:
+                answer = json.loads(body)
+            except ValueError:
+                return EventHeld.UNSUPPORTED
+            if isinstance(answer, dict) and answer.get("errcode") == "M_UNRECOGNIZED":
+                return EventHeld.UNSUPPORTED
+            return EventHeld.NOT_YET
+        logger.debug("GET event %s from %s: HTTP %d", event_id, destination, status)
+        return EventHeld.NO_ANSWER
 
     def _note_proxy_failure(self, exc: BaseException) -> BaseException:
         """A forward proxy's 407 (either client): one ERROR line, then per-attempt debug."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 JsonDict = dict[str, Any]
 
@@ -59,3 +59,23 @@ class TransactionSender(Protocol):
 
         Must return within the configured per-attempt deadline.
         """
+
+
+class EventHeld(enum.Enum):
+    """A receiver's answer to ``GET /_matrix/federation/v1/event/{eventId}``."""
+
+    YES = "yes"
+    """200: it holds the event (Synapse: processed and persisted)."""
+    NOT_YET = "not_yet"
+    """404 as Synapse answers it (a JSON body that is not ``M_UNRECOGNIZED``)."""
+    NO_ANSWER = "no_answer"
+    """No response, or another status: ask again."""
+    UNSUPPORTED = "unsupported"
+    """404 ``M_UNRECOGNIZED`` or not JSON: the receiver does not serve the request."""
+
+
+@runtime_checkable
+class EventProbe(Protocol):
+    async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
+        """Whether ``destination`` holds ``event_id``. Never raises for remote
+        failures."""

@@ -1,0 +1,86 @@
+"""Pacing in the queue (``queue/pacing.py``) over real HTTP to the fake homeserver,
+with a receiver that answers ``GET /event`` as told: the next transaction waits for a
+room's 40 unconfirmed PDUs to be confirmed, and a receiver that never confirms holds
+the queue up for one deadline only."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from federation_sender.testing.queue_harness import ALICE, Harness, room_with
+from federation_sender.testing.waiting import wait_until
+from federation_sender.transport.result import EventHeld, SendResult, Transaction
+
+D = "r1.test"
+ROOM = "!paced:l"
+
+
+class Probing:
+    """The harness's sender, answering ``event_persisted`` with ``answer``."""
+
+    def __init__(self, inner: object, answer: EventHeld) -> None:
+        self.inner = inner
+        self.answer = answer
+        self.asked: list[str] = []
+
+    async def send_transaction(self, txn: Transaction) -> SendResult:
+        result: SendResult = await self.inner.send_transaction(txn)  # type: ignore[attr-defined]
+        return result
+
+    async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
+        self.asked.append(event_id)
+        return self.answer
+
+
+def _probing(h: Harness, answer: EventHeld, deadline_s: float = 5.0) -> Probing:
+    probe = Probing(h.sender, answer)
+    h.sender = probe  # type: ignore[assignment]
+    h.settings = replace(h.settings, pacing_confirm_deadline_s=deadline_s)
+    return probe
+
+
+async def test_the_next_transaction_waits_for_the_confirmation(h: Harness) -> None:
+    await room_with(h, ROOM, D)
+    probe = _probing(h, EventHeld.NOT_YET, deadline_s=30.0)
+    await h.start()
+    evs = await h.writer.messages(ROOM, ALICE, 120)
+    h.poke()
+    await h.settle()
+    got = h.fake.received_event_ids(D)
+    # One transaction of 50 went out; the queue now asks for its newest and waits.
+    assert len([e for e in got if e in {x.event_id for x in evs}]) == 50
+    assert probe.asked and set(probe.asked) == {evs[49].event_id}
+    probe.answer = EventHeld.YES
+    await h.advance(2.0)
+    await wait_until(lambda: set(h.fake.received_event_ids(D)) >= {e.event_id for e in evs},
+                     timeout_s=10.0, what="all 120")
+    assert ("r1.test", "confirmed") in h.observer.confirmations
+    assert all(o == "confirmed" for _, o in h.observer.confirmations)
+
+
+async def test_a_receiver_that_never_confirms_holds_the_queue_one_deadline(
+    h: Harness,
+) -> None:
+    await room_with(h, ROOM, D)
+    probe = _probing(h, EventHeld.NOT_YET, deadline_s=5.0)
+    await h.start()
+    evs = await h.writer.messages(ROOM, ALICE, 200)
+    h.poke()
+    waited = await h.advance_until(
+        lambda: set(h.fake.received_event_ids(D)) >= {e.event_id for e in evs}, step_s=1.0,
+        max_s=60.0)
+    assert 5.0 <= waited <= 7.0
+    # Once, then unpaced: one give-up, and no question after it.
+    assert h.observer.confirmations == [(D, "not_yet")]
+    assert set(probe.asked) == {evs[49].event_id}
+
+
+async def test_a_receiver_without_the_endpoint_is_not_waited_for(h: Harness) -> None:
+    await room_with(h, ROOM, D)
+    probe = _probing(h, EventHeld.UNSUPPORTED, deadline_s=30.0)
+    await h.start()
+    evs = await h.writer.messages(ROOM, ALICE, 200)
+    h.poke()
+    await h.settle()
+    assert set(h.fake.received_event_ids(D)) >= {e.event_id for e in evs}
+    assert h.observer.confirmations == [(D, "unsupported")] and len(probe.asked) == 1
