@@ -45,12 +45,14 @@ import pytest
 from backend_support import OurWorker
 
 from federation_sender.testing.certs import LoopbackCA
+from federation_sender.testing.ports import free_port
 from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.redis_server import ephemeral_redis
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_config import RedisAddress, worker_config
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse import edu_support as e2ee
 
 pytestmark = pytest.mark.postgres
@@ -111,7 +113,12 @@ def deployment(
             redis=RedisAddress(redis_server.host, redis_server.port),
         )
         write_instances(d, INSTANCES)
-        fed2 = worker_config(dataclasses.replace(d.layout, instance_name="fed2"))
+        # fed2's own health port: both of ours serve their worker file's listeners.
+        layout2 = dataclasses.replace(
+            d.layout, instance_name="fed2",
+            ports=dataclasses.replace(d.layout.ports, worker_health=free_port()),
+        )
+        fed2 = worker_config(layout2)
         (d.directory / "fed2.yaml").write_text(json.dumps(fed2))
         d.start()
         try:
@@ -299,7 +306,8 @@ def test_two_of_ours_split_by_synapses_rule_and_fed1_takes_over(
         assert stream_id_twice(p, s) == [], p.server_name
     # Our log row of a transaction is written after its 200, so a moment after the
     # server recorded it.
-    e2ee.poll(lambda: set(senders(s)) == set(s.owner), "our log of phase 1")
+    wait_until_blocking(lambda: set(senders(s)) == set(s.owner), "our log of phase 1",
+                        timeout_s=20)
     by = senders(s)
     assert {dest: sorted(i) for dest, i in by.items()} == {
         dest: [i] for dest, i in s.owner.items()
@@ -367,7 +375,8 @@ def test_two_of_ours_split_by_synapses_rule_and_fed1_takes_over(
     for p in s.peers:
         assert to_device_count(p, marker3) == 1, p.server_name
         assert stream_id_twice(p, s) == [], p.server_name
-    e2ee.poll(lambda: set(senders(s, log_before)) == set(s.owner), "our log of phase 3")
+    wait_until_blocking(lambda: set(senders(s, log_before)) == set(s.owner),
+                        "our log of phase 3", timeout_s=20)
     assert all(i == {"fed1"} for i in senders(s, log_before).values())
     rows = d.sql("SELECT DISTINCT instance_name FROM federation_stream_position").split()
     assert rows == ["fed1"]
