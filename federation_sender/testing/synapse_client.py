@@ -80,6 +80,20 @@ class SynapseClient:
         )
         return User(r["user_id"], r["access_token"], r["device_id"])
 
+    def exempt_from_ratelimits(self, admin: User, user: User) -> None:
+        """Lift every rate limit off ``user`` (the admin API's per-user override).
+
+        For test scenes that create rooms until a condition holds: Synapse's default
+        ``rc_room_creation`` allows a burst of 10, and a loop that depends on how room
+        IDs hash would otherwise fail by chance.
+        """
+        path = (
+            "/_synapse/admin/v1/users/"
+            + urllib.parse.quote(user.user_id, safe="")
+            + "/override_ratelimit"
+        )
+        self.call("POST", path, {"messages_per_second": 0, "burst_count": 0}, admin.access_token)
+
     def create_room(
         self, user: User, *, room_version: str | None = None, preset: str = "public_chat"
     ) -> str:
