@@ -132,13 +132,8 @@ class QueueSettings:
     """While the intake is behind, a queue about to send a part-filled transaction waits
     up to this long for the intake's next hand-over (``queue/coalesce.py``); 0 never waits."""
     busy_txn_interval_s: float = 2.0
-    """A destination sent ``busy_min_pdus`` PDUs or more within one interval (a steady
-    stream) sends its next part-filled transaction one interval after its last one;
-    0 never waits. Only transactions that took every pending PDU count (one cut by
-    the limits is a backlog, though in a stream what it leaves waits too); a full
-    batch and a stop end the wait; retries, catch-up and EDU-only transactions
-    neither count nor wait; a destination sent fewer PDUs in an interval never
-    waits. EDUs that arrive during the wait go with that transaction."""
+    """Deprecated and ignored (with ``busy_min_pdus``): a destination with nothing in
+    flight sends at once (``queue/loop_policy.py``); still accepted so configs load."""
     busy_min_pdus: int = 20
     idle_queue_ttl_s: float = 60.0
     max_item_failures: int = 3

@@ -30,8 +30,10 @@ Invariants:
   when that phase is over is the backoff persisted. An answer of any kind ends the
   phase; a wake-up (``clear_backoff``) cuts its wait short without resetting its count.
 * The runner's loop policy is decided here too
-  (:class:`~federation_sender.queue.loop_policy.LoopPolicy`): the steady-stream hold of
-  part-filled transactions, whether new items wake the queue, and when its runner
+  (:class:`~federation_sender.queue.loop_policy.LoopPolicy`): with nothing in flight and
+  nothing paused, :meth:`DestinationCore.next_step` sends what is pending at once,
+  however little (no hold of its own); what arrives while a transaction is in flight
+  goes, all of it within the limits, in the next one. It also says when the runner
   exits (idle past the TTL, or parked in a long backoff).
 """
 
@@ -331,28 +333,6 @@ class DestinationCore(ResultRules):
         self.outbox_dirty = True
 
     # --- the runner's loop policy (times in monotonic seconds) ------------------------------
-
-    def note_sent(self, txn: FrozenTxn, now_s: float) -> None:
-        """``txn`` is about to go out (before any wait: what is pending now is what it
-        left): the steady stream counts it (:meth:`LoopPolicy.note_sent`)."""
-        self.loop_policy.note_sent(txn, bool(self.pending.pdus), now_s)
-
-    def steady_hold_s(self, now_ms: int, monotonic_s: Callable[[], float]) -> float:
-        """How long to hold the next transaction back for the steady stream: > 0 only
-        when it would be a part-filled batch of PDUs and the stream's interval runs
-        (``monotonic_s`` is read only then: this is asked at every step)."""
-        if self.loop_policy.steady_until and self.would_send_partial_pdus(now_ms):
-            return self.loop_policy.hold_left_s(monotonic_s())
-        return 0.0
-
-    def set_holding(self, holding: bool) -> None:
-        """The runner waits out (or stopped waiting out) a steady-stream hold."""
-        self.loop_policy.holding = holding
-
-    def wakes_on_add(self) -> bool:
-        """Whether an item just added should wake the runner (not during a steady-stream
-        hold of a batch that is still part-filled)."""
-        return not self.loop_policy.holding or len(self.pending.pdus) >= self.limits.max_pdus
 
     def parks(self, wait_s: float, idle_ttl_s: float) -> bool:
         """The runner may exit instead of waiting ``wait_s``: longer than the idle TTL

@@ -31,10 +31,10 @@ from federation_sender.queue.federation_stream import FederationEdu, FederationS
 from federation_sender.queue.housekeeping import Housekeeping
 from federation_sender.queue.intake import EventIntake
 from federation_sender.queue.items import JsonDict, PduItem
-from federation_sender.queue.loop_policy import LoopPolicy
 from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.registry import LeaseGuard, QueueRegistry
-from federation_sender.queue.runner import DestinationRunner, RunnerConfig
+from federation_sender.queue.runner import DestinationRunner
+from federation_sender.queue.runner_config import RunnerConfig
 from federation_sender.queue.slots import Slots
 from federation_sender.queue.status import DestinationStatus, oldest_age_s
 from federation_sender.queue.steps import Effects
@@ -54,6 +54,23 @@ def _base36(n: int) -> str:
         out = digits[r] + out
         if n == 0:
             return out
+
+
+def _txn_id_base(now_ms: int, instance_name: str) -> str:
+    """The prefix of this run's txn ids. The start time alone repeated itself when two
+    instances started in the same millisecond: after a hand-over the new owner's
+    "base.N" could equal a txn id the destination had already answered, which it would
+    deduplicate unread. Instance names are unique among the shard's members."""
+    return f"{_base36(now_ms)}_{_base36(zlib.crc32(instance_name.encode()))}"
+
+
+def _warn_deprecated(settings: QueueSettings) -> None:
+    """The steady-stream hold is gone (``queue/loop_policy.py``): its keys still load."""
+    default = QueueSettings()
+    for key in ("busy_txn_interval_s", "busy_min_pdus"):
+        if getattr(settings, key) != getattr(default, key):
+            log.warning("queue.%s is deprecated and ignored: a destination with nothing "
+                        "in flight sends at once", key)
 
 
 class QueueManager:
@@ -97,12 +114,8 @@ class QueueManager:
         self.queues = QueueRegistry(self._make_runner, clock, self.observer, leases,
                                     getattr(sender, "forget_destination", None))
         self._pdu_cache = PduCache()
-        # The start time alone repeated itself when two instances started in the same
-        # millisecond: after a hand-over the new owner's "base.N" could equal a txn id
-        # the destination had already answered, which it would deduplicate unread.
-        # Instance names are unique among the shard's members.
-        self._txn_base = (f"{_base36(time_ms(clock))}_"
-                          f"{_base36(zlib.crc32(instance_name.encode()))}")
+        self._txn_base = _txn_id_base(time_ms(clock), instance_name)
+        _warn_deprecated(settings)
         self._txn_counter = itertools.count(1)
         self.gate = (
             IntakeGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
@@ -189,7 +202,6 @@ class QueueManager:
             on_state_change=on_state,
             catching_up=catching_up,
             parse_pdu=self._pdu_cache,
-            loop_policy=LoopPolicy(self.settings.busy_txn_interval_s, self.settings.busy_min_pdus),
             last_error=last_error,
         )
         return DestinationRunner(

@@ -4,11 +4,11 @@
 the manager and the registry call its methods only, never the core's.
 
 The loop reads the database, sends (:mod:`~federation_sender.queue.attempt`), sleeps
-and persists; it decides nothing. The core says what to do next, how long a part-filled
-transaction waits for a steady stream, whether an added item wakes the queue, and when
-the loop exits (:mod:`~federation_sender.queue.loop_policy`): empty for ``idle_ttl_s``,
-or about to back off for longer than that with nothing in memory (the wake-up sweep
-recreates it from the database). ``wake`` cuts any wait short.
+and persists; it decides nothing. The core says what to do next (with nothing in
+flight, send what is pending at once) and when the loop exits
+(:mod:`~federation_sender.queue.loop_policy`): empty for ``idle_ttl_s``, or about to
+back off for longer than that with nothing in memory (the wake-up sweep recreates it
+from the database). Every added item sets ``wake``, which cuts any wait short.
 """
 
 from __future__ import annotations
@@ -17,19 +17,18 @@ import asyncio
 import logging
 from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
-from federation_sender.config import QueueSettings
 from federation_sender.queue.attempt import TimedAttempts
 from federation_sender.queue.batching import Batch
 from federation_sender.queue.coalesce import IntakeGate
+from federation_sender.queue.confirm import Confirmations
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.queue.observer import QueueObserver, report
-from federation_sender.queue.pacing import PacingPolicy, RoomPacer
+from federation_sender.queue.runner_config import RunnerConfig
 from federation_sender.queue.slots import Held, Slots
 from federation_sender.queue.status import DestinationStatus, live_status
 from federation_sender.queue.steps import (
@@ -44,7 +43,6 @@ from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
-    EventHeld,
     EventProbe,
     Outcome,
     SendResult,
@@ -59,43 +57,13 @@ _NO_EDUS: Mapping[str, int] = MappingProxyType({})
 MAX_UNPERSISTED = 8
 """Results of one queue that may await their commit while it goes on sending."""
 
-NO_PACING = PacingPolicy(deadline_s=0)
-
-
-@dataclass(frozen=True, slots=True)
-class RunnerConfig:
-    server_name: str
-    instance_name: str
-    attempt_deadline_s: float
-    idle_ttl_s: float
-    catchup_rooms_per_batch: int
-    catchup_max_gap_events: int
-    outbox_read_limit: int
-    pacing: PacingPolicy = NO_PACING
-
-    @classmethod
-    def from_settings(
-        cls, q: QueueSettings, server_name: str, instance_name: str, attempt_deadline_s: float
-    ) -> RunnerConfig:
-        return cls(
-            server_name=server_name,
-            instance_name=instance_name,
-            attempt_deadline_s=attempt_deadline_s,
-            idle_ttl_s=q.idle_queue_ttl_s,
-            catchup_rooms_per_batch=q.catchup_rooms_per_batch,
-            catchup_max_gap_events=q.catchup_max_gap_events,
-            outbox_read_limit=q.max_edus_per_txn,
-            pacing=PacingPolicy(deadline_s=q.pacing_confirm_deadline_s),
-        )
-
 
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_attempts", "_finished", "_loaded", "_may_send", "_pacer", "_pacing_failed_at",
-        "_stopping", "_unpersisted", "_waiting", "clock", "config", "core",
-        "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
-        "wake",
+        "_attempts", "_finished", "_loaded", "_may_send", "_pacing", "_stopping",
+        "_unpersisted", "_waiting", "clock", "config", "core", "db_slots", "destination",
+        "gate", "observer", "sender", "store", "txn_slots", "wake",
     )
 
     def __init__(
@@ -122,10 +90,8 @@ class DestinationRunner:
         self.observer = observer
         self.config = config
         self.wake = Wakeup()
-        self._pacing_failed_at: float | None = None
-        """When a pacing confirmation last failed (``queue/pacing.py``)."""
-        self._pacer: RoomPacer | None = None
-        """Unconfirmed PDUs per room (``queue/pacing.py``), made on the first send."""
+        self._pacing: Confirmations | None = None
+        """Pacing's state (``queue/confirm.py``), made on the first paced success."""
         self._loaded = False
         self._stopping = False
         self._finished = False
@@ -141,16 +107,12 @@ class DestinationRunner:
     # --- add and wake (what the manager and the registry may ask) ------------------------
 
     def poke(self) -> None:
-        """Wake the loop, unless the core holds a part-filled batch for a steady stream
-        (the hold ends by itself; a stop or an eviction sets ``wake``)."""
-        if self.core.wakes_on_add():
-            self.wake.set()
+        """Wake the loop (with nothing in flight, it sends what it holds at once)."""
+        self.wake.set()
 
     def add_pdus(self, items: Sequence[PduItem]) -> None:
-        core = self.core
-        core.add_pdus(items)
-        if core.wakes_on_add():  # poke(), inlined: once per hand-over per destination
-            self.wake.set()
+        self.core.add_pdus(items)
+        self.wake.set()  # poke(), inlined: once per hand-over per destination
 
     def add_edu(self, edu_type: str, content: JsonDict, key: Hashable | None = None) -> None:
         self.core.add_edu(edu_type, content, key)
@@ -319,13 +281,8 @@ class DestinationRunner:
             now = time_ms(self.clock)
             gate = self.gate
             if gate is not None and gate.behind and c.would_send_partial_pdus(now):
-                # A fuller transaction (coalesce.py).
+                # The intake is behind: a fuller transaction (coalesce.py).
                 await gate.hold(lambda: c.would_send_partial_pdus(time_ms(self.clock)))
-                now = time_ms(self.clock)
-            hold_s = c.steady_hold_s(now, self.clock.monotonic_s)
-            if hold_s > 0 and not self._stopping:
-                # A steady stream: at most one part-filled transaction per interval.
-                await self._hold(hold_s)
                 now = time_ms(self.clock)
             step = c.next_step(now)
             if isinstance(step, Send):
@@ -356,19 +313,6 @@ class DestinationRunner:
                 await self._wait(None)
                 if c.idle_ended():
                     return
-
-    async def _hold(self, left_s: float) -> None:
-        """Hold a part-filled transaction back for ``left_s`` (the core's steady-stream
-        rule), or until a full batch or a request to stop wakes the queue."""
-        self.core.set_holding(True)
-        # A poke while the queue held for the intake (the hand-over it waited for) set
-        # the wake-up: it must not end this hold at once. A full batch, a stop and an
-        # eviction set it again.
-        self.wake.clear()
-        try:
-            await self._wait(left_s)
-        finally:
-            self.core.set_holding(False)
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core
@@ -407,7 +351,6 @@ class DestinationRunner:
         # The global transaction slot comes first: while thousands of queues wait for
         # one of ``max_concurrent_transactions``, none holds an open span or a built
         # request, and the span measures the attempt rather than the wait.
-        self.core.note_sent(txn, self.clock.monotonic_s())  # before any wait
         slot = await self.txn_slots.hold()
         try:
             with log_context(txn_id=txn.txn_id), self.observer.attempt(
@@ -476,68 +419,21 @@ class DestinationRunner:
             await self._pace(batch, result)
 
     async def _pace(self, batch: Batch, result: SendResult) -> None:
-        """Pacing (``queue/pacing.py``): once a room has ``confirm_after`` PDUs the
-        receiver accepted but may not have processed yet, wait until it holds the
-        newest of them, so that its staging queue of the room never fills up.
-        Bounded by the policy's deadline; past it, send on as without pacing."""
-        pacing = self.config.pacing
+        """Pacing (``queue/confirm.py``): wait until the receiver holds what is due."""
         probe = self.sender
-        if not isinstance(probe, EventProbe) or not pacing.paced_after(
-                self._pacing_failed_at, self.clock.monotonic_s()):
+        if not isinstance(probe, EventProbe) or not self.config.pacing.enabled:
             return
-        pacer = self._pacer
-        if pacer is None:
-            pacer = self._pacer = RoomPacer(pacing)
-        pacer.sent(batch, result.pdu_errors)
-        while (due := pacer.to_confirm()) is not None and not self._stopping:
-            room_id, event_id = due
-            if not await self._confirm(probe, event_id):
-                pacer.forget()
-                return
-            pacer.confirmed(room_id)
+        conf = self._pacing
+        if conf is None:
+            conf = self._pacing = Confirmations(self.destination, self.config.pacing,
+                                                self.clock, self.observer,
+                                                self.config.attempt_deadline_s)
+        if conf.paced():
+            await conf.after_success(probe, batch, result, lambda: self._stopping,
+                                     self._set_waiting)
 
-    async def _confirm(self, probe: EventProbe, event_id: str) -> bool:
-        """Ask the receiver for ``event_id`` until it holds it or the deadline passes."""
-        pacing = self.config.pacing
-        t0 = self.clock.monotonic_s()
-        answer = EventHeld.NO_ANSWER
-        for delay in pacing.poll_delays():
-            left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
-            if left <= 0 or self._stopping:
-                break
-            try:
-                async with asyncio.timeout(min(left, self.config.attempt_deadline_s)):
-                    answer = await probe.event_persisted(self.destination, event_id)
-            except TimeoutError:
-                answer = EventHeld.NO_ANSWER
-            if answer is EventHeld.YES or answer is EventHeld.UNSUPPORTED:
-                break
-            left = pacing.deadline_s - (self.clock.monotonic_s() - t0)
-            self._waiting = True  # on the clock: quiescent (a stop ends it within 1 s)
-            try:
-                await self.clock.sleep(max(0.0, min(delay, left)))
-            finally:
-                self._waiting = False
-        waited = self.clock.monotonic_s() - t0
-        if answer is EventHeld.YES:
-            self.observer.pacing_confirmed(self.destination, "confirmed", waited)
-            return True
-        if self._stopping:
-            return False
-        self._pacing_failed_at = self.clock.monotonic_s()
-        self.observer.pacing_confirmed(self.destination, answer.value, waited)
-        if answer is EventHeld.UNSUPPORTED:
-            log.info("pacing %s: it does not serve GET /event; sending unpaced for %.0f s",
-                     self.destination, pacing.off_after_failure_s)
-            return False
-        log.warning(
-            "pacing %s: %s not confirmed within %.0f s (%s); sending on unpaced for "
-            "%.0f s (the receiver may prune events it has not processed)",
-            self.destination, event_id, waited,
-            "no answer" if answer is EventHeld.NO_ANSWER else "not held yet",
-            pacing.off_after_failure_s,
-        )
-        return False
+    def _set_waiting(self, waiting: bool) -> None:
+        self._waiting = waiting
 
     async def _flush_persist(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` results are uncommitted; a failed write surfaces

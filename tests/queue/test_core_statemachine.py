@@ -11,11 +11,12 @@ in a persisted backoff after at most its window's probes, Synapse's 10 long retr
 one retry per wake-up (REMOTE_SERVER_UP, which may come at any time); and a persisted
 backoff after failures without an answer comes only once the window has passed.
 
-The core also decides the runner's loop policy: the steady-stream hold (modelled as the
-runner does it: before each step, a hold the core asks for is waited out) never holds
-more than one interval, nor a full batch, a retry or catch-up; an idle eviction exits
-only an empty queue; and a queue that parks (exits for a long wait) owes nothing that
-catch-up from its persisted position would not resend.
+The core also decides the runner's loop policy: with nothing in flight, nothing
+paused and PDUs pending, the next step is a transaction that carries the oldest of
+them at once (no hold of any length, however many were sent just before), and it
+leaves PDUs pending only when it is full (the PDU or byte limit); an idle eviction
+exits only an empty queue; and a queue that parks (exits for a long wait) owes nothing
+that catch-up from its persisted position would not resend.
 
 Some runs start in catch-up mode (as at startup), others outside it, so both delivery
 paths are reached. The remote may be down (transient failures) or, from some point
@@ -46,17 +47,15 @@ from hypothesis.stateful import (
 )
 
 from federation_sender.queue.backoff import RATE_LIMIT_BASE_MS, RESET, BackoffPolicy
-from federation_sender.queue.batching import Limits
+from federation_sender.queue.batching import TXN_OVERHEAD_BYTES, Limits
 from federation_sender.queue.catchup import RoomPlan
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.items import PduItem
-from federation_sender.queue.loop_policy import LoopPolicy
 from federation_sender.queue.steps import Effects, Idle, NeedCatchup, NeedOutbox, Send, Wait
 from federation_sender.storage.events import EventRow
 from federation_sender.transport.result import Outcome, SendResult
 
 MAX_BODY_ITEMS = 120
-INTERVAL_S = 1.0
 IDLE_TTL_S = 60.0
 
 
@@ -68,7 +67,6 @@ class CoreMachine(RuleBasedStateMachine):
         self.core = DestinationCore(
             "d.test", BackoffPolicy(), Limits(max_bytes=50_000), random.Random(0),
             lambda: f"t{next(ids)}", max_item_failures=3,
-            loop_policy=LoopPolicy(INTERVAL_S, min_pdus=10),
         )
         self.core.load(RESET, None)
         self.so = 0
@@ -205,21 +203,35 @@ class CoreMachine(RuleBasedStateMachine):
             if not self.step():
                 return
 
-    def hold(self) -> None:
-        """The runner's steady-stream hold, waited out."""
+    def sends_at_once(self) -> PduItem | None:
+        """The oldest pending PDU when the next step must send it now: nothing in
+        flight, paused, owed to catch-up or isolation, no outbox read due."""
         c = self.core
-        full = len(c.pending.pdus) >= c.limits.max_pdus
-        hold_s = c.steady_hold_s(self.now, lambda: self.now / 1000)
-        if hold_s > 0:
-            assert hold_s <= INTERVAL_S, hold_s
-            assert not full and c.current is None and not c.catching_up
-            self.now += max(1, int(hold_s * 1000))
+        retry_at = c.retry_at_ms()
+        ready = (c.current is None and not c.work and not c.catching_up
+                 and not c.outbox_dirty and not c.stopped and bool(c.pending.pdus)
+                 and (retry_at is None or retry_at <= self.now) and not c.isolation)
+        return c.pending.pdus[0] if ready else None
+
+    def check_sent_at_once(self, oldest: PduItem, s: object) -> None:
+        """Synapse's rule: the PDU goes now, with everything queued within the limits."""
+        c = self.core
+        assert isinstance(s, Send), ("held back", s)
+        b = s.txn.batch
+        assert b.pdus[0] is oldest
+        if c.pending.pdus:  # only a full transaction leaves PDUs behind
+            pdu_bytes = TXN_OVERHEAD_BYTES + sum(p.size + 1 for p in b.pdus)
+            assert (len(b.pdus) == c.limits.max_pdus
+                    or pdu_bytes + c.pending.pdus[0].size + 1 > c.limits.max_bytes), (
+                len(b.pdus), pdu_bytes)
 
     def step(self) -> bool:
         c = self.core
         self.woken = False
-        self.hold()
+        oldest = self.sends_at_once()
         s = c.next_step(self.now)
+        if oldest is not None:
+            self.check_sent_at_once(oldest, s)
         if isinstance(s, Idle):
             return False
         if isinstance(s, Wait):
@@ -271,10 +283,6 @@ class CoreMachine(RuleBasedStateMachine):
                 self.last_429_ms = None
                 self.attempts_in_429s = []
             backing_off = c.backoff.backing_off
-            steady_until = c.loop_policy.steady_until
-            c.note_sent(t, self.now / 1000)
-            if t.attempts or b.catchup or not b.pdus:
-                assert c.loop_policy.steady_until == steady_until  # neither counts nor waits
             eff = c.on_result(t, res, self.now)
             self.check_phase(res, eff, backing_off)
             self.retry_of = None

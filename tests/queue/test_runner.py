@@ -18,7 +18,6 @@ from federation_sender.queue.backoff import BackoffPolicy
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.items import PduItem
-from federation_sender.queue.loop_policy import LoopPolicy
 from federation_sender.queue.observer import NoopObserver
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
 from federation_sender.queue.slots import Slots
@@ -43,12 +42,12 @@ class Parts:
     sender: HttpTransactionSender
     store: QueueStore
 
-    def runner(self, *, loop_policy: LoopPolicy | None = None, catching_up: bool = False,
+    def runner(self, *, catching_up: bool = False,
                last_error: str | None = None) -> DestinationRunner:
         ids = itertools.count()
         core = DestinationCore(DEST, BackoffPolicy(), Limits(max_pdus=5), random.Random(0),
                                lambda: f"t{next(ids)}", catching_up=catching_up,
-                               loop_policy=loop_policy, last_error=last_error)
+                               last_error=last_error)
         config = RunnerConfig.from_settings(QueueSettings(), ME, "fs1", 30.0)
         return DestinationRunner(core, self.store, self.sender, Slots(4), Slots(4),
                                  self.clock, NoopObserver(), config)
@@ -121,22 +120,16 @@ async def test_a_receipt_added_without_waking_rides_on_the_next_transaction(
     await _stop(r, task)
 
 
-async def test_a_steady_stream_hold_is_not_ended_by_items_until_the_batch_is_full(
-    parts: Parts,
-) -> None:
-    r = parts.runner(loop_policy=LoopPolicy(interval_s=1.0, min_pdus=3))
+async def test_every_item_added_wakes_the_runner(parts: Parts) -> None:
+    r = parts.runner()
     task = asyncio.create_task(r.run())
     await _quiet(r)
-    r.add_pdus(_pdus(3))  # a stream: the next part-filled batch waits one interval
-    await wait_until(lambda: len(parts.fake.received_event_ids(DEST)) == 3, timeout_s=10)
-    await _quiet(r)
-    r.add_pdus(_pdus(2))
-    await _quiet(r)  # holding, on the clock
-    assert len(parts.fake.received_event_ids(DEST)) == 3
-    r.add_pdus(_pdus(1))  # still part-filled: does not wake it
-    assert not r.wake.is_set()
-    r.add_pdus(_pdus(2))  # full: goes now
-    await wait_until(lambda: len(parts.fake.received_event_ids(DEST)) >= 8, timeout_s=10)
+    for n in range(1, 8):  # a steady stream: each PDU wakes the queue and goes alone
+        r.add_pdus(_pdus(1))
+        assert r.wake.is_set()
+        await wait_until(lambda n=n: len(parts.fake.received_event_ids(DEST)) == n,
+                         timeout_s=10)
+        await _quiet(r)
     await _stop(r, task)
 
 
