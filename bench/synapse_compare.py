@@ -1,39 +1,57 @@
 """Synapse's own federation sender against ours, on one real Synapse deployment.
 
-For each sender (``--senders``, default ``synapse``; ``ours`` once the Synapse backend
-runs): a fresh Synapse 1.163 main on PostgreSQL and Redis (``testing/synapse_deployment``),
-``--dests`` fake remote servers (``testing/synapse_peer``) that join ``--rooms`` rooms
-over federation, the sender started as instance ``fed1``, one warm-up message per room
-delivered everywhere; then a spike of ``--events`` messages sent through the client API
-by ``--concurrency`` threads, round-robin over the rooms, and the run waits until every
-destination has every message (or ``--timeout-s``). ``--mode live`` keeps the sender
-running (it keeps up with main, so this measures latency); ``--mode backlog`` stops it
-for the spike and starts it afterwards (a restart or handover: batching and catch-up),
-and then times count from the sender's start instead of each message's persistence.
-Synapse's own sender reads a backlog only when a new event arrives (its event loop is
-poked by replication, not by its start), so backlog mode sends one more message right
-after the start (``--no-poke`` leaves it out, and Synapse's sender then sends nothing).
+One deployment per load (``--loads``, default ``spike light``): a fresh Synapse 1.163
+main on PostgreSQL and Redis (``testing/synapse_deployment``) with Synapse's *default*
+logging configuration (its generated log config: INFO lines buffered ten at a time and
+flushed every 5 s, not written one by one), ``--dests`` fake remote servers
+(``testing/synapse_peer``) joined to ``--rooms`` rooms over federation. On it the senders
+(``--senders``, default ``ours synapse``) take turns as instance ``fed1``, interleaved:
+ours, Synapse's, ours, Synapse's... ``--samples`` times each (a hand-over each time, as
+an operator's: both keep their positions in Synapse's tables). A sample starts the
+sender, sends one warm-up message per room and waits until every destination has it
+(whatever the previous sender left is sent by then), then measures:
 
-Reported per sender:
+* ``spike``: ``--events`` messages sent through the client API by ``--concurrency``
+  threads, round-robin over the rooms, as fast as main persists them;
+* ``light``: a fixed rate, ``--rate`` messages a second for ``--duration-s`` seconds
+  (``--rate 1 --duration-s 60``: one chat message a second to every destination);
 
-* ``drain_s``: from the last message persisted (its client-API call returned; in backlog
-  mode, the sender's start) to the last delivery of any spike message to any
-  destination;
+and waits until every destination has every message (or ``--timeout-s``), then stops
+the sender. ``--mode backlog`` (spike only) stops the sender for the spike and starts it
+afterwards, and times then count from its start (Synapse's sender reads a backlog only
+when a new event arrives, so one more message is sent right after the start;
+``--no-poke`` leaves it out).
+
+Reported per sample:
+
+* ``drain_s``: from the last message persisted (its client-API call returned) to the
+  last delivery of any of the sample's messages to any destination;
 * ``delay_p50_s`` / ``delay_p99_s``: per (message, destination), persisted to received;
-* ``pdus_per_txn``: spike PDUs over the transactions that carried them;
-* ``cpu_s_per_pdu``: user+system CPU of the sender process from the spike (backlog: from
-  when it was ready, start-up excluded) to the last delivery, over the spike PDUs
-  delivered (so per destination-delivery);
+* ``pdus_per_txn``: the sample's PDUs over the transactions that carried them;
+* ``cpu_ms_per_pdu``: user+system CPU of the sender process from the first message
+  (backlog: from its start, start-up excluded) to the last delivery, over the PDUs
+  delivered (per destination-delivery);
+* ``db_cpu_ms_per_pdu``: the same for the sender's PostgreSQL backends (found in
+  ``pg_stat_activity`` by ``application_name``, which the sender's libpq takes from
+  ``PGAPPNAME``; ours also names its instance-lock connection ``federation-sender ...``;
+  ``/proc/PID/stat`` read at the start, about once a second, and at the end);
+  ``total_cpu_ms_per_pdu`` is their sum (what the sender costs the machine: Synapse's
+  main and the event persisters do the same work for either sender and are not
+  counted);
 * ``duplicates``: deliveries of a message to a destination beyond the first (a retried
   transaction id is not counted: receivers deduplicate those);
 * ``missing``: (message, destination) pairs not delivered by the deadline.
 
-The peers, the client-API threads and Synapse all share this machine's cores: the
-figures compare the senders under the same conditions, they are not absolute.
+The summary gives, per load and sender, the median and the range (min-max) over the
+samples, and the ratios Synapse / ours of the medians. The peers, the client-API
+threads and Synapse share this machine's cores: the figures compare the senders under
+the same conditions, they are not absolute.
 
-    .venv/bin/python bench/synapse_compare.py [--senders synapse ours] [--dests 10] \
-        [--rooms 1] [--events 200] [--concurrency 4] [--mode live|backlog] [--json out.json] \
-        [--busy-interval-s S] [--event-loop asyncio|uvloop] [--event-persisters N]
+    .venv/bin/python bench/synapse_compare.py [--loads spike light] \
+        [--senders ours synapse] [--samples 3] [--dests 10] [--rooms 1] \
+        [--events 200] [--concurrency 4] [--rate 1] [--duration-s 60] \
+        [--mode live|backlog] [--json out.json] [--coalesce-hold-s S] \
+        [--event-loop asyncio|uvloop] [--event-persisters N]
 """
 
 from __future__ import annotations
@@ -45,7 +63,9 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -66,22 +86,30 @@ from federation_sender.testing.synapse_deployment import (
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+APP_NAMES = {"ours": "bench-ours", "synapse": "bench-synapse"}
+"""``application_name`` of each sender's PostgreSQL connections (through PGAPPNAME)."""
 
 
 @dataclass
 class Result:
     sender: str
+    load: str
+    sample: int
     mode: str
     dests: int
     rooms: int
     events: int
+    rate: float | None = None
     event_persisters: int = 0
     send_s: float = 0.0
     drain_s: float | None = None
     delay_p50_s: float | None = None
     delay_p99_s: float | None = None
     pdus_per_txn: float | None = None
-    cpu_s_per_pdu: float | None = None
+    cpu_ms_per_pdu: float | None = None
+    db_cpu_ms_per_pdu: float | None = None
+    total_cpu_ms_per_pdu: float | None = None
+    db_backends: int = 0
     duplicates: int = 0
     missing: int = 0
     error: str | None = None
@@ -93,8 +121,80 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
+def synapse_default_log_config(log_file: Path) -> str:
+    """Synapse 1.163's generated log configuration (``synapse/config/logger.py``,
+    DEFAULT_LOG_CONFIG) for ``log_file``: INFO, lines buffered in memory (ten, or 5 s)."""
+    return f"""version: 1
+formatters:
+  precise:
+    format: '%(asctime)s - %(name)s - %(lineno)d - %(levelname)s - %(request)s - %(message)s'
+handlers:
+  file:
+    class: logging.handlers.TimedRotatingFileHandler
+    formatter: precise
+    filename: {log_file}
+    when: midnight
+    backupCount: 3
+    encoding: utf8
+  buffer:
+    class: synapse.logging.handlers.PeriodicallyFlushingMemoryHandler
+    target: file
+    capacity: 10
+    flushLevel: 30
+    period: 5
+loggers:
+  synapse.storage.SQL:
+    level: INFO
+root:
+  level: INFO
+  handlers: [buffer]
+disable_existing_loggers: false
+"""
+
+
+class BackendCpu:
+    """CPU of the PostgreSQL backends whose ``application_name`` is the sender's: each
+    backend's CPU at the first reading (0 for one that appeared later) and at its last,
+    polled by :meth:`poll` (a backend that exits between polls loses what it did since
+    the last one; both senders keep pooled connections)."""
+
+    def __init__(self, d: SynapseDeployment, kind: str) -> None:
+        self.d = d
+        where = f"application_name = '{APP_NAMES[kind]}'"
+        if kind == "ours":
+            where += " OR application_name LIKE 'federation-sender %'"
+        self.query = f"SELECT pid FROM pg_stat_activity WHERE {where}"
+        self.first: dict[int, float] = {}
+        self.last: dict[int, float] = {}
+        self.started = False
+
+    def poll(self) -> None:
+        out = self.d.sql(self.query)
+        for line in out.split():
+            pid = int(line)
+            try:
+                now = cpu_s(pid)
+            except (OSError, ValueError):
+                continue
+            self.last[pid] = now
+            if pid not in self.first:
+                self.first[pid] = now if not self.started else 0.0
+        self.started = True
+
+    def start(self) -> None:
+        self.first.clear()
+        self.last.clear()
+        self.started = False
+        self.poll()
+
+    def total_s(self) -> float:
+        self.poll()
+        return sum(self.last[p] - self.first[p] for p in self.last)
+
+
 class Sender:
-    """Starts and stops one sender implementation as instance ``fed1``."""
+    """Starts and stops one sender implementation as instance ``fed1``, its database
+    connections named ``APP_NAMES[kind]``."""
 
     def __init__(self, kind: str, d: SynapseDeployment, workdir: Path,
                  settings: dict[str, Any] | None = None,
@@ -102,13 +202,16 @@ class Sender:
         self.kind, self.d = kind, d
         self.ours = (OurSender(d, workdir / "ours", settings, worker_args)
                      if kind == "ours" else None)
+        if self.ours is not None:
+            self.ours.env["PGAPPNAME"] = APP_NAMES["ours"]
 
     def start(self) -> int:
         if self.ours is not None:
             self.ours.start()
             assert self.ours.pid is not None
             return self.ours.pid
-        self.d.start_federation_sender()
+        with _environ(PGAPPNAME=APP_NAMES["synapse"]):
+            self.d.start_federation_sender()
         assert self.d.sender is not None and self.d.sender.pid is not None
         return self.d.sender.pid
 
@@ -123,8 +226,25 @@ class Sender:
             self.d.stop_federation_sender()
 
 
+@contextmanager
+def _environ(**values: str) -> Iterator[None]:
+    """Set environment variables for the children started within (Synapse's processes
+    inherit this process's environment)."""
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def wait_delivered(
-    net: PeerNetwork, peers: list[FederationPeer], ids: set[str], timeout_s: float, s: Sender
+    net: PeerNetwork, peers: list[FederationPeer], ids: set[str], timeout_s: float, s: Sender,
+    tick: Callable[[], None] = lambda: None,
 ) -> None:
     deadline = time.monotonic() + timeout_s
 
@@ -134,6 +254,7 @@ def wait_delivered(
 
     while True:
         s.check_alive()
+        tick()
         try:
             net.wait_for(done, 1.0)
             return
@@ -142,17 +263,49 @@ def wait_delivered(
                 return  # reported as missing
 
 
-def spike(d: SynapseDeployment, users: list[tuple[User, str]], n: int, threads: int
+Rooms = list[tuple[User, str]]
+
+
+def spike(d: SynapseDeployment, users: Rooms, n: int, threads: int, tag: str
           ) -> dict[str, float]:
     """Send ``n`` messages; event id -> monotonic time its client-API call returned."""
 
     def one(i: int) -> tuple[str, float]:
         user, room = users[i % len(users)]
-        eid = d.client.send_message(user, room, f"spike {i}")
+        eid = d.client.send_message(user, room, f"{tag} {i}")
         return eid, time.monotonic()
 
     with ThreadPoolExecutor(threads) as pool:
         return dict(pool.map(one, range(n)))
+
+
+def paced(d: SynapseDeployment, users: Rooms, rate: float, duration_s: float, tag: str,
+          tick: Callable[[], None]) -> dict[str, float]:
+    """Send ``rate`` messages a second for ``duration_s`` (each at its slot, from up to
+    eight threads so that a slow call does not delay the next); as :func:`spike`."""
+    n = max(1, round(rate * duration_s))
+    t0 = time.monotonic() + 0.2
+
+    def one(i: int) -> tuple[str, float]:
+        wait = t0 + i / rate - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        user, room = users[i % len(users)]
+        eid = d.client.send_message(user, room, f"{tag} {i}")
+        return eid, time.monotonic()
+
+    out: dict[str, float] = {}
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        for f in futures:
+            while True:
+                try:
+                    eid, at = f.result(timeout=1.0)
+                    break
+                except TimeoutError:
+                    tick()
+            out[eid] = at
+    return out
 
 
 def measure(peers: list[FederationPeer], persisted: dict[str, float], r: Result) -> None:
@@ -180,84 +333,162 @@ def measure(peers: list[FederationPeer], persisted: dict[str, float], r: Result)
     r.pdus_per_txn = round(pdus / txns, 2) if txns else None
 
 
-def run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, root: Path, index: int
-            ) -> Result:
-    # A Redis of its own: Synapse's external cache keys (cache_v1:get_joined_hosts:<state
-    # group>) are not per server, and state group ids repeat across fresh databases.
-    with ephemeral_redis() as redis:
-        return _run_one(kind, a, cluster, RedisAddress(redis.host, redis.port), root, index)
+@dataclass
+class Scene:
+    d: SynapseDeployment
+    net: PeerNetwork
+    peers: list[FederationPeer]
+    users: Rooms
 
 
-def _run_one(kind: str, a: argparse.Namespace, cluster: PostgresCluster, redis: RedisAddress,
-             root: Path, index: int) -> Result:
-    r = Result(kind, a.mode, a.dests, a.rooms, a.events, a.event_persisters)
-    ca = LoopbackCA.create(root / f"ca{index}")
-    d = create_deployment(root / f"hs{index}", ca=ca, cluster=cluster,
-                          database_name=f"synapse_{index}", redis=redis,
-                          event_persisters=a.event_persisters)
-    d.start()
-    queue = {k: v for k, v in (("coalesce_hold_s", a.coalesce_hold_s),
-                               ("busy_txn_interval_s", a.busy_interval_s)) if v is not None}
-    ours = {"queue": queue} if queue else None
-    loop = ("--event-loop", a.event_loop) if a.event_loop else ()
-    sender = Sender(kind, d, root / f"hs{index}", ours, loop)
+def make_scene(d: SynapseDeployment, net: PeerNetwork, a: argparse.Namespace) -> Scene:
+    peers = net.add_peers(a.dests)
+    users = []
+    writers = d.event_writers
+    per = dict.fromkeys(writers, 0)
+    for i in range(a.rooms):
+        user = d.client.register(f"bench{i}")
+        while True:  # spread the rooms evenly over the event persisters
+            room = d.client.create_room(user)
+            w = event_writer(room, writers)
+            if per[w] == min(per.values()):
+                per[w] += 1
+                break
+        for p in peers:
+            net.join(p, room, d.server_name)
+        users.append((user, room))
+    return Scene(d, net, peers, users)
+
+
+def run_sample(scene: Scene, sender: Sender, load: str, sample: int, a: argparse.Namespace
+               ) -> Result:
+    d, net, peers, users = scene.d, scene.net, scene.peers, scene.users
+    r = Result(sender.kind, load, sample, a.mode if load == "spike" else "live", a.dests,
+               a.rooms, 0, a.rate if load == "light" else None, a.event_persisters)
+    db = BackendCpu(d, sender.kind)
+    tag = f"{load}{sample}{sender.kind}"
     try:
-        with PeerNetwork(ca, root / f"peers{index}", reuse_event_ids=True,
-                         keep_pdus=False) as net:
-            peers = net.add_peers(a.dests)
-            users = []
-            writers = d.event_writers
-            per = dict.fromkeys(writers, 0)
-            for i in range(a.rooms):
-                user = d.client.register(f"bench{i}")
-                while True:  # spread the rooms evenly over the event persisters
-                    room = d.client.create_room(user)
-                    w = event_writer(room, writers)
-                    if per[w] == min(per.values()):
-                        per[w] += 1
-                        break
-                for p in peers:
-                    net.join(p, room, d.server_name)
-                users.append((user, room))
+        pid = sender.start()
+        warm = {d.client.send_message(u, room, f"warm-up {tag}") for u, room in users}
+        wait_delivered(net, peers, warm, a.timeout_s, sender)
+        backlog = load == "spike" and a.mode == "backlog"
+        if backlog:
+            sender.stop()  # the spike is persisted while no sender runs
+        cpu0 = cpu_s(pid)
+        db.start()
+        t0 = time.monotonic()
+        if load == "spike":
+            persisted = spike(d, users, a.events, a.concurrency, tag)
+        else:
+            persisted = paced(d, users, a.rate, a.duration_s, tag, db.poll)
+        r.events = len(persisted)
+        r.send_s = round(time.monotonic() - t0, 3)
+        if backlog:
             pid = sender.start()
-            warm = {d.client.send_message(u, room, "warm-up") for u, room in users}
-            wait_delivered(net, peers, warm, a.timeout_s, sender)
             cpu0 = cpu_s(pid)
-            if a.mode == "backlog":
-                sender.stop()  # the spike is persisted while no sender runs
-            t0 = time.monotonic()
-            persisted = spike(d, users, a.events, a.concurrency)
-            r.send_s = round(time.monotonic() - t0, 3)
-            if a.mode == "backlog":
-                pid = sender.start()
-                cpu0 = cpu_s(pid)
-                started = time.monotonic()
-                persisted = dict.fromkeys(persisted, started)  # delays count from the start
-                if a.poke:
-                    # Synapse's worker reads the backlog only when a new event pokes it.
-                    user, room = users[0]
-                    persisted[d.client.send_message(user, room, "poke")] = started
-            wait_delivered(net, peers, set(persisted), a.timeout_s, sender)
-            cpu = cpu_s(pid) - cpu0
-            with net.locked():
-                measure(peers, persisted, r)
-            delivered = a.events * a.dests - r.missing
-            r.cpu_s_per_pdu = round(cpu / delivered, 9) if delivered else None
+            db.start()
+            started = time.monotonic()
+            persisted = dict.fromkeys(persisted, started)  # delays count from the start
+            if a.poke:
+                # Synapse's worker reads the backlog only when a new event pokes it.
+                user, room = users[0]
+                persisted[d.client.send_message(user, room, "poke")] = started
+        wait_delivered(net, peers, set(persisted), a.timeout_s, sender, db.poll)
+        cpu = cpu_s(pid) - cpu0
+        db_cpu = db.total_s()
+        r.db_backends = len(db.last)
+        with net.locked():
+            measure(peers, persisted, r)
+        delivered = len(persisted) * a.dests - r.missing
+        if delivered:
+            r.cpu_ms_per_pdu = round(1000 * cpu / delivered, 4)
+            r.db_cpu_ms_per_pdu = round(1000 * db_cpu / delivered, 4)
+            r.total_cpu_ms_per_pdu = round(1000 * (cpu + db_cpu) / delivered, 4)
     except (RuntimeError, TimeoutError, OSError, OurSenderError) as e:
         r.error = str(e).splitlines()[0][:300]
     finally:
         sender.stop()
-        d.stop()
     return r
+
+
+def run_load(load: str, a: argparse.Namespace, cluster: PostgresCluster, root: Path,
+             index: int, report: Callable[[Result], None]) -> None:
+    # A Redis of its own: Synapse's external cache keys (cache_v1:get_joined_hosts:<state
+    # group>) are not per server, and state group ids repeat across fresh databases.
+    with ephemeral_redis() as redis_server:
+        redis = RedisAddress(redis_server.host, redis_server.port)
+        ca = LoopbackCA.create(root / f"ca{index}")
+        d = create_deployment(root / f"hs{index}", ca=ca, cluster=cluster,
+                              database_name=f"synapse_{index}", redis=redis,
+                              event_persisters=a.event_persisters)
+        for name in ["main", *(["worker"] if d.sender is not None else []),
+                     *(p.name for p in d.persisters)]:
+            log = d.sender.log_path if name == "worker" and d.sender else (
+                root / f"hs{index}" / f"{name}.log")
+            (root / f"hs{index}" / f"{name}.log.yaml").write_text(
+                synapse_default_log_config(log))
+        d.start()
+        queue = {k: v for k, v in (("coalesce_hold_s", a.coalesce_hold_s),) if v is not None}
+        loop = ("--event-loop", a.event_loop) if a.event_loop else ()
+        senders = [Sender(k, d, root / f"hs{index}", {"queue": queue} if queue else None, loop)
+                   for k in a.senders]
+        try:
+            with PeerNetwork(ca, root / f"peers{index}", reuse_event_ids=True,
+                             keep_pdus=False) as net:
+                scene = make_scene(d, net, a)
+                for sample in range(a.samples):
+                    for sender in senders:  # interleaved: ours, Synapse's, ours, ...
+                        report(run_sample(scene, sender, load, sample, a))
+        finally:
+            for sender in senders:
+                sender.stop()
+            d.stop()
+
+
+SUMMARY_KEYS = ("delay_p50_s", "delay_p99_s", "drain_s", "pdus_per_txn", "cpu_ms_per_pdu",
+                "db_cpu_ms_per_pdu", "total_cpu_ms_per_pdu")
+
+
+def summarize(results: list[Result]) -> list[dict[str, Any]]:
+    """Per load and sender: median and [min, max] of each figure over the samples, the
+    samples' duplicates and missing; and per load the Synapse / ours ratios of the
+    medians."""
+    rows: list[dict[str, Any]] = []
+    for load in dict.fromkeys(r.load for r in results):
+        medians: dict[str, dict[str, float]] = {}
+        for kind in dict.fromkeys(r.sender for r in results):
+            rs = [r for r in results if r.load == load and r.sender == kind]
+            row: dict[str, Any] = {"load": load, "sender": kind, "samples": len(rs),
+                                   "errors": sum(r.error is not None for r in rs),
+                                   "duplicates": sum(r.duplicates for r in rs),
+                                   "missing": sum(r.missing for r in rs)}
+            for key in SUMMARY_KEYS:
+                vals = [v for r in rs if (v := getattr(r, key)) is not None]
+                if vals:
+                    row[key] = [statistics.median(vals), min(vals), max(vals)]
+                    medians.setdefault(kind, {})[key] = statistics.median(vals)
+            rows.append(row)
+        ours, syn = medians.get("ours"), medians.get("synapse")
+        if ours and syn:
+            rows.append({"load": load, "ratio_synapse_over_ours": {
+                k: round(syn[k] / ours[k], 2) for k in SUMMARY_KEYS
+                if k.endswith("cpu_ms_per_pdu") and ours.get(k) and k in syn}})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--senders", nargs="+", default=["synapse"], choices=["synapse", "ours"])
+    p.add_argument("--loads", nargs="+", default=["spike", "light"],
+                   choices=["spike", "light"])
+    p.add_argument("--senders", nargs="+", default=["ours", "synapse"],
+                   choices=["synapse", "ours"])
+    p.add_argument("--samples", type=int, default=3, help="samples per sender and load")
     p.add_argument("--dests", type=int, default=10)
     p.add_argument("--rooms", type=int, default=1)
-    p.add_argument("--events", type=int, default=200)
-    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--events", type=int, default=200, help="spike: messages")
+    p.add_argument("--concurrency", type=int, default=4, help="spike: client-API threads")
+    p.add_argument("--rate", type=float, default=1.0, help="light: messages a second")
+    p.add_argument("--duration-s", type=float, default=60.0, help="light: seconds")
     p.add_argument("--timeout-s", type=float, default=120.0)
     p.add_argument("--mode", choices=["live", "backlog"], default="live")
     p.add_argument(
@@ -270,22 +501,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path)
     p.add_argument("--coalesce-hold-s", type=float,
                    help="our worker's queue.coalesce_hold_s (default: the worker's own)")
-    p.add_argument("--busy-interval-s", type=float,
-                   help="our worker's queue.busy_txn_interval_s (default: the worker's own)")
     p.add_argument("--event-loop", choices=["asyncio", "uvloop"],
                    help="our worker's --event-loop (default: the worker's own)")
     a = p.parse_args(argv)
     results: list[Result] = []
+
+    def report(r: Result) -> None:
+        results.append(r)
+        print(json.dumps(asdict(r)), flush=True)
+
     with (
         ephemeral_cluster() as cluster,
         tempfile.TemporaryDirectory(prefix="synapse-compare-") as tmp,
     ):
-        for i, kind in enumerate(a.senders):
-            results.append(run_one(kind, a, cluster, Path(tmp), i))
-            print(json.dumps(asdict(results[-1])), flush=True)
-    rows: list[dict[str, Any]] = [asdict(r) for r in results]
+        for i, load in enumerate(a.loads):
+            run_load(load, a, cluster, Path(tmp), i, report)
+    summary = summarize(results)
+    for row in summary:
+        print(json.dumps(row), flush=True)
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1))
+        a.json.write_text(json.dumps({"samples": [asdict(r) for r in results],
+                                      "summary": summary, "argv": sys.argv[1:]}, indent=1))
     return 0 if all(r.error is None and r.missing == 0 for r in results) else 1
 
 

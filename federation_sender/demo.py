@@ -15,9 +15,9 @@ probes and Synapse's ~8 minutes of retries), backoff starts at 1 s and catch-up 
 past 2.5 s of backoff (instead of 10 minutes and 1 hour), so that an outage of a few
 seconds shows the whole life cycle. The phase ends at most 1.5 s after the first
 failure; with the jitter (each interval doubles times 0.8-1.4) the third persisted
-failure always passes 2.5 s, at most 3.8 s after that; the first may wait up to
-``queue.busy_txn_interval_s`` (2 s) for a fuller transaction. So the outage (8 s or more)
-always ends in catch-up, which the demo's test checks.
+failure always passes 2.5 s, at most 3.8 s after that (the first goes as soon as
+nothing is in flight). So the outage (8 s or more) always ends in catch-up, which the
+demo's test checks.
 
 The demo ends with the delivery check: every destination must have received, for every
 room it shares with us, the latest of our events it is entitled to. Exit status 0 when

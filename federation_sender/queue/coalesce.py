@@ -17,10 +17,10 @@ of new events never holds a queue back for longer than that. A full batch, a ret
 catch-up and EDU-only transactions never wait; nor does anything while the intake is
 caught up (the common case on a quiet server, where this costs nothing).
 
-A caught-up intake holds nothing here; a destination in a steady stream has a second,
-separate hold (:mod:`~federation_sender.queue.loop_policy`: at most one part-filled
-transaction per ``queue.busy_txn_interval_s``), which is what sets the transactions'
-size at a high rate once the intake keeps up.
+A caught-up intake holds nothing here, and nothing else holds a queue: with nothing in
+flight it sends at once, and what arrives while a transaction is in flight goes in the
+next (:mod:`~federation_sender.queue.loop_policy`). Once the intake keeps up, the round
+trip alone sets the transactions' size at a high rate.
 
 Waiting for one hand-over only (the first version) was not enough against a real
 Synapse: the intake hands over every few events, so at 415 destinations and about 30
