@@ -51,7 +51,11 @@ the same conditions, they are not absolute.
         [--senders ours synapse] [--samples 3] [--dests 10] [--rooms 1] \
         [--events 200] [--concurrency 4] [--rate 1] [--duration-s 60] \
         [--mode live|backlog] [--json out.json] [--coalesce-hold-s S] \
-        [--event-loop asyncio|uvloop] [--event-persisters N]
+        [--event-loop asyncio|uvloop] [--event-persisters N] \
+        [--senders ours base --base-source DIR]
+
+``--senders ours base --base-source DIR`` races two versions of ours (``DIR`` holding
+another checkout's ``federation_sender`` package) the same way.
 """
 
 from __future__ import annotations
@@ -86,7 +90,7 @@ from federation_sender.testing.synapse_deployment import (
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-APP_NAMES = {"ours": "bench-ours", "synapse": "bench-synapse"}
+APP_NAMES = {"ours": "bench-ours", "synapse": "bench-synapse", "base": "bench-base"}
 """``application_name`` of each sender's PostgreSQL connections (through PGAPPNAME)."""
 
 
@@ -161,7 +165,7 @@ class BackendCpu:
     def __init__(self, d: SynapseDeployment, kind: str) -> None:
         self.d = d
         where = f"application_name = '{APP_NAMES[kind]}'"
-        if kind == "ours":
+        if kind != "synapse":  # (one sender runs at a time)
             where += " OR application_name LIKE 'federation-sender %'"
         self.query = f"SELECT pid FROM pg_stat_activity WHERE {where}"
         self.first: dict[int, float] = {}
@@ -198,12 +202,15 @@ class Sender:
 
     def __init__(self, kind: str, d: SynapseDeployment, workdir: Path,
                  settings: dict[str, Any] | None = None,
-                 worker_args: tuple[str, ...] = ()) -> None:
+                 worker_args: tuple[str, ...] = (), base_source: Path | None = None) -> None:
+        """``kind`` "base": our worker from ``base_source`` (another checkout's
+        package, e.g. ``git archive main``), to compare two versions of ours."""
         self.kind, self.d = kind, d
-        self.ours = (OurSender(d, workdir / "ours", settings, worker_args)
-                     if kind == "ours" else None)
+        self.ours = (OurSender(d, workdir / kind, settings, worker_args,
+                               base_source if kind == "base" else None)
+                     if kind != "synapse" else None)
         if self.ours is not None:
-            self.ours.env["PGAPPNAME"] = APP_NAMES["ours"]
+            self.ours.env["PGAPPNAME"] = APP_NAMES[kind]
 
     def start(self) -> int:
         if self.ours is not None:
@@ -430,8 +437,8 @@ def run_load(load: str, a: argparse.Namespace, cluster: PostgresCluster, root: P
         d.start()
         queue = {k: v for k, v in (("coalesce_hold_s", a.coalesce_hold_s),) if v is not None}
         loop = ("--event-loop", a.event_loop) if a.event_loop else ()
-        senders = [Sender(k, d, root / f"hs{index}", {"queue": queue} if queue else None, loop)
-                   for k in a.senders]
+        senders = [Sender(k, d, root / f"hs{index}", {"queue": queue} if queue else None, loop,
+                          a.base_source) for k in a.senders]
         try:
             with PeerNetwork(ca, root / f"peers{index}", reuse_event_ids=True,
                              keep_pdus=False) as net:
@@ -468,11 +475,13 @@ def summarize(results: list[Result]) -> list[dict[str, Any]]:
                     row[key] = [statistics.median(vals), min(vals), max(vals)]
                     medians.setdefault(kind, {})[key] = statistics.median(vals)
             rows.append(row)
-        ours, syn = medians.get("ours"), medians.get("synapse")
-        if ours and syn:
-            rows.append({"load": load, "ratio_synapse_over_ours": {
-                k: round(syn[k] / ours[k], 2) for k in SUMMARY_KEYS
-                if k.endswith("cpu_ms_per_pdu") and ours.get(k) and k in syn}})
+        ours = medians.get("ours")
+        for other in ("synapse", "base"):
+            theirs = medians.get(other)
+            if ours and theirs:
+                rows.append({"load": load, f"ratio_{other}_over_ours": {
+                    k: round(theirs[k] / ours[k], 2) for k in SUMMARY_KEYS
+                    if ours.get(k) and k in theirs}})
     return rows
 
 
@@ -481,7 +490,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loads", nargs="+", default=["spike", "light"],
                    choices=["spike", "light"])
     p.add_argument("--senders", nargs="+", default=["ours", "synapse"],
-                   choices=["synapse", "ours"])
+                   choices=["synapse", "ours", "base"])
+    p.add_argument("--base-source", type=Path,
+                   help="sender 'base': our worker from this directory's federation_sender "
+                        "package (e.g. git archive main federation_sender | tar -x -C DIR)")
     p.add_argument("--samples", type=int, default=3, help="samples per sender and load")
     p.add_argument("--dests", type=int, default=10)
     p.add_argument("--rooms", type=int, default=1)
