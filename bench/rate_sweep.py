@@ -8,10 +8,13 @@ messages at each rate of ``--rates`` (messages a second, to every destination) f
 Per rate: delay p50 / p99 (persisted to received, per message and destination), PDUs
 per transaction, and CPU per delivered PDU of the sender and of its PostgreSQL
 backends (as in ``bench/synapse_compare.py``). ``--senders ours synapse`` runs Synapse's
-own sender too, interleaved (it falls behind at a lower rate: give it a ``--timeout-s``).
+own sender too, interleaved (it falls behind at a lower rate: give it a ``--timeout-s``);
+``--senders ours base --base-source DIR`` another version of ours (``DIR`` holding its
+``federation_sender`` package, e.g. the code before the send-at-once rule).
 
     .venv/bin/python bench/rate_sweep.py [--dests 415] [--rates 1 5 15 30] \
-        [--duration-s 30] [--samples 1] [--senders ours] [--json out.json]
+        [--duration-s 30] [--samples 1] [--senders ours [base|synapse]] \
+        [--base-source DIR] [--json out.json]
 """
 
 from __future__ import annotations
@@ -49,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rates", type=float, nargs="+", default=[1.0, 5.0, 15.0, 30.0])
     p.add_argument("--duration-s", type=float, default=30.0)
     p.add_argument("--samples", type=int, default=1)
-    p.add_argument("--senders", nargs="+", default=["ours"], choices=["ours", "synapse"])
+    p.add_argument("--senders", nargs="+", default=["ours"],
+                   choices=["ours", "synapse", "base"])
+    p.add_argument("--base-source", type=Path,
+                   help="sender 'base': our worker from this directory's federation_sender "
+                        "package (e.g. git archive main federation_sender | tar -x -C DIR)")
     p.add_argument("--timeout-s", type=float, default=300.0)
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
@@ -72,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
             if log is not None:
                 (root / "hs" / f"{name}.log.yaml").write_text(synapse_default_log_config(log))
         d.start()
-        senders = [Sender(k, d, root / "hs") for k in a.senders]
+        senders = [Sender(k, d, root / "hs", base_source=a.base_source) for k in a.senders]
         try:
             with PeerNetwork(ca, root / "peers", reuse_event_ids=True,
                              keep_pdus=False) as net:
