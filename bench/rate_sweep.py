@@ -118,7 +118,8 @@ def summarize(results: list[Result]) -> list[dict[str, Any]]:
                                    "missing": sum(r.missing for r in rs),
                                    "duplicates": sum(r.duplicates for r in rs)}
             for key in ("delay_p50_s", "delay_p99_s", "pdus_per_txn", "cpu_ms_per_pdu",
-                        "db_cpu_ms_per_pdu", "total_cpu_ms_per_pdu"):
+                        "db_cpu_ms_per_pdu", "total_cpu_ms_per_pdu", "harness_cores",
+                        "main_cores"):
                 vals = [v for r in rs if (v := getattr(r, key)) is not None]
                 row[key] = statistics.median(vals) if vals else None
             rows.append(row)

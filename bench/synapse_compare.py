@@ -38,6 +38,9 @@ Reported per sample:
   ``total_cpu_ms_per_pdu`` is their sum (what the sender costs the machine: Synapse's
   main and the event persisters do the same work for either sender and are not
   counted);
+* ``harness_cores`` / ``main_cores``: CPU seconds per second of the same window of this
+  process (the fake remote servers and the client-API threads) and of Synapse's main,
+  to tell a saturated machine or harness from a slow sender;
 * ``duplicates``: deliveries of a message to a destination beyond the first (a retried
   transaction id is not counted: receivers deduplicate those);
 * ``missing``: (message, destination) pairs not delivered by the deadline.
@@ -114,6 +117,8 @@ class Result:
     db_cpu_ms_per_pdu: float | None = None
     total_cpu_ms_per_pdu: float | None = None
     db_backends: int = 0
+    harness_cores: float | None = None
+    main_cores: float | None = None
     duplicates: int = 0
     missing: int = 0
     error: str | None = None
@@ -340,6 +345,23 @@ def measure(peers: list[FederationPeer], persisted: dict[str, float], r: Result)
     r.pdus_per_txn = round(pdus / txns, 2) if txns else None
 
 
+class _Around:
+    """CPU of this process (the peers, the client-API threads) and of Synapse's main
+    from now on, as cores used on average."""
+
+    def __init__(self, d: SynapseDeployment) -> None:
+        self.main = d.main.pid
+        self.t0 = time.monotonic()
+        self.own0 = sum(os.times()[:2])
+        self.main0 = cpu_s(self.main) if self.main is not None else 0.0
+
+    def cores(self) -> tuple[float, float | None]:
+        wall = max(1e-9, time.monotonic() - self.t0)
+        own = (sum(os.times()[:2]) - self.own0) / wall
+        main = None if self.main is None else (cpu_s(self.main) - self.main0) / wall
+        return round(own, 2), None if main is None else round(main, 2)
+
+
 @dataclass
 class Scene:
     d: SynapseDeployment
@@ -384,6 +406,7 @@ def run_sample(scene: Scene, sender: Sender, load: str, sample: int, a: argparse
         cpu0 = cpu_s(pid)
         db.start()
         t0 = time.monotonic()
+        around = _Around(d)
         if load == "spike":
             persisted = spike(d, users, a.events, a.concurrency, tag)
         else:
@@ -403,6 +426,7 @@ def run_sample(scene: Scene, sender: Sender, load: str, sample: int, a: argparse
         wait_delivered(net, peers, set(persisted), a.timeout_s, sender, db.poll)
         cpu = cpu_s(pid) - cpu0
         db_cpu = db.total_s()
+        r.harness_cores, r.main_cores = around.cores()
         r.db_backends = len(db.last)
         with net.locked():
             measure(peers, persisted, r)
