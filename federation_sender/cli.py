@@ -142,10 +142,10 @@ def _load(args: argparse.Namespace) -> Settings:
     if synapse_files:
         import os
 
-        from federation_sender.synapse.config import (
+        from federation_sender.synapse.config import load_synapse_config
+        from federation_sender.synapse.merge import (
             SHARED_FEDERATION_KEYS,
             keys_set_in,
-            load_synapse_config,
             merge_settings,
         )
 
