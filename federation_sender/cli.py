@@ -13,7 +13,8 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from federation_sender.config import Settings, load_settings
+from federation_sender.config import Settings
+from federation_sender.config.loading import load_settings
 from federation_sender.errors import ConfigError, FederationSenderError, SchemaVersionError
 
 if TYPE_CHECKING:

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from federation_sender.config import ENV_PREFIX, AdminSettings, Settings, load_settings
+from federation_sender.config import ENV_PREFIX, AdminSettings, Settings
+from federation_sender.config.loading import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 

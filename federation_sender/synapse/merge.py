@@ -21,8 +21,8 @@ from federation_sender.config import (
     QueueSettings,
     Settings,
     ShardingSettings,
-    _validate,
 )
+from federation_sender.config.validation import validate_settings
 from federation_sender.errors import ConfigError
 from federation_sender.synapse.config import SynapseConfig
 from federation_sender.synapse.deployment import (
@@ -124,7 +124,7 @@ def merge_settings(
         queue=_queue(settings.queue, syn),
         sharding=_sharding(settings.sharding, syn, instance),
     )
-    _validate(merged)
+    validate_settings(merged)
     return merged
 
 

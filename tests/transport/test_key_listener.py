@@ -18,8 +18,8 @@ from federation_sender.config import (
     ReplicationSettings,
     Settings,
     TelemetrySettings,
-    load_settings,
 )
+from federation_sender.config.loading import load_settings
 from federation_sender.errors import ConfigError
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.ports import free_port
