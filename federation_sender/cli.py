@@ -200,7 +200,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             return asyncio.run(_migrate_beside_synapse(settings, args.revision))
         return asyncio.run(_migrate(settings, args.revision))
     if cmd == "worker":
-        from federation_sender.app import run_worker
+        from federation_sender.app.process import run_worker
         from federation_sender.runtime import run
 
         synapse = None

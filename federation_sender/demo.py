@@ -8,7 +8,7 @@ One process hosts everything, on loopback only:
 * a fleet of fake remote homeservers that verify our X-Matrix signatures, some with
   faults (slow, 500s, resets, hangs, 413, garbage), one of them down long enough for
   its queue to enter catch-up mode and come back;
-* the real worker (:class:`federation_sender.app.Worker`) with its admin API.
+* the real worker (:class:`federation_sender.app.worker.Worker`) with its admin API.
 
 Time scale: the short-retry phase is 1 s of probes 0.5 s apart (instead of 30 s of
 probes and Synapse's ~8 minutes of retries), backoff starts at 1 s and catch-up begins
@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from federation_sender.app import Worker
+from federation_sender.app.worker import Worker
 from federation_sender.builders import load_or_create_signing_key, signing_key_path
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import DEMO_SERVER_NAME, Settings

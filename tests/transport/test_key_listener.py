@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from federation_sender.app import Worker
+from federation_sender.app.worker import Worker
 from federation_sender.clock import SystemClock, time_ms
 from federation_sender.config import (
     AdminSettings,
