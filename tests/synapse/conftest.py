@@ -7,11 +7,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import PeerNetwork
+from tests.synapse.backend_support import OurWorker
 
 
 @pytest.fixture(scope="module")

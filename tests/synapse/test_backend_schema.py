@@ -9,11 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from backend_support import (  # noqa: F401
-    synapse_db_url_fixture,
-    synapse_engine_fixture,
-    synapse_template_fixture,
-)
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -30,6 +25,11 @@ from federation_sender.storage.synapse.database import (
     own_head,
     own_revision,
     upgrade_own_schema,
+)
+from tests.synapse.backend_support import (  # noqa: F401
+    synapse_db_url_fixture,
+    synapse_engine_fixture,
+    synapse_template_fixture,
 )
 
 pytestmark = pytest.mark.postgres
