@@ -35,6 +35,7 @@ from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.testing.redis_server import RedisServer, ephemeral_redis
 from federation_sender.testing.synapse_config import RedisAddress
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+from federation_sender.testing.synapse_peer import PeerNetwork
 
 _db_counter = itertools.count()
 
@@ -92,6 +93,16 @@ def synapse_deployment(
     deployment.start()
     yield deployment
     deployment.stop()
+
+
+@pytest.fixture(scope="module")
+def network(
+    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PeerNetwork]:
+    """Fake remote servers for this module, joining the session's Synapse over
+    federation."""
+    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
+        yield net
 
 
 @pytest.fixture
