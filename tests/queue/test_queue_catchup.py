@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from federation_sender.queue import FederationEdu
 from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.federation_stream import FederationEdu
 from federation_sender.storage import destinations as dst
 from federation_sender.storage import schema as s
 from federation_sender.storage.positions import FEDERATION_STREAM

@@ -20,12 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.testing.backlog import send_burst, wait_live
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.outage import SendingRoom, join_rooms
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 
