@@ -382,6 +382,7 @@ class DestinationRunner:
                     step.cursor,
                     self.config.catchup_rooms_per_batch,
                     self.config.catchup_max_gap_events,
+                    c.episode.room_floor,
                 )
         if plans:
             c.offer_catchup(plans, len(plans) < self.config.catchup_rooms_per_batch)
