@@ -84,15 +84,22 @@ def send_burst(sender: SynapseDeployment, user: User, room_id: str, count: int,
 
 
 def wait_live(receiver: SynapseDeployment, room_id: str, event_ids: Sequence[str],
-              timeout_s: float) -> tuple[float | None, ReceiverState]:
+              timeout_s: float, stall_s: float | None = None
+              ) -> tuple[float | None, ReceiverState]:
     """Seconds until every one of ``event_ids`` is live at the receiver and its
-    staging queue of the room is empty (None: not within ``timeout_s``)."""
+    staging queue of the room is empty (None: not within ``timeout_s``, or, with
+    ``stall_s``, nothing changed at the receiver for that long with nothing staged)."""
     started = _CLOCK.monotonic_s()
+    last: ReceiverState | None = None
+    changed = started
     while True:
         state = receiver_state(receiver, room_id, event_ids)
+        now = _CLOCK.monotonic_s()
         if state.live == len(event_ids) and state.staged == 0:
-            return round(_CLOCK.monotonic_s() - started, 2), state
-        if _CLOCK.monotonic_s() - started > timeout_s:
+            return round(now - started, 2), state
+        if state != last or state.staged:
+            last, changed = state, now
+        if now - started > timeout_s or (stall_s is not None and now - changed > stall_s):
             return None, state
         time.sleep(0.2)
 

@@ -12,7 +12,8 @@ up: the room's gap is read and sent a page of 50 at a time (``queue/catchup.py``
 page confirmed processed by the receiver before the next (``queue/pacing.py``). Every
 event must then be live at the receiver (neither an outlier nor backfilled, in the
 room's timeline as its user reads it through /messages), its staging queue of the room
-empty, and its log without a ``Pruning`` line.
+empty, and its log without a ``Pruning`` line. A second SIGKILL, in the middle of
+the catch-up, loses nothing either.
 
 ``BACKLOG_LONG=1``: 1,000 messages instead of 150 (minutes).
 bench/catchup_backlog.py measures the same beside Synapse's own sender.
@@ -28,11 +29,18 @@ from collections.abc import Iterator
 import pytest
 from backend_support import OurWorker
 
-from federation_sender.testing.backlog import send_burst, timeline_ids, wait_live
+from federation_sender.queue.catchup import GAP_PAGE_EVENTS
+from federation_sender.testing.backlog import (
+    receiver_state,
+    send_burst,
+    timeline_ids,
+    wait_live,
+)
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.outage import SendingRoom, join_rooms
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+from federation_sender.testing.waiting import wait_until_blocking
 
 LONG = bool(os.environ.get("BACKLOG_LONG"))
 COUNT = 1000 if LONG else 150
@@ -104,3 +112,28 @@ def test_a_backlog_after_a_sigkill_mid_burst_is_all_live_at_the_receiver(
     finally:
         paced.start()
     _check(paced, receiver, room, bob, ids, "a SIGKILL mid-burst")
+
+
+def test_a_second_sigkill_in_the_middle_of_the_catch_up_loses_nothing(
+    paced: OurWorker, receiver: SynapseDeployment
+) -> None:
+    """Killed mid-burst, restarted, and killed again once the receiver holds a page of
+    the catch-up: the position did not move past what the receiver confirmed, so the
+    third start finishes the room."""
+    room, bob = _room(paced, receiver)
+    before = COUNT // 5
+    try:
+        ids = send_burst(paced.d, room.user, room.room_id, COUNT, after=before,
+                         then=lambda: paced.stop(kill=True))
+    finally:
+        paced.start()
+    try:
+        state = wait_until_blocking(
+            lambda: receiver_state(receiver, room.room_id, ids),
+            "a page of the catch-up live at the receiver", timeout_s=WAIT_S,
+            accept=lambda s: s.live >= before + GAP_PAGE_EVENTS, every_s=0.1)
+    finally:
+        paced.stop(kill=True)
+    assert state.live < COUNT, state  # the second kill came in the middle
+    paced.start()
+    _check(paced, receiver, room, bob, ids, "a second SIGKILL in the middle of the catch-up")
