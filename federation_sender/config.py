@@ -121,8 +121,8 @@ class QueueSettings:
     catchup_rooms_per_batch: int = 50
     catchup_max_gap_events: int = 10_000
     """Per room, catch-up replays up to this many missed events in order, a page of 50
-    at a time (``queue/catchup.py``); beyond, extremities. Until 2026-11 the default was
-    50, which left a real Synapse receiver without most of a longer gap."""
+    at a time (``queue/catchup.py``); beyond, extremities. The default was 50 before
+    catch-up paged: a real Synapse receiver then lacked most of a longer gap."""
     pacing_confirm_deadline_s: float = 30.0
     """Once 40 PDUs of one room were accepted by a destination but not yet confirmed
     processed, the next transaction waits until it holds the newest, at most this long

@@ -12,7 +12,8 @@ For each row (room R, stream ordering S) past the destination's
   takes R's next page from where this one ended (``room_floor``), so memory holds one
   page, not the gap. Each page goes out in one transaction, and the queue's pacing
   (:mod:`federation_sender.queue.pacing`) confirms the receiver processed it before
-  the next;
+  the next (bounded by its deadline: a receiver that does not confirm is sent on
+  unpaced). ``max_gap_events`` still bounds how long a gap is replayed;
 * a longer gap sends R's forward extremities the destination was in the room for, so it
   can backfill the rest itself; in a partial-state room, or when no extremity
   qualifies, the event at S itself;
