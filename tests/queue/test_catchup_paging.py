@@ -13,6 +13,7 @@ from federation_sender.queue.catchup import GAP_PAGE_EVENTS
 from federation_sender.storage import destinations as dst
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 from federation_sender.testing.waiting import wait_until
+from federation_sender.transport.result import EventHeld, SendResult, Transaction
 
 D = "r1.test"
 BOB = f"@bob:{D}"
@@ -87,3 +88,44 @@ async def test_a_crash_in_the_middle_of_a_long_gap_loses_nothing(hdb: Harness) -
     assert max(Counter(got).values()) <= 2  # the first pages again, nothing more
     row = await h.dest_row(D)
     assert row.last_successful_stream_ordering == after[-1].stream_ordering
+
+
+class Holding:
+    """The harness's sender; ``event_persisted`` answers YES for an event the fake
+    homeserver received or that ``before`` holds (sent before a crash)."""
+
+    def __init__(self, h: Harness, before: set[str]) -> None:
+        self.inner = h.sender
+        self.fake = h.fake
+        self.before = before
+        self.asked: list[str] = []
+
+    async def send_transaction(self, txn: Transaction) -> SendResult:
+        return await self.inner.send_transaction(txn)
+
+    async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
+        self.asked.append(event_id)
+        held = self.before | set(self.fake.received_event_ids(destination))
+        return EventHeld.YES if event_id in held else EventHeld.NOT_YET
+
+
+async def test_a_page_the_receiver_already_holds_is_not_sent_again(hdb: Harness) -> None:
+    """Synapse stages duplicates too, and confirms an event it held before at once:
+    a replay of pages it holds (after a crash in the middle of a catch-up) would fill
+    its staging queue. So a page whose newest event it holds is skipped."""
+    h = hdb
+    w = h.writer
+    await room_with(h, "!long:l", D)
+    base = w.stream_ordering
+    ours = await w.messages("!long:l", ALICE, 3 * GAP_PAGE_EVENTS)
+    await _outage(h, [("!long:l", ours[-1].stream_ordering)], base)
+    probe = Holding(h, {e.event_id for e in ours[:GAP_PAGE_EVENTS]})
+    h.sender = probe  # type: ignore[assignment]
+    await h.start()
+    await h.m.wake_due_destinations()
+    await h.settle()
+    got = h.fake.received_event_ids(D)
+    assert got == [e.event_id for e in ours[GAP_PAGE_EVENTS:]]  # the first page skipped
+    assert ours[GAP_PAGE_EVENTS - 1].event_id in probe.asked
+    row = await h.dest_row(D)
+    assert row.last_successful_stream_ordering == ours[-1].stream_ordering
