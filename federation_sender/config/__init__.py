@@ -110,8 +110,10 @@ class QueueSettings:
     catchup_threshold_s: float = 3600.0
     """Backoff interval past which the in-memory queue is dropped for catch-up mode."""
     catchup_rooms_per_batch: int = 50
-    catchup_max_gap_events: int = 50
-    """Per room, catch-up replays up to this many missed events in order; beyond, extremities."""
+    catchup_max_gap_events: int = 10_000
+    """Per room, catch-up replays up to this many missed events in order, a page of 50
+    at a time (``queue/catchup.py``); beyond, extremities. The default was 50 before
+    catch-up paged: a real Synapse receiver then lacked most of a longer gap."""
     pacing_confirm_deadline_s: float = 30.0
     """Once 40 PDUs of one room were accepted by a destination but not yet confirmed
     processed, the next transaction waits until it holds the newest, at most this long

@@ -29,7 +29,7 @@ from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.queue.observer import QueueObserver, report
-from federation_sender.queue.pacing import PacingPolicy, RoomPacer
+from federation_sender.queue.pacing import PacingPolicy, RoomPacer, pages_of
 from federation_sender.queue.slots import Held, Slots
 from federation_sender.queue.status import DestinationStatus, live_status
 from federation_sender.queue.steps import (
@@ -382,6 +382,7 @@ class DestinationRunner:
                     step.cursor,
                     self.config.catchup_rooms_per_batch,
                     self.config.catchup_max_gap_events,
+                    c.episode.room_floor,
                 )
         if plans:
             c.offer_catchup(plans, len(plans) < self.config.catchup_rooms_per_batch)
@@ -408,32 +409,60 @@ class DestinationRunner:
         # one of ``max_concurrent_transactions``, none holds an open span or a built
         # request, and the span measures the attempt rather than the wait.
         self.core.note_sent(txn, self.clock.monotonic_s())  # before any wait
+        held = await self._held_already(batch) if batch.catchup else frozenset[str]()
         slot = await self.txn_slots.hold()
         try:
             with log_context(txn_id=txn.txn_id), self.observer.attempt(
                     self.destination, txn.txn_id, len(batch.pdus), len(batch.edus),
                     batch.catchup):
-                await self._send_spanned(txn, slot)
+                await self._send_spanned(txn, slot, held)
         finally:
             slot.release()
 
-    async def _send_spanned(self, txn: FrozenTxn, slot: Held | None) -> None:
+    async def _held_already(self, batch: Batch) -> frozenset[str]:
+        """The PDUs of catch-up pages whose newest PDU the receiver already holds: not
+        sent again (``queue/pacing.py``, ``pages_of``)."""
+        pacing = self.config.pacing
+        probe = self.sender
+        if not isinstance(probe, EventProbe) or not pacing.paced_after(
+                self._pacing_failed_at, self.clock.monotonic_s()):
+            return frozenset()
+        held: set[str] = set()
+        for tip, ids in pages_of(batch, pacing.confirm_after):
+            try:
+                async with asyncio.timeout(min(pacing.deadline_s,
+                                               self.config.attempt_deadline_s)):
+                    answer = await probe.event_persisted(self.destination, tip)
+            except TimeoutError:
+                break
+            if answer is not EventHeld.YES:
+                break
+            held |= ids
+        return frozenset(held)
+
+    async def _send_spanned(self, txn: FrozenTxn, slot: Held | None,
+                            held: frozenset[str] = frozenset()) -> None:
         """Send (or, for an empty catch-up batch, advance locally), then hand the
         result to the group commit and report it. ``slot``, held for a batch, is
         given back as soon as the request is answered."""
         c = self.core
         batch = txn.batch
         started_ms = time_ms(self.clock)
-        if not batch:
-            # A catch-up batch whose rooms had nothing to send: advance locally.
+        sent = Batch(tuple(p for p in batch.pdus if p.event_id not in held),
+                     batch.edus) if held else batch
+        if not sent:
+            # A catch-up batch whose rooms had nothing to send, or whose every PDU the
+            # receiver holds: advance locally.
             result = SendResult(Outcome.SUCCESS)
+            if slot is not None:
+                slot.release()
         else:
             request = Transaction(
                 destination=self.destination,
                 txn_id=txn.txn_id,
-                pdus=batch.pdu_json(),
-                edus=batch.edu_json(),
-                pdu_bytes=batch.pdu_bytes(),
+                pdus=sent.pdu_json(),
+                edus=sent.edu_json(),
+                pdu_bytes=sent.pdu_bytes(),
             )
             assert slot is not None
             try:
