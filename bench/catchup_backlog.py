@@ -3,10 +3,12 @@ ours in the same run (issue 33, item 2).
 
 One receiving Synapse 1.163 (SQLite, sending for itself) and, per ``--senders``, a
 sending Synapse 1.163 deployment (PostgreSQL, a Redis of its own) whose federation
-sender is Synapse's own worker (``synapse``) or ours (``ours``, its defaults but
-``queue.catchup_max_gap_events: --gap``: a destination that starts in catch-up, as after
-a SIGKILL, replays a gap up to that long and sends extremities beyond it). For each
-sender and each ``--modes``: a new room the receiver's user joins; then
+sender is Synapse's own worker (``synapse``) or ours (``ours``, its default
+configuration; ``--gap`` sets its ``queue.catchup_max_gap_events``: a destination that
+starts in catch-up, as after a SIGKILL, replays a room's gap up to that long, a page of
+50 events at a time, and sends extremities beyond it). Both receivers keep Synapse's
+default settings. For each sender and each ``--modes``: a new room the receiver's user
+joins; then
 
 * ``stop``: the federation sender is stopped, ``--events`` messages are sent, it is
   started again;
@@ -14,13 +16,14 @@ sender and each ``--modes``: a new room the receiver's user joins; then
   (SIGKILL) after the first 10% of them, and started again once all are sent.
 
 Reported per sender and mode (``testing/backlog.py``): of the messages, how many the
-receiver holds as ordinary events (live), how many as outliers, how many are still
-staged, whether its log has a ``Pruning`` line for the room, and seconds from the
-sender's restart until all were live with the staging queue drained (None: not
-within ``--wait-s``).
+receiver holds as live events (neither outliers nor backfilled), how many as outliers
+or backfilled, how many are still staged, whether its log has a ``Pruning`` line for
+the room, and seconds from the sender's restart until all were live with the staging
+queue drained (None: not within ``--wait-s``, or nothing changed at the receiver for
+``--stall-s`` with nothing staged: Synapse's own sender, which sends no more).
 
     .venv/bin/python bench/catchup_backlog.py [--events 1000] [--senders synapse ours] \
-        [--modes stop sigkill] [--wait-s 300] [--gap 1000] [--json out.json]
+        [--modes stop sigkill] [--wait-s 600] [--stall-s 60] [--gap N] [--json out.json]
 """
 
 from __future__ import annotations
@@ -54,9 +57,10 @@ def main(argv: list[str] | None = None) -> int:
                    choices=["synapse", "ours"])
     p.add_argument("--modes", nargs="+", default=["stop", "sigkill"],
                    choices=["stop", "sigkill"])
-    p.add_argument("--wait-s", type=float, default=300.0)
-    p.add_argument("--gap", type=int, default=1000,
-                   help="our queue.catchup_max_gap_events (default 1000; ours: 50)")
+    p.add_argument("--wait-s", type=float, default=600.0)
+    p.add_argument("--stall-s", type=float, default=60.0)
+    p.add_argument("--gap", type=int, default=None,
+                   help="our queue.catchup_max_gap_events (default: our default)")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     clock = SystemClock()
@@ -83,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
             if kind == "synapse":
                 d.start_federation_sender()
             else:
-                ours = OurSender(d, root / "ours-worker",
-                                 {"queue": {"catchup_max_gap_events": a.gap}})
+                queue = {} if a.gap is None else {"catchup_max_gap_events": a.gap}
+                ours = OurSender(d, root / "ours-worker", {"queue": queue})
                 stack.callback(ours.stop)
                 ours.start()
 
@@ -116,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = clock.monotonic_s()
                 start()
                 restart_s = round(clock.monotonic_s() - t0, 2)
-                took, _ = wait_live(receiver, room.room_id, ids, a.wait_s)
+                took, _ = wait_live(receiver, room.room_id, ids, a.wait_s, a.stall_s)
                 state = receiver_state(receiver, room.room_id, ids)
                 run = {"sender": kind, "mode": mode, "restart_s": restart_s,
                        "all_live_after_s": None if took is None else round(took + restart_s, 2),

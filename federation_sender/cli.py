@@ -10,10 +10,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from federation_sender.config import Settings, load_settings
+from federation_sender.config import Settings
+from federation_sender.config.loading import load_settings
 from federation_sender.errors import ConfigError, FederationSenderError, SchemaVersionError
 
 if TYPE_CHECKING:
@@ -54,23 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
 
-    p = sub.add_parser("worker", help="run the federation sender worker")
-    _add_config_arg(p)
-    _add_synapse_arg(p)
-    p.add_argument(
-        "--no-migrate",
-        action="store_true",
-        help="do not migrate automatically (an embedded SQLite database, or our own "
-        "schema beside Synapse)",
-    )
-    p.add_argument(
-        "--event-loop",
-        choices=["auto", "uvloop", "asyncio"],
-        default="asyncio",
-        help="event loop: asyncio's own (default, the one the test suite runs on), "
-        "uvloop (needs the uvloop extra; 3-6%% less CPU per transaction in the fan-out "
-        "benchmark), or auto (uvloop when installed)",
-    )
+    _add_worker_parser(sub)
 
     p = sub.add_parser("migrate", help="upgrade the database schema (idempotent)")
     _add_config_arg(p)
@@ -89,6 +74,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("path", help="where to write the key file (mode 0600)")
     p.add_argument("--key-id", default=None, help="key id, e.g. a_AbCd (random by default)")
 
+    _add_demo_parser(sub)
+
+    # Imports no pyspark: without the batch extra, 'batch' says how to install it.
+    from federation_sender.batch.cli import add_batch_parser
+
+    add_batch_parser(sub)
+    return parser
+
+
+def _add_worker_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("worker", help="run the federation sender worker")
+    _add_config_arg(p)
+    _add_synapse_arg(p)
+    p.add_argument(
+        "--no-migrate",
+        action="store_true",
+        help="do not migrate automatically (an embedded SQLite database, or our own "
+        "schema beside Synapse)",
+    )
+    p.add_argument(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default="asyncio",
+        help="event loop: asyncio's own (default, the one the test suite runs on), "
+        "uvloop (needs the uvloop extra; 3-6%% less CPU per transaction in the fan-out "
+        "benchmark), or auto (uvloop when installed)",
+    )
+
+
+def _add_demo_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("demo", help="run the end-to-end demo: simulator, fake remotes, worker")
     _add_config_arg(p)
     p.add_argument("--destinations", type=int, default=30)
@@ -108,12 +123,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port-base", type=_port_base, default=None, metavar="N",
                    help="fixed ports instead of random ones: admin API and dashboard N, "
                    "metrics N+1, replication N+2, the simulated remotes from N+10")
-
-    # Imports no pyspark: without the batch extra, 'batch' says how to install it.
-    from federation_sender.batch.cli import add_batch_parser
-
-    add_batch_parser(sub)
-    return parser
 
 
 def _version() -> str:
@@ -142,10 +151,10 @@ def _load(args: argparse.Namespace) -> Settings:
     if synapse_files:
         import os
 
-        from federation_sender.synapse.config import (
+        from federation_sender.synapse.config import load_synapse_config
+        from federation_sender.synapse.merge import (
             SHARED_FEDERATION_KEYS,
             keys_set_in,
-            load_synapse_config,
             merge_settings,
         )
 
@@ -199,7 +208,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             return asyncio.run(_migrate_beside_synapse(settings, args.revision))
         return asyncio.run(_migrate(settings, args.revision))
     if cmd == "worker":
-        from federation_sender.app import run_worker
+        from federation_sender.app.process import run_worker
         from federation_sender.runtime import run
 
         synapse = None
@@ -289,18 +298,8 @@ async def _migrate(settings: Settings, revision: str) -> int:
     from federation_sender.storage.migrate import current_revision, upgrade
 
     engine = create_engine(settings.database.url)
-    try:
-        await _reachable(settings, engine)
-        before = await current_revision(engine)
-        await upgrade(engine, revision)
-        after = await current_revision(engine)
-    finally:
-        await engine.dispose()
-    if before == after:
-        print(f"database already at revision {after}")
-    else:
-        print(f"database migrated from {before or 'empty'} to {after}")
-    return 0
+    return await _migrate_with(settings, engine, current_revision, upgrade, revision,
+                               "database")
 
 
 async def _migrate_beside_synapse(settings: Settings, revision: str) -> int:
@@ -312,17 +311,31 @@ async def _migrate_beside_synapse(settings: Settings, revision: str) -> int:
     )
 
     engine = create_synapse_engine(settings.database.url)
+    return await _migrate_with(settings, engine, own_revision, upgrade_own_schema, revision,
+                               f"schema {OWN_SCHEMA}")
+
+
+async def _migrate_with(
+    settings: Settings,
+    engine: AsyncEngine,
+    current: Callable[[AsyncEngine], Awaitable[str | None]],
+    upgrade: Callable[[AsyncEngine, str], Awaitable[None]],
+    revision: str,
+    what: str,
+) -> int:
+    """Upgrade ``what`` (our database, or our schema beside Synapse's) to ``revision``
+    and say from which revision to which; the engine is disposed of either way."""
     try:
         await _reachable(settings, engine)
-        before = await own_revision(engine)
-        await upgrade_own_schema(engine, revision)
-        after = await own_revision(engine)
+        before = await current(engine)
+        await upgrade(engine, revision)
+        after = await current(engine)
     finally:
         await engine.dispose()
     if before == after:
-        print(f"schema {OWN_SCHEMA} already at revision {after}")
+        print(f"{what} already at revision {after}")
     else:
-        print(f"schema {OWN_SCHEMA} migrated from {before or 'empty'} to {after}")
+        print(f"{what} migrated from {before or 'empty'} to {after}")
     return 0
 
 

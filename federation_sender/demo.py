@@ -8,7 +8,7 @@ One process hosts everything, on loopback only:
 * a fleet of fake remote homeservers that verify our X-Matrix signatures, some with
   faults (slow, 500s, resets, hangs, 413, garbage), one of them down long enough for
   its queue to enter catch-up mode and come back;
-* the real worker (:class:`federation_sender.app.Worker`) with its admin API.
+* the real worker (:class:`federation_sender.app.worker.Worker`) with its admin API.
 
 Time scale: the short-retry phase is 1 s of probes 0.5 s apart (instead of 30 s of
 probes and Synapse's ~8 minutes of retries), backoff starts at 1 s and catch-up begins
@@ -40,7 +40,7 @@ import sys
 from pathlib import Path
 from typing import IO
 
-from federation_sender.app import Worker
+from federation_sender.app.worker import Worker
 from federation_sender.builders import load_or_create_signing_key, signing_key_path
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import DEMO_SERVER_NAME, Settings
@@ -55,7 +55,7 @@ from federation_sender.sim.remotes import RemoteRecord
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.telemetry.logging import setup_logging
-from federation_sender.testing.faults import varied_profiles
+from federation_sender.testing.faults import FaultProfile, varied_profiles
 from federation_sender.testing.ports import free_port
 from federation_sender.transport.signing import verify_key_lookup
 
@@ -198,10 +198,6 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
     key = load_or_create_signing_key(signing_key_path(settings))
     scenario = _scenario(args)
     names = scenario.remote_server_names
-    outage_end = max(10.0, args.duration * 0.6)
-    faults = varied_profiles(
-        names, rng=random.Random(1), faulty_fraction=0.4, outage=(2.0, outage_end)
-    )
     lookup = verify_key_lookup({SERVER_NAME: {key.key_id: key.verify_key}})
     publisher = await WriterPublisher.for_database(engine, SERVER_NAME)
     print(
@@ -211,7 +207,7 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
         file=out,
     )
     async with (
-        RemoteFleet(names, lookup_key=lookup, clock=clock, faults=faults,
+        RemoteFleet(names, lookup_key=lookup, clock=clock, faults=_faults(args, names),
                     port_base=port_base + REMOTES_PORT_OFFSET if port_base else 0) as fleet,
         serve_replication(publisher.writer, transport="tcp", clock=clock,
                           port=port_base + 2 if port_base else 0) as port,
@@ -226,27 +222,53 @@ async def _run(base: Settings, args: argparse.Namespace, out: IO[str]) -> int:
         )
         driver = Driver.build(scenario, engine=engine, publisher=publisher, clock=clock)
         await driver.setup()
-        worker = await Worker.create(settings, clock=clock)
-        await worker.start()
-        print(f"dashboard: {worker.admin_url}/dashboard (admin token in "
-              f"{Path(settings.data_dir) / 'admin.token'})", file=out)
-        start = clock.monotonic_s()
-        try:
-            report = await _watch(worker, driver, fleet, clock, args, live, out)
-            elapsed = clock.monotonic_s() - start
-            records = fleet.records()
-            if getattr(args, "keep_running", False):
-                _print_totals(report, driver, records, elapsed, out)
-                print(f"still running (--keep-running): dashboard {worker.admin_url}/dashboard;"
-                      " Ctrl-C to stop", file=out, flush=True)
-                await _until_interrupted()
-        finally:
-            await worker.stop(deadline_s=5.0)
+        report, records, elapsed = await _run_worker(settings, driver, fleet, clock, args,
+                                                     live, out)
     await engine.dispose()
     log_file.close()
     if not getattr(args, "keep_running", False):
         _print_totals(report, driver, records, elapsed, out)
     return 0 if report.ok else 1
+
+
+def _faults(args: argparse.Namespace, names: list[str]) -> dict[str, FaultProfile]:
+    """The first remote is down from 2 s until 60 % of the run (at least 10 s); four in
+    ten of the others misbehave, each as one of the fault archetypes."""
+    outage_end = max(10.0, args.duration * 0.6)
+    return varied_profiles(
+        names, rng=random.Random(1), faulty_fraction=0.4, outage=(2.0, outage_end)
+    )
+
+
+async def _run_worker(
+    settings: Settings,
+    driver: Driver,
+    fleet: RemoteFleet,
+    clock: Clock,
+    args: argparse.Namespace,
+    live: bool,
+    out: IO[str],
+) -> tuple[DeliveryReport, dict[str, RemoteRecord], float]:
+    """Start the worker, watch the run to its delivery report (then, with
+    ``--keep-running``, wait for Ctrl-C), stop the worker; the report, what each remote
+    received and the seconds it took."""
+    worker = await Worker.create(settings, clock=clock)
+    await worker.start()
+    print(f"dashboard: {worker.admin_url}/dashboard (admin token in "
+          f"{Path(settings.data_dir) / 'admin.token'})", file=out)
+    start = clock.monotonic_s()
+    try:
+        report = await _watch(worker, driver, fleet, clock, args, live, out)
+        elapsed = clock.monotonic_s() - start
+        records = fleet.records()
+        if getattr(args, "keep_running", False):
+            _print_totals(report, driver, records, elapsed, out)
+            print(f"still running (--keep-running): dashboard {worker.admin_url}/dashboard;"
+                  " Ctrl-C to stop", file=out, flush=True)
+            await _until_interrupted()
+    finally:
+        await worker.stop(deadline_s=5.0)
+    return report, records, elapsed
 
 
 async def _until_interrupted() -> None:

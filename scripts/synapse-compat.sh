@@ -21,7 +21,7 @@ cd "$(dirname "$0")/.."
 WINDOW=(1.158.0 1.159.0 1.160.0 1.161.0 1.162.0 1.163.0 1.163.1 1.163.2)
 if [ "$#" -gt 0 ]; then WINDOW=("$@"); fi
 TESTS=${COMPAT_TESTS:-"tests/synapse/test_backend_e2e.py tests/synapse/test_edu_e2e.py \
-tests/synapse/test_backend_queries.py tests/synapse/test_backend_schema.py \
+tests/storage/synapse/test_backend_queries.py tests/storage/synapse/test_backend_schema.py \
 tests/synapse/test_sharded_senders.py"}
 OUT=${COMPAT_OUT:-build/synapse-compat.md}
 mkdir -p build "$(dirname "$OUT")"

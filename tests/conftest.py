@@ -1,5 +1,7 @@
 """Shared fixtures: a real throwaway PostgreSQL cluster (session-scoped), a fresh
-migrated database per test on both PostgreSQL and SQLite, and a fake clock.
+migrated database per test on both PostgreSQL and SQLite, a fake clock, and the queue
+harness (``h``, ``hdb``: federation_sender.testing.queue_harness) that the queue, EDU,
+intake and storage tests share.
 """
 
 from __future__ import annotations
@@ -8,15 +10,19 @@ import itertools
 import logging
 import shutil
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.config import QueueSettings
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.fake_homeserver import FakeHomeserver
+from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.postgres import (
     PostgresCluster,
     PostgresMissing,
@@ -24,9 +30,12 @@ from federation_sender.testing.postgres import (
     find_pg_bin,
 )
 from federation_sender.testing.prereq import missing
+from federation_sender.testing.queue_harness import ME, Harness
+from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.testing.redis_server import RedisServer, ephemeral_redis
 from federation_sender.testing.synapse_config import RedisAddress
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+from federation_sender.testing.synapse_peer import PeerNetwork
 
 _db_counter = itertools.count()
 
@@ -86,6 +95,16 @@ def synapse_deployment(
     deployment.stop()
 
 
+@pytest.fixture(scope="module")
+def network(
+    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[PeerNetwork]:
+    """Fake remote servers for this module, joining the session's Synapse over
+    federation."""
+    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
+        yield net
+
+
 @pytest.fixture
 def pg_url(pg_cluster: PostgresCluster) -> str:
     """URL of a new, empty PostgreSQL database."""
@@ -126,3 +145,36 @@ async def pg_engine(pg_url: str) -> AsyncIterator[AsyncEngine]:
 @pytest.fixture
 def clock() -> FakeClock:
     return FakeClock()
+
+
+async def _harness(
+    url: str, clock: FakeClock, settings: QueueSettings | None = None
+) -> AsyncIterator[Harness]:
+    engine = create_engine(url)
+    await upgrade(engine)
+    fake = FakeHomeserver()
+    await fake.start()
+    sender = HttpTransactionSender(fake.url, ME, clock, timeout_s=20)
+    h = Harness(engine, clock, fake, sender, HomeserverWriter(engine, ME),
+                settings or replace(QueueSettings(), wakeup_interval_s=60.0))
+    try:
+        yield h
+    finally:
+        if h.manager is not None:
+            await h.manager.stop(0.0)
+        await sender.close()
+        await fake.close()
+        await engine.dispose()
+
+
+@pytest.fixture
+async def h(sqlite_url: str, clock: FakeClock) -> AsyncIterator[Harness]:
+    async for x in _harness(sqlite_url, clock):
+        yield x
+
+
+@pytest.fixture
+async def hdb(db_url: str, clock: FakeClock) -> AsyncIterator[Harness]:
+    """The harness on both SQLite and PostgreSQL."""
+    async for x in _harness(db_url, clock):
+        yield x

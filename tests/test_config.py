@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from federation_sender.config import Settings, iter_keys, load_settings
+from federation_sender.config import Settings
+from federation_sender.config.loading import iter_keys, load_settings
 from federation_sender.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,7 +244,7 @@ def test_check_config_hides_secret_query_parameters() -> None:
 
 def test_config_does_not_import_telemetry() -> None:
     """config and telemetry.logging share the redaction, which sits below both."""
-    code = ("import sys, federation_sender.config as c; c.load_settings(None, environ={}); "
+    code = ("import sys, federation_sender.config.loading as c; c.load_settings(None, environ={}); "
             "print(sorted(m for m in sys.modules if m.startswith('federation_sender.tele')))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60, check=True)

@@ -8,7 +8,8 @@ from typing import Any
 
 import yaml
 
-from federation_sender.config import ENV_PREFIX, AdminSettings, Settings, load_settings
+from federation_sender.config import ENV_PREFIX, AdminSettings, Settings
+from federation_sender.config.loading import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -73,7 +74,8 @@ SYNAPSE_DIR = ROOT / "deploy" / "synapse"
 
 
 def test_compose_synapse_profile_runs_our_worker_as_synapses_sender() -> None:
-    from federation_sender.synapse.config import load_synapse_config, merge_settings
+    from federation_sender.synapse.config import load_synapse_config
+    from federation_sender.synapse.merge import merge_settings
 
     services = _compose()["services"]
     ours = services["synapse-federation-sender"]

@@ -12,7 +12,8 @@ from typing import Any
 
 import yaml
 
-from federation_sender.config import Settings, iter_keys, load_settings
+from federation_sender.config import Settings
+from federation_sender.config.loading import iter_keys, load_settings
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.waiting import wait_until_blocking
 

@@ -44,9 +44,6 @@ class LiveState(TypedDict):
     catching_up: bool
 
 
-LIVE_STATE_KEYS: tuple[str, ...] = tuple(LiveState.__annotations__)
-
-
 class QueueControl(Protocol):
     """The queue engine as seen from the admin API."""
 

@@ -18,8 +18,11 @@ Layout: :mod:`.transforms` holds every computation as a pure DataFrame function 
 on hand-built frames); :mod:`.io` does JDBC/Parquet reads and the staged, single-
 transaction apply; :mod:`.session` builds the SparkSession; one module per job
 (:mod:`.backfill`, :mod:`.audit`, :mod:`.health`) sequences reads, transforms and writes;
-:mod:`.cli` parses arguments. :mod:`.sql_baseline` is the same computations as plain SQL
-inside PostgreSQL, for the benchmark and as a cross-check.
+:mod:`.cli` parses arguments. No SQL here: the driver's reads, the staging table and the
+apply statements are :mod:`federation_sender.storage.batch_reads` and
+:mod:`~federation_sender.storage.batch_apply`, and the same computations as plain SQL
+inside PostgreSQL (for the benchmark and as a cross-check) are
+:mod:`federation_sender.storage.batch_baseline`.
 
 Invariants: a job reads a consistent prefix of the events stream (up to a high-water
 mark fixed at its start); it never overwrites a row the worker wrote for a newer event;

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from federation_sender.batch.cli import EXIT_USAGE, add_job_parsers, run_batch
-from federation_sender.config import load_settings
+from federation_sender.config.loading import load_settings
 from federation_sender.errors import ConfigError
 
 

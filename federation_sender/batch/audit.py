@@ -20,6 +20,7 @@ was lost or mismatched (also after a repair: audit again to see it clean), else 
 
 from __future__ import annotations
 
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from federation_sender.batch import transforms as t
@@ -82,19 +83,23 @@ def run(ctx: JobContext, *, repair: bool) -> JobResult:
             write_outputs(missing, ctx.output_dir, "undelivered")
             write_outputs(diff, ctx.output_dir, "mismatches")
     if repair:
-        db = require_db(ctx, "audit --repair")
-        with ctx.progress.step("stage and apply repair"):
-            if mismatched or by_status:
-                res = apply_changes(
-                    db, t.destination_room_changes(diff), t.position_repairs(missing), hwm,
-                    "audit",
-                )
-                summary.update(
-                    upserted=res.upserted, deleted=res.deleted,
-                    positions_lowered=res.positions_lowered,
-                )
-            else:
-                summary.update(upserted=0, deleted=0, positions_lowered=0)
+        summary.update(_repair(ctx, diff, missing, hwm, needed=bool(mismatched or by_status)))
     for df in (missing, diff, expected):
         df.unpersist()
     return JobResult(JOB, summary, samples, exit_status=1 if lost or mismatched else 0)
+
+
+def _repair(
+    ctx: JobContext, diff: DataFrame, missing: DataFrame, hwm: int, *, needed: bool
+) -> dict[str, object]:
+    """``--repair``: ``destination_rooms`` made right and the positions lowered, in one
+    transaction; the counts of what changed."""
+    db = require_db(ctx, "audit --repair")
+    with ctx.progress.step("stage and apply repair"):
+        if not needed:
+            return {"upserted": 0, "deleted": 0, "positions_lowered": 0}
+        res = apply_changes(
+            db, t.destination_room_changes(diff), t.position_repairs(missing), hwm, "audit",
+        )
+        return {"upserted": res.upserted, "deleted": res.deleted,
+                "positions_lowered": res.positions_lowered}

@@ -130,55 +130,23 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
             check_modules()
         except MissingPrerequisite as e:
             return _usage(str(e))
-    server_name = args.server_name or settings.server_name
-    db_url = args.database_url or settings.database.url
-    demo = None if args.database_url or args.snapshot else _demo_database(settings)
-    if demo is not None:
-        db_url, demo_server = demo
-        server_name = args.server_name or demo_server
-        print(f"federation-sender batch: using the demo's database {db_url} (server name "
-              f"{server_name}); give --database-url for another", file=sys.stderr)
+    server_name, db_url = _target(args, settings)
     db: Database | None = None
     try:
         db = Database.from_urls(db_url, args.jdbc_url)
     except ValueError as e:
         if not args.snapshot:
             return _usage(str(e))
-    if job == "snapshot" and not args.output:
-        return _usage("snapshot needs --output DIR")
-    if args.partitions is not None and args.partitions < 1:
-        return _usage("--partitions must be at least 1")
-    writes = getattr(args, "repair", False) or (
-        job == "backfill-destination-rooms" and not args.dry_run)
-    if writes and db is None:
-        return _usage(f"{job} writes to the database: give a --database-url "
-                      "(or use --dry-run / leave out --repair)")
-    conf: dict[str, str] = {}
-    for item in args.conf:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            return _usage(f"--conf wants KEY=VALUE, not {item!r}")
-        conf[key] = value
+    try:
+        conf = _checked_options(args, job, db)
+    except ValueError as e:
+        return _usage(str(e))
     owned = spark is None
     if spark is None:
-        try:
-            if not args.remote:
-                check_java()
-            if db is not None and db.sqlite and not args.snapshot and "spark.jars" not in conf:
-                check_sqlite_jdbc(SQLITE_JDBC_JAR)
-        except MissingPrerequisite as e:
-            return _usage(str(e))
-        try:
-            spark = build_session(SessionOptions(
-                master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
-                progress_bar=args.spark_progress, conf=conf,
-            ))
-        except Exception as e:  # Py4J's gateway, Spark Connect's channel: one line
-            print(f"federation-sender batch {job}: could not start Spark: "
-                  f"{_first_line(e)}" + ("" if args.remote else
-                                         f" (is Java working? {INSTALL_JAVA})"),
-                  file=sys.stderr)
-            return EXIT_FAILED
+        started = _start_spark(args, job, db, conf)
+        if isinstance(started, int):
+            return started
+        spark = started
     if args.partitions and not args.remote:
         spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
     progress = Progress(job, clock, enabled=not args.quiet)
@@ -195,6 +163,64 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     result.summary["spark_master"] = master
     _print(result, progress, out, as_json=args.json)
     return result.exit_status
+
+
+def _target(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
+    """The server name and database URL: the options', else the demo's database when
+    it is there (said on stderr), else the settings'."""
+    server_name = args.server_name or settings.server_name
+    db_url = args.database_url or settings.database.url
+    demo = None if args.database_url or args.snapshot else _demo_database(settings)
+    if demo is not None:
+        db_url, demo_server = demo
+        server_name = args.server_name or demo_server
+        print(f"federation-sender batch: using the demo's database {db_url} (server name "
+              f"{server_name}); give --database-url for another", file=sys.stderr)
+    return server_name, db_url
+
+
+def _checked_options(args: argparse.Namespace, job: str, db: Database | None) -> dict[str, str]:
+    """The ``--conf`` pairs, once the options are consistent (:class:`ValueError`: the
+    usage line otherwise)."""
+    if job == "snapshot" and not args.output:
+        raise ValueError("snapshot needs --output DIR")
+    if args.partitions is not None and args.partitions < 1:
+        raise ValueError("--partitions must be at least 1")
+    writes = getattr(args, "repair", False) or (
+        job == "backfill-destination-rooms" and not args.dry_run)
+    if writes and db is None:
+        raise ValueError(f"{job} writes to the database: give a --database-url "
+                         "(or use --dry-run / leave out --repair)")
+    conf: dict[str, str] = {}
+    for item in args.conf:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"--conf wants KEY=VALUE, not {item!r}")
+        conf[key] = value
+    return conf
+
+
+def _start_spark(args: argparse.Namespace, job: str, db: Database | None,
+                 conf: dict[str, str]) -> SparkSession | int:
+    """A Spark session, or the exit status when it cannot start (said in one line)."""
+    try:
+        if not args.remote:
+            check_java()
+        if db is not None and db.sqlite and not args.snapshot and "spark.jars" not in conf:
+            check_sqlite_jdbc(SQLITE_JDBC_JAR)
+    except MissingPrerequisite as e:
+        return _usage(str(e))
+    try:
+        return build_session(SessionOptions(
+            master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
+            progress_bar=args.spark_progress, conf=conf,
+        ))
+    except Exception as e:  # Py4J's gateway, Spark Connect's channel: one line
+        print(f"federation-sender batch {job}: could not start Spark: "
+              f"{_first_line(e)}" + ("" if args.remote else
+                                     f" (is Java working? {INSTALL_JAVA})"),
+              file=sys.stderr)
+        return EXIT_FAILED
 
 
 def _first_line(e: BaseException) -> str:

@@ -12,7 +12,9 @@ undo the worker's newer writes.
 Apply
 -----
 Results are written by Spark (in parallel, from the executors) into a fresh UNLOGGED
-staging table, then applied in one transaction through the storage boundary
+staging table (made and dropped by :mod:`federation_sender.storage.batch_reads`, which
+also holds the driver's reads of the high-water mark and partition bounds), then
+applied in one transaction through the storage boundary
 (``tx.destinations.apply_staged_batch``, the statements of
 :mod:`federation_sender.storage.batch_apply`): one ``INSERT … ON CONFLICT DO UPDATE``
 for upserts, one ``DELETE`` for stale rows, one upsert of destination positions (only
@@ -42,6 +44,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from federation_sender.batch.session import JDBC_DRIVER, SQLITE_JDBC_DRIVER
+from federation_sender.storage import batch_reads
 from federation_sender.storage.batch_apply import BatchCounts, StagedChange
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.native import NativeBackend
@@ -166,14 +169,9 @@ class JdbcSource:
         self._partitions = max(1, partitions)
         self._bounds: dict[str, tuple[int, int] | None] = {}
         with db.read() as conn:
-            row = conn.execute("SELECT max(stream_ordering) FROM events").fetchone()
-            self._hwm = int(row[0]) if row and row[0] is not None else 0
+            self._hwm = batch_reads.high_water_mark(conn)
             for table, col in PARTITION_COLUMNS.items():
-                r = conn.execute(f"SELECT min({col}), max({col}) FROM {table}").fetchone()
-                if r is None or r[0] is None:
-                    self._bounds[table] = None
-                else:
-                    self._bounds[table] = (int(r[0]), int(r[1]))
+                self._bounds[table] = batch_reads.column_bounds(conn, table, col)
 
     @property
     def high_water_mark(self) -> int:
@@ -310,10 +308,7 @@ def apply_changes(
         return _apply_sqlite(db, changes, positions, high_water_mark)
     staging = f"batch_staging_{job.replace('-', '_')}_{uuid.uuid4().hex[:12]}"
     with db.connect() as conn:
-        conn.execute(
-            f"CREATE UNLOGGED TABLE {staging} (destination text NOT NULL, room_id text, "
-            "stream_ordering bigint, action text NOT NULL)"
-        )
+        batch_reads.create_staging_table(conn, staging)
     try:
         staged = changes.select("destination", "room_id", "stream_ordering", "action")
         if positions is not None:
@@ -331,7 +326,7 @@ def apply_changes(
         return _apply_staged(db, staging, high_water_mark)
     finally:
         with db.connect() as conn:
-            conn.execute(f"DROP TABLE IF EXISTS {staging}")
+            batch_reads.drop_staging_table(conn, staging)
 
 
 def _through_storage(db: Database, fn: Callable[[Tx], Awaitable[BatchCounts]]) -> ApplyResult:

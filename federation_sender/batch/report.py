@@ -122,11 +122,9 @@ def _cell(key: str, v: Any) -> str:
     return html.escape(str(v))
 
 
-def render_html(health: Any, timeline: Any, generated_at_ms: int, *,
-                bucket_ms: int = 3_600_000) -> str:
-    """``health`` and ``timeline`` are pandas frames of
-    :func:`~federation_sender.batch.transforms.destination_health` and
-    :func:`~federation_sender.batch.transforms.timeline_outcomes` (``bucket_ms``)."""
+def _charts(health: Any, timeline: Any, bucket_ms: int) -> list[tuple[str, str]]:
+    """(title, PNG in base64) of each chart: the busiest destinations' transactions and
+    latencies, the laggiest's lag (when any is behind), the timeline."""
     busiest = health.sort_values("transactions", ascending=False).head(TOP_N)
     labels = [str(d) for d in busiest["destination"]]
     charts: list[tuple[str, str]] = []
@@ -150,7 +148,15 @@ def render_html(health: Any, timeline: Any, generated_at_ms: int, *,
                 {"lag": [float(x) for x in laggiest["lag_stream_positions"]]},
                 "Lag behind the events stream", "stream positions")))
     charts.append((f"Timeline, per {_bucket_label(bucket_ms)}", _timeline(timeline, bucket_ms)))
+    return charts
 
+
+def render_html(health: Any, timeline: Any, generated_at_ms: int, *,
+                bucket_ms: int = 3_600_000) -> str:
+    """``health`` and ``timeline`` are pandas frames of
+    :func:`~federation_sender.batch.transforms.destination_health` and
+    :func:`~federation_sender.batch.transforms.timeline_outcomes` (``bucket_ms``)."""
+    charts = _charts(health, timeline, bucket_ms)
     head = "".join(f"<th>{html.escape(label)}</th>" for _, label in _COLUMNS)
     body = "\n".join(
         "<tr>" + "".join(f"<td>{_cell(k, row[k])}</td>" for k, _ in _COLUMNS) + "</tr>"

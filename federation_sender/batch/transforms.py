@@ -39,15 +39,6 @@ _KIND_END = 1
 # Open interval ends sort after every real stream ordering.
 _OPEN_END = 2**62
 
-DESTINATION_ROOMS_SCHEMA = T.StructType(
-    [
-        T.StructField("destination", T.StringType(), False),
-        T.StructField("room_id", T.StringType(), False),
-        T.StructField("stream_ordering", T.LongType(), False),
-    ]
-)
-
-
 def server_of(user_id: Column) -> Column:
     """The server part of a user id ``@local:server[:port]``: everything after the first
     colon (server names may carry a port)."""
@@ -330,16 +321,7 @@ def destination_health(
     rooms = destination_rooms.groupBy("destination").agg(
         F.max("stream_ordering").alias("max_stream_ordering")
     )
-    # The error text when logged, else the outcome and HTTP status ("transient 502").
-    what = F.concat_ws(" ", F.col("status"), F.col("http_status").cast("string"))
-    if "error" in log.columns:
-        what = F.coalesce(F.col("error"), what)
-    failures = (
-        log.filter(F.col("ok") == 0)
-        .groupBy("destination")
-        .agg(F.max_by(what, F.struct("started_ts", "id")).alias("last_error"),
-             F.max("started_ts").alias("last_error_ts"))
-    )
+    failures = _last_failure_per_destination(log)
     pos = destinations.select("destination", "last_successful_stream_ordering")
     outstanding = (
         destination_rooms.join(pos, "destination", "left")
@@ -347,11 +329,6 @@ def destination_health(
                 > F.coalesce(F.col("last_successful_stream_ordering"), F.lit(-1)))
         .groupBy("destination")
         .agg(F.count(F.lit(1)).alias("outstanding_rooms"))
-    )
-    lag = F.greatest(
-        F.col("max_stream_ordering")
-        - F.coalesce(F.col("last_successful_stream_ordering"), F.lit(0)),
-        F.lit(0),
     )
     return (
         _all_destinations(txn_log, destinations, destination_rooms)
@@ -362,31 +339,55 @@ def destination_health(
         .join(pos, "destination", "left")
         .join(outstanding, "destination", "left")
         .join(failures, "destination", "left")
-        .select(
-            "destination",
-            F.coalesce("transactions", F.lit(0)).cast("long").alias("transactions"),
-            F.coalesce("successes", F.lit(0)).cast("long").alias("successes"),
-            F.coalesce(F.col("transactions") - F.col("successes"), F.lit(0)).cast("long")
-            .alias("failures"),
-            (F.col("successes") / F.col("transactions")).alias("success_rate"),
-            F.coalesce("pdus_sent", F.lit(0)).cast("long").alias("pdus_sent"),
-            F.col("pct")[0].alias("latency_p50_ms"),
-            F.col("pct")[1].alias("latency_p95_ms"),
-            F.col("pct")[2].alias("latency_p99_ms"),
-            F.coalesce("backoff_ms", F.lit(0)).cast("long").alias("backoff_ms"),
-            F.coalesce("catchup_ms", F.lit(0)).cast("long").alias("catchup_ms"),
-            F.coalesce("catchup_transactions", F.lit(0)).cast("long")
-            .alias("catchup_transactions"),
-            "last_successful_stream_ordering",
-            "max_stream_ordering",
-            F.coalesce(lag, F.lit(0)).cast("long").alias("lag_stream_positions"),
-            F.coalesce("outstanding_rooms", F.lit(0)).cast("long").alias("outstanding_rooms"),
-            "first_ts",
-            "last_ts",
-            "last_error",
-            "last_error_ts",
-        )
+        .select(*_health_columns())
     )
+
+
+def _last_failure_per_destination(log: DataFrame) -> DataFrame:
+    """Each destination's last failed attempt: its error text when logged, else the
+    outcome and HTTP status ("transient 502"), and when it started."""
+    what = F.concat_ws(" ", F.col("status"), F.col("http_status").cast("string"))
+    if "error" in log.columns:
+        what = F.coalesce(F.col("error"), what)
+    return (
+        log.filter(F.col("ok") == 0)
+        .groupBy("destination")
+        .agg(F.max_by(what, F.struct("started_ts", "id")).alias("last_error"),
+             F.max("started_ts").alias("last_error_ts"))
+    )
+
+
+def _health_columns() -> list[Column | str]:
+    """:func:`destination_health`'s columns, in order, with their defaults."""
+    lag = F.greatest(
+        F.col("max_stream_ordering")
+        - F.coalesce(F.col("last_successful_stream_ordering"), F.lit(0)),
+        F.lit(0),
+    )
+    return [
+        "destination",
+        F.coalesce("transactions", F.lit(0)).cast("long").alias("transactions"),
+        F.coalesce("successes", F.lit(0)).cast("long").alias("successes"),
+        F.coalesce(F.col("transactions") - F.col("successes"), F.lit(0)).cast("long")
+        .alias("failures"),
+        (F.col("successes") / F.col("transactions")).alias("success_rate"),
+        F.coalesce("pdus_sent", F.lit(0)).cast("long").alias("pdus_sent"),
+        F.col("pct")[0].alias("latency_p50_ms"),
+        F.col("pct")[1].alias("latency_p95_ms"),
+        F.col("pct")[2].alias("latency_p99_ms"),
+        F.coalesce("backoff_ms", F.lit(0)).cast("long").alias("backoff_ms"),
+        F.coalesce("catchup_ms", F.lit(0)).cast("long").alias("catchup_ms"),
+        F.coalesce("catchup_transactions", F.lit(0)).cast("long")
+        .alias("catchup_transactions"),
+        "last_successful_stream_ordering",
+        "max_stream_ordering",
+        F.coalesce(lag, F.lit(0)).cast("long").alias("lag_stream_positions"),
+        F.coalesce("outstanding_rooms", F.lit(0)).cast("long").alias("outstanding_rooms"),
+        "first_ts",
+        "last_ts",
+        "last_error",
+        "last_error_ts",
+    ]
 
 
 def hourly_outcomes(txn_log: DataFrame) -> DataFrame:

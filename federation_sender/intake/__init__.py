@@ -6,7 +6,7 @@ client (:mod:`federation_sender.replication`) parses and orders the rows of each
 
 * ``events``: the intake's read limit moves (several writers: only below what every
   writer has finished, :mod:`federation_sender.replication.frontier`) and the queue's
-  event fan-out (:mod:`federation_sender.queue.intake`) is poked to read the new events
+  event fan-out (:mod:`federation_sender.queue.fanout`) is poked to read the new events
   from the database;
 * ``federation``: EDUs main queued for remote servers (presence to given destinations
   formatted as Synapse formats it, :func:`federation_sender.edus.presence.presence_json`)

@@ -3,7 +3,7 @@ catch-up and wake-ups.
 
 Theory of operation
 -------------------
-The :class:`~federation_sender.queue.intake.EventIntake` reads new events from the
+The :class:`~federation_sender.queue.fanout.EventFanout` reads new events from the
 database past its persisted position when poked (or polled), works out the destinations
 of each of our events, records them durably in ``destination_rooms`` together with the
 new position, then hands the PDUs to per-destination queues.

@@ -4,10 +4,17 @@ destination is behind on. Pure; the queue's shell loads the inputs.
 For each row (room R, stream ordering S) past the destination's
 ``last_successful_stream_ordering`` P:
 
-* a short gap (at most ``max_gap_events`` events of R in (P, S]) is replayed in order,
+* a gap of at most ``max_gap_events`` events of R in (P, S] is replayed in order,
   oldest first: our own, non-outlier, non-rejected events that the destination was in
-  the room for (or that are its own membership change, e.g. its kick);
-* a long gap sends R's forward extremities the destination was in the room for, so it
+  the room for (or that are its own membership change, e.g. its kick). A gap longer
+  than one page (``GAP_PAGE_EVENTS``) is read and sent a page at a time: the plan of
+  its page says ``more``, the episode's cursor stays before R's row, and the next read
+  takes R's next page from where this one ended (``room_floor``), so memory holds one
+  page, not the gap. Each page goes out in one transaction, and the queue's pacing
+  (:mod:`federation_sender.queue.pacing`) confirms the receiver processed it before
+  the next (bounded by its deadline: a receiver that does not confirm is sent on
+  unpaced). ``max_gap_events`` still bounds how long a gap is replayed;
+* a longer gap sends R's forward extremities the destination was in the room for, so it
   can backfill the rest itself; in a partial-state room, or when no extremity
   qualifies, the event at S itself;
 * a row whose room the destination is no longer in, or whose events were purged, is
@@ -28,7 +35,7 @@ from __future__ import annotations
 import bisect
 import json
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from federation_sender.ids import server_of
 from federation_sender.model import EventRow, MembershipRow
@@ -37,9 +44,15 @@ from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.transport.encoding import canonical_json
 
 __all__ = [
-    "PduCache", "RoomInput", "RoomPlan", "is_membership_of", "is_sendable", "pack_next",
-    "pdu_item", "plan_room", "server_joined_at", "server_of",
+    "GAP_PAGE_EVENTS", "PduCache", "RoomInput", "RoomPlan", "is_membership_of",
+    "is_sendable", "pack_next", "pdu_item", "plan_room", "server_joined_at", "server_of",
 ]
+
+
+GAP_PAGE_EVENTS = 50
+"""Events of one room's gap read (and sent) per step: one transaction's worth (at most
+50 PDUs), above pacing's 40 so that every page is confirmed before the next, and under
+Synapse's 100 staged events of a room."""
 
 
 def is_sendable(e: EventRow, server_name: str) -> bool:
@@ -95,7 +108,15 @@ class RoomPlan:
     events: tuple[EventRow, ...]
     prune: bool
     mode: str
-    """``gap``, ``extremities``, ``event`` or ``none``: for logs and tests."""
+    """``gap``, ``page``, ``extremities``, ``event`` or ``none``: for logs and tests."""
+    more: bool = False
+    """A page of a long gap: the room's events past ``read_upto`` are still to be read
+    (the row is neither complete nor pruned)."""
+    read_upto: int = -1
+    """With ``more``: the stream ordering of the last event read (sent or not)."""
+    cut: bool = False
+    """The read that made this plan stopped after it (at a long gap): rows past it are
+    still to be read, whatever the number of plans."""
 
 
 def plan_room(inp: RoomInput, destination: str, server_name: str, max_gap_events: int) -> RoomPlan:
@@ -171,7 +192,8 @@ def pack_next(
 
     Up to ``rooms_per_txn`` rooms within the PDU and byte limits. A room with more events
     than one transaction holds sends its leading chunk alone, without advancing the
-    position, and stays at the head with the rest."""
+    position, and stays at the head with the rest. A page of a long gap (``more``) ends
+    the batch and advances nothing."""
     pdus: list[PduItem] = []
     prune: list[tuple[str, int]] = []
     position: int | None = None
@@ -184,13 +206,7 @@ def pack_next(
             if rooms:
                 break
             chunk = items[: limits.max_pdus]
-            plans[0] = RoomPlan(
-                plan.room_id,
-                plan.row_stream_ordering,
-                plan.events[limits.max_pdus :],
-                plan.prune,
-                plan.mode,
-            )
+            plans[0] = replace(plan, events=plan.events[limits.max_pdus :])
             return Batch(tuple(chunk), (), True, None, ())
         isize = sum(i.size for i in items)
         if rooms and (len(pdus) + len(items) > limits.max_pdus or size + isize > limits.max_bytes):
@@ -199,6 +215,9 @@ def pack_next(
         pdus.extend(items)
         size += isize
         rooms += 1
+        if plan.more:
+            # A page: the room's row is not done (the episode reads its next page).
+            break
         position = plan.row_stream_ordering
         if plan.prune:
             prune.append((plan.room_id, plan.row_stream_ordering))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from federation_sender.clock import Clock
 from federation_sender.queue.batching import Batch
 from federation_sender.queue.observer import QueueObserver
-from federation_sender.queue.pacing import PacingPolicy, RoomPacer
+from federation_sender.queue.pacing import PacingPolicy, RoomPacer, pages_of
 from federation_sender.transport.result import EventHeld, EventProbe, SendResult
 
 log = logging.getLogger(__name__)
@@ -40,6 +40,25 @@ class Confirmations:
     def paced(self) -> bool:
         """Pacing is on now (not within ``off_after_failure_s`` of a failure)."""
         return self.policy.paced_after(self._failed_at, self.clock.monotonic_s())
+
+    async def held_already(self, probe: EventProbe, batch: Batch) -> frozenset[str]:
+        """The PDUs of ``batch``'s catch-up pages whose newest PDU the receiver already
+        holds: not sent again (``queue/pacing.py``, ``pages_of``); asked page by page
+        until one is not held (or pacing is off after a failure)."""
+        if not self.paced():
+            return frozenset()
+        pacing = self.policy
+        held: set[str] = set()
+        for tip, ids in pages_of(batch, pacing.confirm_after):
+            try:
+                async with asyncio.timeout(min(pacing.deadline_s, self.attempt_deadline_s)):
+                    answer = await probe.event_persisted(self.destination, tip)
+            except TimeoutError:
+                break
+            if answer is not EventHeld.YES:
+                break
+            held |= ids
+        return frozenset(held)
 
     async def after_success(self, probe: EventProbe, batch: Batch, result: SendResult,
                             stopping: Callable[[], bool],

@@ -16,6 +16,7 @@ missed (one more read before the episode ends).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from federation_sender.model import EventRow
 from federation_sender.queue.batching import Batch, Limits
@@ -81,21 +82,27 @@ class CatchupEpisode:
 
     def offer(self, plans: Sequence[RoomPlan], exhausted: bool) -> None:
         """Plans read past the cursor, in the database's keyset order. Events of a room
-        already handled in this episode are not resent."""
+        already handled in this episode are not resent. A page of a long gap
+        (``RoomPlan.more``) leaves the cursor before its room and the episode not
+        exhausted: the next read continues the room past ``read_upto``."""
         for plan in plans:
             floor = self.room_floor.get(plan.room_id)
             if floor is not None:
-                plan = RoomPlan(
-                    plan.room_id,
-                    plan.row_stream_ordering,
-                    tuple(e for e in plan.events if e.stream_ordering > floor),
-                    plan.prune,
-                    plan.mode,
+                plan = replace(
+                    plan, events=tuple(e for e in plan.events if e.stream_ordering > floor)
                 )
+            self.plans.append(plan)
+            if plan.cut:
+                exhausted = False
+            if plan.more:
+                # A page of a long gap (always the last plan of a read): the cursor
+                # stays before the room's row, so the next read takes the room again,
+                # from where this page ended.
+                self.room_floor[plan.room_id] = plan.read_upto
+                break
             self.room_floor[plan.room_id] = plan.row_stream_ordering
             # Plans arrive in the database's keyset order (its collation, not Python's).
             self.cursor = (plan.row_stream_ordering, plan.room_id)
-            self.plans.append(plan)
         self._recheck = False
         self._exhausted = exhausted
 

@@ -27,9 +27,9 @@ from federation_sender.queue.catchup import PduCache
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.core import DestinationCore
 from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.fanout import EventFanout
 from federation_sender.queue.federation_stream import FederationEdu, FederationStream
 from federation_sender.queue.housekeeping import Housekeeping
-from federation_sender.queue.intake import EventIntake
 from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.registry import LeaseGuard, QueueRegistry
@@ -120,7 +120,7 @@ class QueueManager:
         self.gate = (
             IntakeGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
         )
-        self.intake = EventIntake(
+        self.intake = EventFanout(
             storage, server_name, instance_name, settings.event_batch_size, shard_filter,
             self._enqueue_pdus, self.observer, clock, poll_interval_s, self.gate,
         )

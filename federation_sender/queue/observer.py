@@ -1,7 +1,7 @@
 """What the queue engine reports, as a Protocol; telemetry implements it.
 
 The queue calls these synchronously on the event loop; implementations must be cheap
-and must not raise. :class:`NoopObserver` is the default.
+and must not raise. :class:`NoopObserver` (every hook's default, which does nothing) is the default.
 """
 
 from __future__ import annotations
@@ -22,6 +22,9 @@ log = logging.getLogger("federation_sender.queue.runner")  # the name these line
 
 
 class QueueObserver(Protocol):
+    """The hooks, each doing nothing by default: an observer implements the ones it
+    needs (structurally, or by subclassing this Protocol to inherit the others)."""
+
     def attempt(self, destination: str, txn_id: str, pdu_count: int, edu_count: int,
                 catchup: bool) -> AbstractContextManager[None]:
         """Wraps one attempt, from sending to handing its result to the database
@@ -29,14 +32,17 @@ class QueueObserver(Protocol):
         the global transaction slots (not while it waits for one). Telemetry opens the
         transaction span here: what runs inside (discovery, the HTTP request) becomes
         its children."""
+        return nullcontext()
 
     def persisting(self, destination: str, committed: asyncio.Future[None]) -> None:
         """Inside :meth:`attempt`: the result went to the group commit and
         ``committed`` resolves when it is in the database (or fails)."""
+        return None
 
     def catchup_step(self, destination: str) -> AbstractContextManager[None]:
         """Wraps one catch-up step: reading its plan (``catchup_progress`` is called
         inside when there is one)."""
+        return nullcontext()
 
     def transaction_sent(
         self,
@@ -52,102 +58,57 @@ class QueueObserver(Protocol):
         catchup: bool,
     ) -> None:
         """After every attempt (including failures and deadline expiries)."""
+        return None
 
     def item_dropped(self, destination: str, item_type: str, reason: str) -> None:
         """An item was given up: ``item_type`` is ``pdu`` or an EDU type; ``reason`` is
         ``too_large``, ``refused`` or ``catchup`` (volatile items dropped on entering
         catch-up, reported once per queue with the count in ``item_type``)."""
+        return None
 
     def state_changed(
         self, destination: str, old: DestinationState, new: DestinationState
-    ) -> None: ...
+    ) -> None:
+        return None
 
     def backoff_changed(self, destination: str, retry_interval_s: float) -> None:
         """0 means reset."""
+        return None
 
-    def catchup_entered(self, destination: str, dropped_items: int) -> None: ...
+    def catchup_entered(self, destination: str, dropped_items: int) -> None:
+        return None
 
     def short_retry(self, destination: str, answered: bool) -> None:
         """A retry of the short-retry phase got an answer (ending the phase) or not."""
+        return None
 
     def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
         """The phase ended: the destination answered, or the backoff is persisted."""
+        return None
 
-    def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None: ...
+    def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
+        return None
 
     def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
         """A pacing wait (``queue/pacing.py``): ``confirmed`` (the receiver holds the
         event), ``not_yet`` or ``no_answer`` (the deadline passed), ``unsupported``
         (the receiver does not serve the request); the last three send on unpaced."""
+        return None
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
         """The intake finished a batch: events read, new position, (PDU, destination)
         pairs enqueued, PDUs enqueued for at least one destination, rooms of the
         batch's sendable events, and how long the batch took (read to hand-over)."""
+        return None
 
     def queues_changed(self, active: int) -> None:
         """The number of live destination queues changed."""
+        return None
 
 
-class NoopObserver:
-    def attempt(self, destination: str, txn_id: str, pdu_count: int, edu_count: int,
-                catchup: bool) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def persisting(self, destination: str, committed: asyncio.Future[None]) -> None:
-        pass
-
-    def catchup_step(self, destination: str) -> AbstractContextManager[None]:
-        return nullcontext()
-
-    def transaction_sent(
-        self,
-        destination: str,
-        txn_id: str,
-        outcome: Outcome,
-        http_status: int | None,
-        pdu_count: int,
-        edu_count: int,
-        edu_types: Mapping[str, int],
-        request_bytes: int,
-        duration_s: float,
-        catchup: bool,
-    ) -> None:
-        pass
-
-    def item_dropped(self, destination: str, item_type: str, reason: str) -> None:
-        pass
-
-    def state_changed(
-        self, destination: str, old: DestinationState, new: DestinationState
-    ) -> None:
-        pass
-
-    def backoff_changed(self, destination: str, retry_interval_s: float) -> None:
-        pass
-
-    def catchup_entered(self, destination: str, dropped_items: int) -> None:
-        pass
-
-    def short_retry(self, destination: str, answered: bool) -> None:
-        pass
-
-    def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
-        pass
-
-    def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
-        pass
-
-    def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
-        pass
-
-    def events_processed(self, count: int, position: int, fanned_out: int, *,
-                         pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
-        pass
-
-    def queues_changed(self, active: int) -> None:
-        pass
+class NoopObserver(QueueObserver):
+    """Observes nothing: every hook is the Protocol's default."""
 
 
 def report(

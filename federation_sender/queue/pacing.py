@@ -23,6 +23,16 @@ pacing (the runner logs a line and counts it), and does not pace that destinatio
 again for ``off_after_failure_s``. Only this destination's queue waits; it holds no
 transaction slot while it does.
 
+A catch-up replay may resend what the receiver already holds (the first pages of a
+room again, after a crash in the middle of its catch-up). Synapse stages those
+duplicates too (its staging table is keyed by origin and event id, not checked against
+its events), and a confirmation of an event it held before says nothing about them:
+pages sent back to back would fill the room's staging queue again. So before sending a
+catch-up transaction, the runner asks the receiver for the newest PDU of each room
+that has at least ``confirm_after`` PDUs in it (``pages_of``): a room whose newest PDU
+it holds is not sent again (it holds that event; the rest of the page was sent before
+it, in order). One request per page, none for live traffic or short gaps.
+
 Pure: the runner does the requests and the waiting.
 """
 
@@ -33,7 +43,7 @@ from dataclasses import dataclass
 
 from federation_sender.queue.batching import Batch
 
-__all__ = ["PacingPolicy", "RoomPacer"]
+__all__ = ["PacingPolicy", "RoomPacer", "pages_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,3 +120,12 @@ class RoomPacer:
 
     def forget(self) -> None:
         self._rooms.clear()
+
+
+def pages_of(batch: Batch, confirm_after: int) -> list[tuple[str, frozenset[str]]]:
+    """The rooms of a catch-up ``batch`` with at least ``confirm_after`` PDUs in it:
+    (its newest PDU's event id, the event ids of its PDUs), in the batch's order."""
+    rooms: dict[str, list[str]] = {}
+    for pdu in batch.pdus:
+        rooms.setdefault(pdu.room_id, []).append(pdu.event_id)
+    return [(ids[-1], frozenset(ids)) for ids in rooms.values() if len(ids) >= confirm_after]

@@ -249,14 +249,10 @@ class DestinationRunner:
         c = self.core
         c.outbox_read_started()
         async with self.db_slots:
+            cfg = self.config
             boot = await self.store.bootstrap(
-                self.destination,
-                self.config.server_name,
-                c.catching_up,
-                self.config.outbox_read_limit,
-                self.config.catchup_rooms_per_batch,
-                self.config.catchup_max_gap_events,
-                time_ms(self.clock),
+                self.destination, cfg.server_name, c.catching_up, cfg.outbox_read_limit,
+                cfg.catchup_rooms_per_batch, cfg.catchup_max_gap_events, time_ms(self.clock),
             )
         eff = c.load(boot.backoff, boot.last_successful)
         self._loaded = True
@@ -326,6 +322,7 @@ class DestinationRunner:
                     step.cursor,
                     self.config.catchup_rooms_per_batch,
                     self.config.catchup_max_gap_events,
+                    c.episode.room_floor,
                 )
         if plans:
             c.offer_catchup(plans, len(plans) < self.config.catchup_rooms_per_batch)
@@ -351,33 +348,43 @@ class DestinationRunner:
         # The global transaction slot comes first: while thousands of queues wait for
         # one of ``max_concurrent_transactions``, none holds an open span or a built
         # request, and the span measures the attempt rather than the wait.
+        held = await self._held_already(batch) if batch.catchup else frozenset[str]()
         slot = await self.txn_slots.hold()
         try:
             with log_context(txn_id=txn.txn_id), self.observer.attempt(
                     self.destination, txn.txn_id, len(batch.pdus), len(batch.edus),
                     batch.catchup):
-                await self._send_spanned(txn, slot)
+                await self._send_spanned(txn, slot, held)
         finally:
             slot.release()
 
-    async def _send_spanned(self, txn: FrozenTxn, slot: Held | None) -> None:
+    async def _held_already(self, batch: Batch) -> frozenset[str]:
+        """The PDUs of catch-up pages the receiver already holds (``queue/confirm.py``)."""
+        conf = self._confirmations()
+        if conf is None or not isinstance(self.sender, EventProbe):
+            return frozenset()
+        return await conf.held_already(self.sender, batch)
+
+    async def _send_spanned(self, txn: FrozenTxn, slot: Held | None,
+                            held: frozenset[str] = frozenset()) -> None:
         """Send (or, for an empty catch-up batch, advance locally), then hand the
         result to the group commit and report it. ``slot``, held for a batch, is
         given back as soon as the request is answered."""
         c = self.core
         batch = txn.batch
         started_ms = time_ms(self.clock)
-        if not batch:
-            # A catch-up batch whose rooms had nothing to send: advance locally.
+        sent = Batch(tuple(p for p in batch.pdus if p.event_id not in held),
+                     batch.edus) if held else batch
+        if not sent:
+            # A catch-up batch whose rooms had nothing to send, or whose every PDU the
+            # receiver holds: advance locally.
             result = SendResult(Outcome.SUCCESS)
+            if slot is not None:
+                slot.release()
         else:
-            request = Transaction(
-                destination=self.destination,
-                txn_id=txn.txn_id,
-                pdus=batch.pdu_json(),
-                edus=batch.edu_json(),
-                pdu_bytes=batch.pdu_bytes(),
-            )
+            request = Transaction(destination=self.destination, txn_id=txn.txn_id,
+                                  pdus=sent.pdu_json(), edus=sent.edu_json(),
+                                  pdu_bytes=sent.pdu_bytes())
             assert slot is not None
             try:
                 result = await self._attempts.send(request)
@@ -403,33 +410,30 @@ class DestinationRunner:
                 self.observer.persisting(self.destination, fut)
         if batch:
             self.observer.transaction_sent(
-                self.destination,
-                txn.txn_id,
-                result.outcome,
-                result.status,
-                len(batch.pdus),
-                len(batch.edus),
+                self.destination, txn.txn_id, result.outcome, result.status,
+                len(batch.pdus), len(batch.edus),
                 Counter(e.edu_type for e in batch.edus) if batch.edus else _NO_EDUS,
-                result.request_bytes or batch.size_bytes,
-                result.duration_s,
-                batch.catchup,
+                result.request_bytes or batch.size_bytes, result.duration_s, batch.catchup,
             )
         report(self.observer, self.destination, eff, result, was_failing)
         if batch and result.outcome is Outcome.SUCCESS:
             await self._pace(batch, result)
 
+    def _confirmations(self) -> Confirmations | None:
+        """Pacing's state, made on first use; None when pacing is off or the sender
+        cannot ask a receiver for an event."""
+        if not isinstance(self.sender, EventProbe) or not self.config.pacing.enabled:
+            return None
+        if self._pacing is None:
+            self._pacing = Confirmations(self.destination, self.config.pacing, self.clock,
+                                         self.observer, self.config.attempt_deadline_s)
+        return self._pacing
+
     async def _pace(self, batch: Batch, result: SendResult) -> None:
         """Pacing (``queue/confirm.py``): wait until the receiver holds what is due."""
-        probe = self.sender
-        if not isinstance(probe, EventProbe) or not self.config.pacing.enabled:
-            return
-        conf = self._pacing
-        if conf is None:
-            conf = self._pacing = Confirmations(self.destination, self.config.pacing,
-                                                self.clock, self.observer,
-                                                self.config.attempt_deadline_s)
-        if conf.paced():
-            await conf.after_success(probe, batch, result, lambda: self._stopping,
+        conf = self._confirmations()
+        if conf is not None and isinstance(self.sender, EventProbe) and conf.paced():
+            await conf.after_success(self.sender, batch, result, lambda: self._stopping,
                                      self._set_waiting)
 
     def _set_waiting(self, waiting: bool) -> None:

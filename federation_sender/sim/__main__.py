@@ -15,7 +15,7 @@ import signal
 import sys
 
 from federation_sender.clock import SystemClock
-from federation_sender.config import load_settings
+from federation_sender.config.loading import load_settings
 from federation_sender.errors import ConfigError
 from federation_sender.sim.driver import Driver, Scenario
 from federation_sender.sim.publish import WriterPublisher, serve_replication

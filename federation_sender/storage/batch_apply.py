@@ -32,6 +32,12 @@ StagedChange = tuple[str, str | None, int | None, str]
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
 
+STAGING_COLUMNS = (
+    "(destination TEXT NOT NULL, room_id TEXT, stream_ordering BIGINT, action TEXT NOT NULL)"
+)
+"""The staging table's columns, whichever way it is made (UNLOGGED over JDBC:
+:func:`federation_sender.storage.batch_reads.create_staging_table`; temporary here)."""
+
 
 class BatchCounts(NamedTuple):
     upserted: int
@@ -63,15 +69,17 @@ _LOWER = (
 )
 
 
-def _checked(staging: str) -> str:
-    if not _NAME.fullmatch(staging):
-        raise ValueError(f"not a staging table name: {staging!r}")
-    return staging
+def checked_identifier(name: str) -> str:
+    """``name`` if it is a plain SQL identifier (a table or column name to splice into a
+    statement), else ValueError."""
+    if not _NAME.fullmatch(name):
+        raise ValueError(f"not a table or column name: {name!r}")
+    return name
 
 
 async def apply_staged(conn: AsyncConnection, staging: str, high_water_mark: int) -> BatchCounts:
     """Apply the staging table's changes (see the module doc)."""
-    name = _checked(staging)
+    name = checked_identifier(staging)
     counts = [
         (await conn.execute(text(q.format(staging=name)), {"hwm": high_water_mark})).rowcount
         for q in (_UPSERT, _DELETE, _LOWER)
@@ -84,10 +92,7 @@ async def apply_changes(
 ) -> BatchCounts:
     """Stage ``changes`` in a temporary table of this connection, then apply them."""
     name = f"batch_changes_{uuid.uuid4().hex[:12]}"
-    await conn.execute(text(
-        f"CREATE TEMPORARY TABLE {name} (destination TEXT NOT NULL, room_id TEXT,"
-        " stream_ordering BIGINT, action TEXT NOT NULL)"
-    ))
+    await conn.execute(text(f"CREATE TEMPORARY TABLE {name} {STAGING_COLUMNS}"))
     try:
         if changes:
             await conn.execute(

@@ -72,6 +72,12 @@ class EventQueries:
             .where(inner.c.rn <= bindparam("per_room"))
             .order_by(inner.c.room_id, inner.c.stream_ordering)
         )
+        self._nth_in_room = (
+            select(so)
+            .where(ev.c.room_id == bindparam("room"), so > bindparam("after"),
+                   so <= bindparam("upto"))
+            .order_by(so).offset(bindparam("n")).limit(1)
+        )
         fx = src.extremities
         self._extremities = (
             select(*src.cols).select_from(src.from_.join(fx, fx.c.event_id == ev.c.event_id))
@@ -128,6 +134,16 @@ class EventQueries:
         )
         return _by_room(map(self._src.to_row, res))
 
+    async def room_gap_longer_than(
+        self, conn: AsyncConnection, room_id: str, after: int, upto: int, n: int
+    ) -> bool:
+        """Whether the room has more than ``n`` events with ``after < so <= upto``
+        (reads at most ``n + 1`` index entries, no event)."""
+        res = await conn.execute(
+            self._nth_in_room, {"room": room_id, "after": after, "upto": upto, "n": n}
+        )
+        return res.first() is not None
+
     async def forward_extremities(
         self, conn: AsyncConnection, room_ids: Collection[str]
     ) -> dict[str, list[EventRow]]:
@@ -179,6 +195,9 @@ class EventReads:
         self, room_ids: Collection[str], after: int, upto: int, per_room_limit: int
     ) -> dict[str, list[EventRow]]:
         return await self._q.room_events_between(self._c, room_ids, after, upto, per_room_limit)
+
+    async def room_gap_longer_than(self, room_id: str, after: int, upto: int, n: int) -> bool:
+        return await self._q.room_gap_longer_than(self._c, room_id, after, upto, n)
 
     async def forward_extremities(self, room_ids: Collection[str]) -> dict[str, list[EventRow]]:
         return await self._q.forward_extremities(self._c, room_ids)

@@ -85,6 +85,11 @@ class EventReader(Protocol):
         oldest first (rooms without any are absent)."""
         ...
 
+    async def room_gap_longer_than(self, room_id: str, after: int, upto: int, n: int) -> bool:
+        """Whether the room has more than ``n`` events with ``after < so <= upto``
+        (catch-up's bound on a gap it replays, without reading the gap)."""
+        ...
+
     async def forward_extremities(self, room_ids: Collection[str]) -> dict[str, list[EventRow]]:
         """Each room's forward extremities that exist as events, oldest first."""
         ...

@@ -7,37 +7,33 @@ docs/synapse.md, "Every key the sender reads", is the list, with what each becom
 (``tests/synapse/test_key_table.py`` proves each row). Everything else of ours (queue
 sizes, admin API, telemetry) stays in our own file.
 
-Refused with one :class:`ConfigError` line: a SQLite database (Synapse workers need
-PostgreSQL), Redis disabled (Synapse workers replicate over Redis), a deployment whose
+Refused here with one :class:`ConfigError` line: a SQLite database (Synapse workers
+need PostgreSQL) and Redis disabled (Synapse workers replicate over Redis)
+(:mod:`~federation_sender.synapse.connection_urls`), keys whose effect we do not
+implement (:data:`REFUSED`), and values of the wrong type. What the deployment asks of
+our instance is checked in :mod:`~federation_sender.synapse.deployment` (duties of
+Synapse's given to it, :data:`DUTIES`; ``outbound_federation_restricted_to`` without us;
+worker listeners for resources we do not serve), and a deployment whose
 ``federation_sender_instances`` does not name our instance (main would then send
-federation itself, or another worker would, and events would go out twice), keys whose
-effect we do not implement (:data:`REFUSED`), duties of Synapse's given to our instance
-(:data:`DUTIES`), ``outbound_federation_restricted_to`` without us, and worker
-listeners for resources we do not serve.
+federation itself, or another worker would, and events would go out twice) is refused
+when the settings are merged (:mod:`~federation_sender.synapse.merge`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import dataclasses
 import os
 import re
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
 import yaml
 
-from federation_sender.config import ENV_PREFIX, Settings, _validate
 from federation_sender.errors import ConfigError
+from federation_sender.synapse.connection_urls import database_url, redis_url
 from federation_sender.transport.forward_proxy import ProxyPolicy, policy_from_environment
 from federation_sender.transport.http import TLS_VERSIONS
-from federation_sender.transport.outbound_proxy import (
-    ProxyLocation,
-    location_from_instance_map,
-)
 
 # Synapse's defaults (synapse/config/federation.py).
 _DEFAULT_MIN_RETRY_MS = 10 * 60 * 1000
@@ -149,69 +145,8 @@ def read_synapse_files(paths: Sequence[str | Path]) -> dict[str, Any]:
     return merged
 
 
-def _database_url(db: object) -> str:
-    if not isinstance(db, Mapping):
-        raise ConfigError("database", "a mapping with name: psycopg2 and args", db)
-    name = db.get("name", "sqlite3")
-    if name not in ("psycopg2", "psycopg"):
-        raise ConfigError(
-            "database.name", "psycopg2 (Synapse workers need PostgreSQL)", name
-        )
-    args = db.get("args") or {}
-    if not isinstance(args, Mapping):
-        raise ConfigError("database.args", "a mapping", args)
-    dbname = args.get("dbname") or args.get("database")
-    if not dbname:
-        raise ConfigError("database.args.dbname", "a database name", None)
-    user = args.get("user")
-    password = args.get("password")
-    auth = ""
-    if user:
-        auth = quote(str(user), safe="")
-        if password:
-            auth += ":" + quote(str(password), safe="")
-        auth += "@"
-    host = str(args.get("host") or "")
-    port = args.get("port")
-    query: list[str] = []
-    if host.startswith("/"):
-        query.append("host=" + quote(host, safe="/"))
-        host = ""
-    netloc = auth + host + (f":{port}" if port and host else "")
-    if port and not host:
-        query.append(f"port={port}")
-    for key in ("sslmode", "sslrootcert", "sslcert", "sslkey", "application_name"):
-        if args.get(key):
-            query.append(f"{key}={quote(str(args[key]), safe='/')}")
-    url = f"postgresql://{netloc}/{quote(str(dbname), safe='')}"
-    return url + ("?" + "&".join(query) if query else "")
-
-
-def _redis_url(redis: object) -> str:
-    if not isinstance(redis, Mapping) or not redis.get("enabled", False):
-        raise ConfigError(
-            "redis.enabled", "true (Synapse workers replicate over Redis)", None
-        )
-    dbid = redis.get("dbid")
-    path = redis.get("path")
-    user = redis.get("username")
-    password = redis.get("password")
-    if password is None and redis.get("password_path"):
-        try:
-            password = Path(str(redis["password_path"])).read_text().strip()
-        except OSError as e:
-            raise ConfigError("redis.password_path", "a readable file", e.strerror) from e
-    auth = ""
-    if password:
-        auth = (quote(str(user), safe="") if user else "") + ":" + quote(str(password), safe="")
-        auth += "@"
-    if path:
-        q = f"?db={int(dbid)}" if dbid is not None else ""
-        return f"unix://{auth}{path}{q}"
-    scheme = "rediss" if redis.get("use_tls") else "redis"
-    host = redis.get("host", "localhost")
-    port = int(redis.get("port", 6379))
-    return f"{scheme}://{auth}{host}:{port}/{int(dbid) if dbid is not None else 0}"
+def load_synapse_config(paths: Sequence[str | Path]) -> SynapseConfig:
+    return parse_synapse_config(read_synapse_files(paths))
 
 
 def _str_list(key: str, value: object) -> tuple[str, ...]:
@@ -223,19 +158,8 @@ def _str_list(key: str, value: object) -> tuple[str, ...]:
 
 
 def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
-    server_name = tree.get("server_name")
-    if not isinstance(server_name, str) or not server_name:
-        raise ConfigError("server_name", "the homeserver's server name", server_name)
-    key_path = tree.get("signing_key_path")
-    if not isinstance(key_path, str) or not key_path:
-        raise ConfigError("signing_key_path", "the path of Synapse's signing key", key_path)
-    worker_name = tree.get("worker_name")
-    if worker_name is not None and not isinstance(worker_name, str):
-        raise ConfigError("worker_name", "a string", worker_name)
-    whitelist = tree.get("federation_domain_whitelist")
-    fed = tree.get("federation") or {}
-    if not isinstance(fed, Mapping):
-        raise ConfigError("federation", "a mapping", fed)
+    server_name, key_path, worker_name = _identity(tree)
+    fed = _mapping(tree, "federation", "a mapping")
     multiplier = fed.get("destination_retry_multiplier", 2)
     if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)):
         raise ConfigError("federation.destination_retry_multiplier", "a number", multiplier)
@@ -244,15 +168,8 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
     if tree.get("federation_custom_ca_list") is not None and not cas:
         raise ConfigError("federation_custom_ca_list", "at least one certificate file", [])
     _refuse_unsupported(tree)
-    presence = tree.get("presence") or {}
-    if not isinstance(presence, Mapping):
-        raise ConfigError("presence", "a mapping", presence)
-    presence_on = presence.get("enabled")
-    if presence_on is None:
-        presence_on = tree.get("use_presence", True)
-    writers = tree.get("stream_writers") or {}
-    if not isinstance(writers, Mapping):
-        raise ConfigError("stream_writers", "a mapping of stream names to instances", writers)
+    presence = _mapping(tree, "presence", "a mapping")
+    writers = _mapping(tree, "stream_writers", "a mapping of stream names to instances")
     event_writers = writers.get("events") or ["master"]
     if isinstance(event_writers, str):  # Synapse accepts one name for a list of one
         event_writers = [event_writers]
@@ -261,10 +178,11 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         raise ConfigError(
             "federation_rr_transactions_per_room_per_second", "a positive number", rr
         )
+    whitelist = tree.get("federation_domain_whitelist")
     return SynapseConfig(
         server_name=server_name,
-        database_url=_database_url(tree.get("database")),
-        redis_url=_redis_url(tree.get("redis")),
+        database_url=database_url(tree.get("database")),
+        redis_url=redis_url(tree.get("redis")),
         signing_key_path=key_path,
         worker_name=worker_name,
         federation_sender_instances=_sender_instances(tree, worker_name),
@@ -277,32 +195,71 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         ip_range_whitelist=_str_list("ip_range_whitelist", tree.get("ip_range_whitelist")),
         verify_tls=bool(tree.get("federation_verify_certificates", True)),
         extra_ca_file=None,
-        min_retry_interval_ms=parse_duration_ms(
+        **_retry_schedule(fed, float(multiplier)),
+        allow_device_name_lookup_over_federation=bool(
+            tree.get("allow_device_name_lookup_over_federation", False)
+        ),
+        **_presence(tree, presence),
+        federation_rr_transactions_per_room_per_second=float(rr),
+        event_writers=_str_list("stream_writers.events", event_writers),
+        **_egress(tree, fed, cas),
+    )
+
+
+def _identity(tree: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    """``server_name``, ``signing_key_path`` and ``worker_name`` (None: main's file)."""
+    server_name = tree.get("server_name")
+    if not isinstance(server_name, str) or not server_name:
+        raise ConfigError("server_name", "the homeserver's server name", server_name)
+    key_path = tree.get("signing_key_path")
+    if not isinstance(key_path, str) or not key_path:
+        raise ConfigError("signing_key_path", "the path of Synapse's signing key", key_path)
+    worker_name = tree.get("worker_name")
+    if worker_name is not None and not isinstance(worker_name, str):
+        raise ConfigError("worker_name", "a string", worker_name)
+    return server_name, key_path, worker_name
+
+
+def _mapping(tree: Mapping[str, Any], key: str, expected: str) -> Mapping[str, Any]:
+    """A section that may be absent (then empty) but is a mapping when given."""
+    value = tree.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(key, expected, value)
+    return value
+
+
+def _retry_schedule(fed: Mapping[str, Any], multiplier: float) -> dict[str, Any]:
+    """The persisted backoff: ``federation.destination_{min,max}_retry_interval``."""
+    return {
+        "min_retry_interval_ms": parse_duration_ms(
             "federation.destination_min_retry_interval",
             fed.get("destination_min_retry_interval", _DEFAULT_MIN_RETRY_MS),
         ),
-        retry_multiplier=float(multiplier),
-        max_retry_interval_ms=min(
+        "retry_multiplier": multiplier,
+        "max_retry_interval_ms": min(
             parse_duration_ms(
                 "federation.destination_max_retry_interval",
                 fed.get("destination_max_retry_interval", _DEFAULT_MAX_RETRY_MS),
             ),
             2**62,
         ),
-        allow_device_name_lookup_over_federation=bool(
-            tree.get("allow_device_name_lookup_over_federation", False)
-        ),
-        presence_enabled=bool(presence_on),
-        rooms_to_exclude_from_presence=frozenset(
+    }
+
+
+def _presence(tree: Mapping[str, Any], presence: Mapping[str, Any]) -> dict[str, Any]:
+    """``presence.enabled`` (or the older ``use_presence``) and what shapes presence."""
+    enabled = presence.get("enabled")
+    if enabled is None:
+        enabled = tree.get("use_presence", True)
+    return {
+        "presence_enabled": bool(enabled),
+        "rooms_to_exclude_from_presence": frozenset(
             _str_list("exclude_rooms_from_presence", tree.get("exclude_rooms_from_presence"))
         ),
-        presence_last_active_granularity_ms=parse_duration_ms(
+        "presence_last_active_granularity_ms": parse_duration_ms(
             "presence.last_active_granularity", presence.get("last_active_granularity", 60_000)
         ),
-        federation_rr_transactions_per_room_per_second=float(rr),
-        event_writers=_str_list("stream_writers.events", event_writers),
-        **_egress(tree, fed, cas),
-    )
+    }
 
 
 def _sender_instances(tree: Mapping[str, Any], worker_name: str | None) -> tuple[str, ...]:
@@ -343,19 +300,7 @@ def _egress(tree: Mapping[str, Any], fed: Mapping[str, Any],
             cas: tuple[str, ...]) -> dict[str, Any]:
     """The keys of outbound connections: proxies, TLS, the client's timeouts, the
     outbound federation proxy's (``outbound_federation_restricted_to``)."""
-    secret = tree.get("worker_replication_secret")
-    secret_path = tree.get("worker_replication_secret_path")
-    if secret is not None and secret_path is not None:
-        raise ConfigError("worker_replication_secret_path",
-                          "absent when worker_replication_secret is set", "both set")
-    if secret_path is not None:
-        try:
-            secret = Path(str(secret_path)).read_text().strip()
-        except OSError as e:
-            raise ConfigError("worker_replication_secret_path", "a readable file",
-                              e.strerror) from e
-    if secret is not None and not isinstance(secret, str):
-        raise ConfigError("worker_replication_secret", "a string", None)
+    secret = _replication_secret(tree)
     restricted = tree.get("outbound_federation_restricted_to")
     instance_map = tree.get("instance_map") or {}
     if not isinstance(instance_map, Mapping):
@@ -372,17 +317,7 @@ def _egress(tree: Mapping[str, Any], fed: Mapping[str, Any],
     suffix = tree.get("user_agent_suffix")
     if suffix is not None and not isinstance(suffix, str):
         raise ConfigError("user_agent_suffix", "a string", suffix)
-    env_http, env_https, env_no = policy_from_environment(os.environ)
-    http_proxy = tree.get("http_proxy", env_http)
-    https_proxy = tree.get("https_proxy", env_https)
-    for key, value in (("http_proxy", http_proxy), ("https_proxy", https_proxy)):
-        if value is not None and not isinstance(value, str):
-            raise ConfigError(key, "a string", None)
-    no_proxy = tree.get("no_proxy_hosts")
-    no_proxy_list = (
-        _str_list("no_proxy_hosts", no_proxy) if no_proxy is not None else tuple(env_no or ())
-    )
-    ProxyPolicy.from_settings(http_proxy, https_proxy, no_proxy_list)  # refuses bad values
+    http_proxy, https_proxy, no_proxy_list = _proxies(tree)
     worker_app = tree.get("worker_app")
     if worker_app not in WORKER_APPS:
         raise ConfigError("worker_app", "synapse.app.generic_worker (or the legacy "
@@ -419,6 +354,41 @@ def _egress(tree: Mapping[str, Any], fed: Mapping[str, Any],
     }
 
 
+def _replication_secret(tree: Mapping[str, Any]) -> str | None:
+    """``worker_replication_secret``, or the contents of ``worker_replication_secret_path``."""
+    secret = tree.get("worker_replication_secret")
+    secret_path = tree.get("worker_replication_secret_path")
+    if secret is not None and secret_path is not None:
+        raise ConfigError("worker_replication_secret_path",
+                          "absent when worker_replication_secret is set", "both set")
+    if secret_path is not None:
+        try:
+            secret = Path(str(secret_path)).read_text().strip()
+        except OSError as e:
+            raise ConfigError("worker_replication_secret_path", "a readable file",
+                              e.strerror) from e
+    if secret is not None and not isinstance(secret, str):
+        raise ConfigError("worker_replication_secret", "a string", None)
+    return secret
+
+
+def _proxies(tree: Mapping[str, Any]) -> tuple[str | None, str | None, tuple[str, ...]]:
+    """``http_proxy``, ``https_proxy`` and ``no_proxy_hosts``, each defaulting to the
+    environment's variable as Synapse's do."""
+    env_http, env_https, env_no = policy_from_environment(os.environ)
+    http_proxy = tree.get("http_proxy", env_http)
+    https_proxy = tree.get("https_proxy", env_https)
+    for key, value in (("http_proxy", http_proxy), ("https_proxy", https_proxy)):
+        if value is not None and not isinstance(value, str):
+            raise ConfigError(key, "a string", None)
+    no_proxy = tree.get("no_proxy_hosts")
+    no_proxy_list = (
+        _str_list("no_proxy_hosts", no_proxy) if no_proxy is not None else tuple(env_no or ())
+    )
+    ProxyPolicy.from_settings(http_proxy, https_proxy, no_proxy_list)  # refuses bad values
+    return http_proxy, https_proxy, no_proxy_list
+
+
 def _ascii_globs(value: object) -> tuple[str, ...]:
     globs = _str_list("federation_certificate_verification_whitelist", value)
     for glob in globs:
@@ -440,266 +410,3 @@ def _count(fed: Mapping[str, Any], name: str, default: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ConfigError(f"federation.{name}", "a whole number >= 0", value)
     return value
-
-
-def refuse_duties(syn: SynapseConfig, instance: str) -> None:
-    """A deployment that gives our instance a duty of Synapse's (background tasks,
-    pushers, a stream to write, ...) would wait for it forever: refused."""
-    for key, value in syn.duties.items():
-        if key == "stream_writers":
-            if not isinstance(value, Mapping):
-                raise ConfigError(key, "a mapping", value)
-            for stream, writers in value.items():
-                names = [writers] if isinstance(writers, str) else writers
-                if isinstance(names, list) and instance in names:
-                    raise ConfigError(f"stream_writers.{stream}",
-                                      f"other instances than {instance!r} (this worker "
-                                      "writes no Synapse stream)", writers)
-            continue
-        names = [value] if isinstance(value, str) else value
-        if isinstance(names, list) and instance in names:
-            raise ConfigError(key, f"another instance than {instance!r} (this worker only "
-                              "sends federation)", value)
-
-
-def outbound_proxy_location(syn: SynapseConfig, instance: str) -> ProxyLocation | None:
-    """Where our instance serves the outbound federation proxy, or None when the
-    deployment does not restrict outbound federation. Refused: a list that does not
-    name us (we would have to send through another instance's proxy, which we do not
-    do), a listed instance without an ``instance_map`` entry, no shared secret."""
-    restricted = syn.outbound_federation_restricted_to
-    if not restricted:
-        return None
-    if instance not in restricted:
-        raise ConfigError(
-            "outbound_federation_restricted_to",
-            f"a list naming this worker ({instance!r}): this worker does not send through "
-            "another instance's proxy", list(restricted),
-        )  # fmt: skip
-    if not syn.worker_replication_secret:
-        raise ConfigError("worker_replication_secret",
-                          "a secret (outbound_federation_restricted_to is set)", None)
-    if instance not in syn.instance_map:
-        raise ConfigError(f"instance_map.{instance}",
-                          "this worker's address (it is in outbound_federation_restricted_to)",
-                          None)
-    return location_from_instance_map(syn.instance_map[instance], f"instance_map.{instance}",
-                                      ConfigError)
-
-
-@dataclass(frozen=True)
-class ListenerSpec:
-    """One ``worker_listeners`` entry we open: ``/health`` and/or metrics."""
-
-    key: str
-    port: int
-    addresses: tuple[str, ...]
-    tls: bool
-    health: bool
-    metrics: bool
-
-
-SERVED_RESOURCES = frozenset({"health", "metrics"})
-
-
-def worker_listener_specs(syn: SynapseConfig, instance: str) -> list[ListenerSpec]:
-    """The worker file's listeners, as Synapse's worker would open them, for the
-    resources we serve: ``health`` (``GET /health``) and ``metrics`` (also a listener of
-    type ``metrics``). The entry on the outbound proxy's port is the proxy's (it answers
-    ``/health`` too). Other resources (``client``, ``federation``, ...) are refused:
-    routing them here would silently lose their requests."""
-    location = outbound_proxy_location(syn, instance)
-    proxy_port = location.port if location is not None else None
-    specs = []
-    for i, listener in enumerate(syn.worker_listeners):
-        key = f"worker_listeners[{i}]"
-        if not isinstance(listener, Mapping):
-            raise ConfigError(key, "a mapping", listener)
-        port = listener.get("port")
-        kind = listener.get("type", "http")
-        if "path" in listener and port is None:
-            raise ConfigError(key + ".path", "a TCP listener (port)", listener.get("path"))
-        if isinstance(port, bool) or not isinstance(port, int):
-            raise ConfigError(key + ".port", "a TCP port", port)
-        if port == proxy_port:
-            continue
-        names: set[str] = set()
-        if kind == "metrics":
-            names.add("metrics")
-        elif kind == "http":
-            for resource in listener.get("resources") or []:
-                names.update(resource.get("names") or [] if isinstance(resource, Mapping)
-                             else [])
-            if names - SERVED_RESOURCES:
-                raise ConfigError(f"{key}.resources",
-                                  "only health and metrics (this worker serves no Synapse "
-                                  "API)", sorted(names - SERVED_RESOURCES))
-        else:
-            raise ConfigError(key + ".type", "http or metrics", kind)
-        addresses = listener.get("bind_addresses")
-        if addresses is None and isinstance(listener.get("bind_address"), str):
-            addresses = [listener["bind_address"]]
-        if not addresses:
-            # Synapse's default is ['::', '0.0.0.0'], tolerating a host without IPv6;
-            # ours is IPv4 only rather than a start that fails there.
-            addresses = ["0.0.0.0"]
-        specs.append(ListenerSpec(key, port, tuple(str(a) for a in addresses),
-                                  bool(listener.get("tls", False)), "health" in names,
-                                  "metrics" in names))
-    return specs
-
-
-def proxy_bind_addresses(syn: SynapseConfig, location: ProxyLocation) -> list[str] | None:
-    """The addresses of the ``worker_listeners`` entry on the proxy's port (where a
-    Synapse worker would bind), or None: bind the ``instance_map`` host itself."""
-    for listener in syn.worker_listeners:
-        if isinstance(listener, Mapping) and listener.get("port") == location.port:
-            addresses = listener.get("bind_addresses")
-            if isinstance(addresses, list) and addresses:
-                return [str(a) for a in addresses]
-            if isinstance(listener.get("bind_address"), str):
-                return [listener["bind_address"]]
-    return None
-
-
-def load_synapse_config(paths: Sequence[str | Path]) -> SynapseConfig:
-    return parse_synapse_config(read_synapse_files(paths))
-
-
-SHARED_FEDERATION_KEYS = {
-    "federation.verify_tls": "federation_verify_certificates",
-    "federation.ip_allow_list": "ip_range_whitelist",
-    "federation.ip_deny_list": "ip_range_blacklist",
-}
-"""Our keys whose value beside Synapse is Synapse's (ours -> Synapse's key)."""
-
-_ABSENT = object()
-
-
-def keys_set_in(
-    path: str | Path | None, environ: Mapping[str, str], keys: Collection[str]
-) -> frozenset[str]:
-    """Which of the dotted ``keys`` our file (or a ``FEDERATION_SENDER__`` variable)
-    sets, whatever the value (the file was read and validated already)."""
-    found: set[str] = set()
-    tree: object = None
-    if path is not None:
-        with contextlib.suppress(OSError, yaml.YAMLError):
-            tree = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
-    for key in keys:
-        node = tree
-        for part in key.split("."):
-            node = node.get(part, _ABSENT) if isinstance(node, Mapping) else _ABSENT
-        env = ENV_PREFIX + "__".join(p.upper() for p in key.split("."))
-        if node is not _ABSENT or env in environ:
-            found.add(key)
-    return frozenset(found)
-
-
-def _refuse_conflicts(settings: Settings, syn: SynapseConfig, explicit: Collection[str]) -> None:
-    """A shared key our file sets to another value than Synapse's is refused: it would
-    be replaced silently (Synapse's value is the deployment's)."""
-    ours = settings.federation
-    values: dict[str, tuple[object, object]] = {
-        "federation.verify_tls": (ours.verify_tls, syn.verify_tls),
-        "federation.ip_allow_list": (sorted(ours.ip_allow_list), sorted(syn.ip_range_whitelist)),
-        "federation.ip_deny_list": (sorted(ours.ip_deny_list), sorted(syn.ip_range_blacklist)),
-    }
-    for key, (mine, theirs) in values.items():
-        if key in explicit and mine != theirs:
-            raise ConfigError(
-                key,
-                f"to be left out beside Synapse, whose {SHARED_FEDERATION_KEYS[key]} "
-                f"decides ({theirs!r})",
-                mine,
-            )
-
-
-def merge_settings(
-    settings: Settings,
-    syn: SynapseConfig,
-    *,
-    explicit: Collection[str] | None = None,
-    check_instance: bool = True,
-) -> Settings:
-    """Our settings with the deployment's facts from Synapse's files.
-
-    The instance name is the worker file's ``worker_name`` when given, else ours; either
-    way it must be one of ``federation_sender_instances`` (unless ``check_instance`` is
-    off: ``migrate`` creates the same schema whichever instance runs it). Several
-    instances shard statically by Synapse's rule (sha256 of the destination,
-    little-endian, modulo N), which is our ``static`` mode with Synapse's list.
-
-    ``explicit``: which of :data:`SHARED_FEDERATION_KEYS` our file sets (None: those
-    whose value is not the default); one set to another value than Synapse's is
-    refused (:class:`ConfigError`, exit 2) rather than silently replaced."""
-    if explicit is None:
-        default = Settings().federation
-        explicit = [
-            key for key in SHARED_FEDERATION_KEYS
-            if getattr(settings.federation, key.split(".")[1])
-            != getattr(default, key.split(".")[1])
-        ]  # fmt: skip
-    _refuse_conflicts(settings, syn, explicit)
-    instance = syn.worker_name or settings.instance_name
-    if check_instance and instance not in syn.federation_sender_instances:
-        raise ConfigError(
-            "federation_sender_instances",
-            f"a list naming this worker ({instance!r}); otherwise main or another "
-            "worker sends federation and events would go out twice",
-            list(syn.federation_sender_instances) or None,
-        )
-    instances = (
-        list(syn.federation_sender_instances)
-        if instance in syn.federation_sender_instances
-        else []
-    )
-    sharding = dataclasses.replace(
-        settings.sharding,
-        mode="static" if len(instances) > 1 else "single",
-        instances=instances if len(instances) > 1 else [],
-    )
-    outbound_proxy_location(syn, instance)  # refuses what we cannot serve
-    refuse_duties(syn, instance)
-    worker_listener_specs(syn, instance)  # refuses listeners we cannot serve
-    fed = dataclasses.replace(
-        settings.federation,
-        signing_key_path=syn.signing_key_path,
-        verify_tls=syn.verify_tls,
-        extra_ca_file=syn.extra_ca_file or settings.federation.extra_ca_file,
-        ca_files=list(syn.ca_files),
-        tls_min_version=syn.tls_min_version,
-        tls_verification_whitelist=list(syn.tls_verification_whitelist),
-        user_agent_suffix=syn.user_agent_suffix,
-        http_proxy=syn.http_proxy,
-        https_proxy=syn.https_proxy,
-        no_proxy=list(syn.no_proxy_hosts),
-        request_timeout_s=syn.client_timeout_ms / 1000.0,
-        metrics_domains=sorted(syn.federation_metrics_domains),
-        ip_allow_list=list(syn.ip_range_whitelist),
-        ip_deny_list=list(syn.ip_range_blacklist),
-    )
-    queue = dataclasses.replace(
-        settings.queue,
-        backoff_initial_s=syn.min_retry_interval_ms / 1000.0,
-        backoff_multiplier=syn.retry_multiplier,
-        backoff_max_s=syn.max_retry_interval_ms / 1000.0,
-        max_long_retries=syn.max_long_retries,
-        max_long_retry_delay_s=syn.max_long_retry_delay_ms / 1000.0,
-        max_short_retries=syn.max_short_retries,
-        max_short_retry_delay_s=syn.max_short_retry_delay_ms / 1000.0,
-    )
-    merged = dataclasses.replace(
-        settings,
-        server_name=syn.server_name,
-        instance_name=instance,
-        database=dataclasses.replace(settings.database, url=syn.database_url),
-        replication=dataclasses.replace(
-            settings.replication, transport="redis", redis_url=syn.redis_url
-        ),
-        federation=fed,
-        queue=queue,
-        sharding=sharding,
-    )
-    _validate(merged)
-    return merged

@@ -17,8 +17,8 @@ from federation_sender.builders import Listener
 from federation_sender.clock import Clock
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
-from federation_sender.synapse.config import (
-    SynapseConfig,
+from federation_sender.synapse.config import SynapseConfig
+from federation_sender.synapse.deployment import (
     outbound_proxy_location,
     proxy_bind_addresses,
     worker_listener_specs,
@@ -80,7 +80,7 @@ def egress_secrets(settings: Settings, synapse: SynapseConfig | None) -> list[st
 
 def worker_listeners(settings: Settings, synapse: SynapseConfig | None,
                      registry: CollectorRegistry) -> list[Listener]:
-    """The worker file's ``health`` and ``metrics`` listeners (synapse/config.py,
+    """The worker file's ``health`` and ``metrics`` listeners (synapse/deployment.py,
     :func:`worker_listener_specs`), one per bind address."""
     if synapse is None:
         return []

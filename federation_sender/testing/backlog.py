@@ -4,7 +4,8 @@ A receiving Synapse (``receiver``, on SQLite, sending for itself) has a user in 
 of a sending deployment. While the sender's federation sender is stopped (or killed
 mid-burst), ``count`` messages are sent into the room; the sender is then started
 again and catches up. :func:`receiver_state` reads, from the receiver's database, how
-many of those events it holds as ordinary (non-outlier) events, how many are still in
+many of those events it holds as live events (neither outliers nor backfilled), how
+many as outliers or backfilled, how many are still in
 its inbound staging table, and whether its log has a ``Pruning`` line
 (``prune_staged_events_in_room``: what it pruned is absent until backfilled).
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -31,12 +33,16 @@ PRUNING = "from federation queue"
 @dataclass(frozen=True)
 class ReceiverState:
     live: int
-    """Of the events asked about: held as non-outlier events."""
+    """Of the events asked about: held as ordinary events that arrived live, i.e.
+    neither outliers nor backfilled (Synapse gives a backfilled event a negative stream
+    ordering; a live one is in /sync's timeline)."""
     outliers: int
     staged: int
     """Rows of the room still in ``federation_inbound_events_staging``."""
     pruned: bool
     """The receiver's log has a ``Pruning`` line for the room."""
+    backfilled: int = 0
+    """Of the events asked about: held, but backfilled (negative stream ordering)."""
 
 
 def receiver_state(receiver: SynapseDeployment, room_id: str,
@@ -46,17 +52,19 @@ def receiver_state(receiver: SynapseDeployment, room_id: str,
     try:
         marks = ",".join("?" * len(event_ids))
         rows = conn.execute(
-            f"SELECT outlier, count(*) FROM events WHERE event_id IN ({marks}) "
-            "GROUP BY outlier", tuple(event_ids)).fetchall()
+            f"SELECT outlier, stream_ordering < 0, count(*) FROM events "
+            f"WHERE event_id IN ({marks}) GROUP BY 1, 2", tuple(event_ids)).fetchall()
         staged = conn.execute(
             "SELECT count(*) FROM federation_inbound_events_staging WHERE room_id = ?",
             (room_id,)).fetchone()[0]
     finally:
         conn.close()
-    by_flag = {bool(flag): n for flag, n in rows}
+    live = sum(n for outlier, backfilled, n in rows if not outlier and not backfilled)
+    backfilled = sum(n for outlier, back, n in rows if not outlier and back)
+    outliers = sum(n for outlier, _, n in rows if outlier)
     log = receiver.main.log_path.read_text(errors="replace")
     pruned = any(PRUNING in ln and room_id in ln for ln in log.splitlines())
-    return ReceiverState(by_flag.get(False, 0), by_flag.get(True, 0), int(staged), pruned)
+    return ReceiverState(live, outliers, int(staged), pruned, backfilled)
 
 
 def send_burst(sender: SynapseDeployment, user: User, room_id: str, count: int,
@@ -76,14 +84,43 @@ def send_burst(sender: SynapseDeployment, user: User, room_id: str, count: int,
 
 
 def wait_live(receiver: SynapseDeployment, room_id: str, event_ids: Sequence[str],
-              timeout_s: float) -> tuple[float | None, ReceiverState]:
+              timeout_s: float, stall_s: float | None = None
+              ) -> tuple[float | None, ReceiverState]:
     """Seconds until every one of ``event_ids`` is live at the receiver and its
-    staging queue of the room is empty (None: not within ``timeout_s``)."""
+    staging queue of the room is empty (None: not within ``timeout_s``, or, with
+    ``stall_s``, nothing changed at the receiver for that long with nothing staged)."""
     started = _CLOCK.monotonic_s()
+    last: ReceiverState | None = None
+    changed = started
     while True:
         state = receiver_state(receiver, room_id, event_ids)
+        now = _CLOCK.monotonic_s()
         if state.live == len(event_ids) and state.staged == 0:
-            return round(_CLOCK.monotonic_s() - started, 2), state
-        if _CLOCK.monotonic_s() - started > timeout_s:
+            return round(now - started, 2), state
+        if state != last or state.staged:
+            last, changed = state, now
+        if now - started > timeout_s or (stall_s is not None and now - changed > stall_s):
             return None, state
         time.sleep(0.2)
+
+
+def timeline_ids(receiver: SynapseDeployment, user: User, room_id: str,
+                 limit: int) -> list[str]:
+    """The ids of the room's newest ``limit`` events as ``user`` reads them through the
+    receiver's client API (``/messages``, newest first), oldest first."""
+    ids: list[str] = []
+    token: str | None = None
+    room = urllib.parse.quote(room_id, safe="")
+    while len(ids) < limit:
+        query = {"dir": "b", "limit": str(min(500, limit - len(ids)))}
+        if token is not None:
+            query["from"] = token
+        page = receiver.client.call(
+            "GET", f"/_matrix/client/v3/rooms/{room}/messages?"
+            + urllib.parse.urlencode(query), None, user.access_token)
+        chunk = page.get("chunk", [])
+        ids.extend(e["event_id"] for e in chunk)
+        token = page.get("end")
+        if not chunk or token is None:
+            break
+    return ids[::-1]

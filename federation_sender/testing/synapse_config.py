@@ -144,6 +144,17 @@ def _database(layout: SynapseLayout) -> dict[str, Any]:
     }
 
 
+_CLIENT_RATE_LIMITS: dict[str, Any] = {
+    "rc_message": _UNLIMITED,
+    "rc_registration": _UNLIMITED,
+    "rc_joins": {"local": _UNLIMITED, "remote": _UNLIMITED},
+    "rc_joins_per_room": _UNLIMITED,
+    "rc_login": {"address": _UNLIMITED, "account": _UNLIMITED},
+    "rc_invites": {"per_room": _UNLIMITED, "per_user": _UNLIMITED},
+}
+"""Tests register, log in, join and send as fast as they can."""
+
+
 def homeserver_config(layout: SynapseLayout) -> dict[str, Any]:
     """``homeserver.yaml`` for main (also read by every worker)."""
     d = layout.directory
@@ -189,26 +200,29 @@ def homeserver_config(layout: SynapseLayout) -> dict[str, Any]:
             "max_short_retries": 1,
             "max_short_retry_delay": 200,
         },
-        "rc_message": _UNLIMITED,
-        "rc_registration": _UNLIMITED,
-        "rc_joins": {"local": _UNLIMITED, "remote": _UNLIMITED},
-        "rc_joins_per_room": _UNLIMITED,
-        "rc_login": {"address": _UNLIMITED, "account": _UNLIMITED},
-        "rc_invites": {"per_room": _UNLIMITED, "per_user": _UNLIMITED},
+        **_CLIENT_RATE_LIMITS,
     }
     if layout.redis is not None:
         listeners.append(_listener(layout.ports.replication, ["replication"]))
-        config["redis"] = {"enabled": True, "host": layout.redis.host, "port": layout.redis.port}
-        config["instance_map"] = {
-            "main": {"host": "127.0.0.1", "port": layout.ports.replication},
-        }
-        config["worker_replication_secret"] = layout.replication_secret
-        config["federation_sender_instances"] = [layout.instance_name]
-        if layout.event_persisters:
-            for p in layout.event_persisters:
-                config["instance_map"][p.name] = {"host": "127.0.0.1", "port": p.port}
-            config["stream_writers"] = {"events": [p.name for p in layout.event_persisters]}
+        config.update(_workers(layout, layout.redis))
     return config
+
+
+def _workers(layout: SynapseLayout, redis: RedisAddress) -> dict[str, Any]:
+    """Main's keys for workers: Redis, the replication listener's address, the shared
+    secret, our sender instance, and the event persisters when there are any."""
+    instance_map = {"main": {"host": "127.0.0.1", "port": layout.ports.replication}}
+    keys: dict[str, Any] = {
+        "redis": {"enabled": True, "host": redis.host, "port": redis.port},
+        "instance_map": instance_map,
+        "worker_replication_secret": layout.replication_secret,
+        "federation_sender_instances": [layout.instance_name],
+    }
+    if layout.event_persisters:
+        for p in layout.event_persisters:
+            instance_map[p.name] = {"host": "127.0.0.1", "port": p.port}
+        keys["stream_writers"] = {"events": [p.name for p in layout.event_persisters]}
+    return keys
 
 
 def worker_config(layout: SynapseLayout) -> dict[str, Any]:

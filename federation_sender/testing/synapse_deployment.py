@@ -255,6 +255,46 @@ def _write_json(path: Path, obj: Any) -> None:
     path.write_text(json.dumps(obj, indent=1))
 
 
+def _layout(directory: Path, ports: SynapsePorts, certs: CertFiles,
+            database: PostgresDatabase | None, redis: RedisAddress | None,
+            instance_name: str, event_persisters: int) -> SynapseLayout:
+    """The deployment's layout, with fresh secrets and a port for each persister."""
+    return SynapseLayout(
+        directory=directory,
+        server_name=f"localhost:{ports.federation}",
+        ports=ports,
+        tls_cert=certs.cert,
+        tls_key=certs.key,
+        ca_cert=certs.ca_cert,
+        database=database,
+        redis=redis,
+        instance_name=instance_name,
+        shared_secret=secrets.token_hex(16),
+        replication_secret=secrets.token_hex(16),
+        macaroon_secret=secrets.token_hex(16),
+        event_persisters=tuple(
+            EventPersister(f"persister{i}", free_port()) for i in range(1, event_persisters + 1)
+        ),
+    )
+
+
+def _generic_worker(python: Path, directory: Path, name: str, config: dict[str, Any],
+                    log_yaml: Path, health_port: int) -> SynapseProcess:
+    """One of Synapse's generic workers: its file ``<name>.yaml`` and its log
+    configuration written, and the process that runs it (not started)."""
+    worker_file = directory / f"{name}.yaml"
+    _write_json(worker_file, config)
+    _write_json(log_yaml, log_config(directory / f"{name}.log"))
+    return SynapseProcess(
+        name,
+        [str(python), "-m", "synapse.app.generic_worker",
+         "-c", str(directory / "homeserver.yaml"), "-c", str(worker_file)],
+        directory,
+        directory / f"{name}.log",
+        f"http://127.0.0.1:{health_port}/health",
+    )  # fmt: skip
+
+
 def create_deployment(
     directory: Path,
     *,
@@ -278,23 +318,7 @@ def create_deployment(
     ports = SynapsePorts(free_port(), free_port(), free_port(), free_port())
     certs = ca.issue(directory / "tls", ["localhost", "127.0.0.1"])
     database = None if cluster is None else create_synapse_database(cluster, database_name)
-    layout = SynapseLayout(
-        directory=directory,
-        server_name=f"localhost:{ports.federation}",
-        ports=ports,
-        tls_cert=certs.cert,
-        tls_key=certs.key,
-        ca_cert=certs.ca_cert,
-        database=database,
-        redis=redis,
-        instance_name=instance_name,
-        shared_secret=secrets.token_hex(16),
-        replication_secret=secrets.token_hex(16),
-        macaroon_secret=secrets.token_hex(16),
-        event_persisters=tuple(
-            EventPersister(f"persister{i}", free_port()) for i in range(1, event_persisters + 1)
-        ),
-    )
+    layout = _layout(directory, ports, certs, database, redis, instance_name, event_persisters)
     generate_key_file(layout.signing_key)  # Synapse reads our key file format
     _write_json(directory / "main.log.yaml", log_config(directory / "main.log"))
     config = homeserver_config(layout) | (overrides or {})
@@ -309,30 +333,13 @@ def create_deployment(
     )
     sender = None
     if layout.has_workers:
-        worker_file = directory / f"{instance_name}.yaml"
-        _write_json(worker_file, worker_config(layout))
-        _write_json(directory / "worker.log.yaml", log_config(directory / f"{instance_name}.log"))
-        sender = SynapseProcess(
-            instance_name,
-            [str(python), "-m", "synapse.app.generic_worker",
-             "-c", str(directory / "homeserver.yaml"), "-c", str(worker_file)],
-            directory,
-            directory / f"{instance_name}.log",
-            f"http://127.0.0.1:{ports.worker_health}/health",
-        )  # fmt: skip
-    persisters = []
-    for p in layout.event_persisters:
-        worker_file = directory / f"{p.name}.yaml"
-        _write_json(worker_file, persister_config(layout, p))
-        _write_json(directory / f"{p.name}.log.yaml", log_config(directory / f"{p.name}.log"))
-        persisters.append(SynapseProcess(
-            p.name,
-            [str(python), "-m", "synapse.app.generic_worker",
-             "-c", str(directory / "homeserver.yaml"), "-c", str(worker_file)],
-            directory,
-            directory / f"{p.name}.log",
-            f"http://127.0.0.1:{p.port}/health",
-        ))  # fmt: skip
+        sender = _generic_worker(python, directory, instance_name, worker_config(layout),
+                                 directory / "worker.log.yaml", ports.worker_health)
+    persisters = [
+        _generic_worker(python, directory, p.name, persister_config(layout, p),
+                        directory / f"{p.name}.log.yaml", p.port)
+        for p in layout.event_persisters
+    ]
     client = SynapseClient(f"http://127.0.0.1:{ports.client}", layout.shared_secret)
     return SynapseDeployment(
         layout, certs, python, main, sender, client, cluster, persisters=persisters

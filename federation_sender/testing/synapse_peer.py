@@ -21,7 +21,8 @@ leave as an out-of-band membership), and 404 for others.
 
 A peer verifies the X-Matrix signature of every ``/send`` against the origin's key,
 fetched over HTTPS from the origin's server name, and answers 401 when it does not
-verify: it accepts only what a real server would. Accepted transactions are recorded
+verify: it accepts only what a real server would (the routes a peer serves are
+:mod:`.peer_inbound`'s). Accepted transactions are recorded
 once per ``(origin, txn_id)`` (a retried id is counted, not recorded twice, as
 Synapse deduplicates), with the event id of each PDU computed from its reference
 hash. Tests wait on :meth:`PeerNetwork.wait_for` with a predicate over what was
@@ -52,6 +53,7 @@ from yarl import URL
 
 from federation_sender.clock import SystemClock, time_ms
 from federation_sender.testing.certs import CertFiles, LoopbackCA
+from federation_sender.testing.peer_inbound import REQUEST_TIMEOUT_S, PeerInbound
 from federation_sender.testing.peer_records import (
     FederationPeer,
     JoinedRoom,
@@ -60,19 +62,8 @@ from federation_sender.testing.peer_records import (
 )
 from federation_sender.testing.peer_rooms import ROOM_VERSION as HOSTED_ROOM_VERSION
 from federation_sender.testing.peer_rooms import HostedRoom
-from federation_sender.testing.signed_events import SUPPORTED_ROOM_VERSIONS, event_id, hash_and_sign
-from federation_sender.transport.keyserver import (
-    SERVER_KEYS_PATH,
-    add_key_routes,
-    parse_server_keys,
-)
-from federation_sender.transport.signing import (
-    AuthenticationError,
-    SigningKey,
-    parse_x_matrix,
-    sign_request,
-    verify_request,
-)
+from federation_sender.testing.signed_events import SUPPORTED_ROOM_VERSIONS, hash_and_sign
+from federation_sender.transport.signing import SigningKey, sign_request
 
 __all__ = [
     "FederationPeer",
@@ -83,7 +74,6 @@ __all__ = [
 ]
 
 T = TypeVar("T")
-REQUEST_TIMEOUT_S = 30.0
 DEFAULT_WAIT_S = 30.0
 
 
@@ -112,11 +102,11 @@ class PeerNetwork:
         self._thread = threading.Thread(target=self._loop.run_forever, name="peers", daemon=True)
         self._runners: list[web.AppRunner] = []
         self._session: aiohttp.ClientSession | None = None
-        self._keys: dict[str, dict[str, Any]] = {}
         self._room_versions: dict[str, str] = {}
-        self._reuse_event_ids = reuse_event_ids
-        self._keep_pdus = keep_pdus
-        self._event_ids: dict[tuple[str, ...], str] = {}
+        self._inbound = PeerInbound(
+            self._clock, self._cond, self._room_versions, self._http,
+            reuse_event_ids=reuse_event_ids, keep_pdus=keep_pdus,
+        )  # fmt: skip
         self.peers: list[FederationPeer] = []
 
     # -- lifecycle ----------------------------------------------------------------------
@@ -159,33 +149,7 @@ class PeerNetwork:
         sockets = _bind_loopback()
         port = sockets[0].getsockname()[1]
         peer = FederationPeer(f"localhost:{port}", SigningKey.generate(), sockets)
-        app = web.Application()
-        add_key_routes(app, server_name=peer.server_name, signing_key=peer.key, clock=self._clock)
-        app.router.add_put(
-            "/_matrix/federation/v1/send/{txn_id}", self._handler(peer, self._on_send)
-        )
-        app.router.add_get(
-            "/_matrix/federation/v1/user/devices/{user_id}", self._handler(peer, self._on_devices)
-        )
-        app.router.add_get(
-            "/_matrix/federation/v1/make_join/{room_id}/{user_id}",
-            self._handler(peer, self._on_make_join),
-        )
-        app.router.add_put(
-            "/_matrix/federation/v2/send_join/{room_id}/{event_id}",
-            self._handler(peer, self._on_send_join),
-        )
-        app.router.add_get(
-            "/_matrix/federation/v1/make_leave/{room_id}/{user_id}",
-            self._handler(peer, self._on_make_leave),
-        )
-        app.router.add_put(
-            "/_matrix/federation/v2/send_leave/{room_id}/{event_id}",
-            self._handler(peer, self._on_send_leave),
-        )
-        app.router.add_get("/_matrix/federation/v1/version", _on_version)
-        app.router.add_route("*", "/{tail:.*}", self._handler(peer, self._on_other))
-        runner = web.AppRunner(app, access_log=None)
+        runner = web.AppRunner(self._inbound.application(peer), access_log=None)
         await runner.setup()
         for sock in sockets:
             await web.SockSite(runner, sock, ssl_context=self._certs.server_context()).start()
@@ -193,16 +157,6 @@ class PeerNetwork:
         with self._cond:
             self.peers.append(peer)
         return peer
-
-    def _handler(
-        self,
-        peer: FederationPeer,
-        fn: Callable[[FederationPeer, web.Request], Coroutine[Any, Any, web.Response]],
-    ) -> Callable[[web.Request], Coroutine[Any, Any, web.Response]]:
-        async def handle(request: web.Request) -> web.Response:
-            return await fn(peer, request)
-
-        return handle
 
     # -- waiting ------------------------------------------------------------------------
     def wait_for(
@@ -218,53 +172,6 @@ class PeerNetwork:
         """Hold the lock the peers' records are written under (to read them at rest)."""
         with self._cond:
             yield
-
-    def _record(self, update: Callable[[], object]) -> None:
-        with self._cond:
-            update()
-            self._cond.notify_all()
-
-    # -- inbound ------------------------------------------------------------------------
-    async def _on_send(self, peer: FederationPeer, request: web.Request) -> web.Response:
-        body = await request.json()
-        try:
-            origin = await self._authenticate(peer, request, body)
-        except AuthenticationError as e:
-            reason = str(e)
-            self._record(lambda: peer.rejected.append(reason))
-            return web.json_response({"errcode": "M_UNAUTHORIZED", "error": reason}, status=401)
-        if peer.send_status != 200:
-            self._record(
-                lambda: setattr(peer, "refused_transactions", peer.refused_transactions + 1)
-            )
-            return web.json_response(
-                {"errcode": "M_UNKNOWN", "error": "refused"}, status=peer.send_status
-            )
-        txn_id = request.match_info["txn_id"]
-        pdus = tuple(body.get("pdus", ()))
-        ids = tuple(self._event_id(p) for p in pdus)
-        txn = ReceivedTransaction(
-            origin, txn_id, pdus if self._keep_pdus else (), tuple(body.get("edus", ())), ids,
-            self._clock.monotonic_s(),
-        )
-
-        self._record(lambda: peer.record_transaction(txn))
-        return web.json_response({"pdus": {eid: {} for eid in ids}})
-
-    def _event_id(self, pdu: dict[str, Any]) -> str:
-        room_id = str(pdu.get("room_id"))
-        version = self._room_versions.get(room_id, "12")
-        if not self._reuse_event_ids:
-            return event_id(pdu, version)
-        hashes = pdu.get("hashes")
-        key = (room_id, str(hashes.get("sha256") if isinstance(hashes, dict) else None),
-               str(pdu.get("origin_server_ts")), str(pdu.get("prev_events")))
-        eid = self._event_ids.get(key)
-        if eid is None:
-            if len(self._event_ids) >= 200_000:
-                self._event_ids.clear()
-            eid = self._event_ids[key] = event_id(pdu, version)
-        return eid
 
     def host_room(
         self,
@@ -283,85 +190,6 @@ class PeerNetwork:
             peer.hosted[room.room_id] = room
             self._room_versions[room.room_id] = HOSTED_ROOM_VERSION
         return room.room_id
-
-    async def _on_make_join(self, peer: FederationPeer, request: web.Request) -> web.Response:
-        room = peer.hosted.get(request.match_info["room_id"])
-        if room is None:
-            return web.json_response({"errcode": "M_NOT_FOUND", "error": "no room"}, status=404)
-        body = room.make_join(request.match_info["user_id"], time_ms(self._clock))
-        return web.json_response(body)
-
-    async def _on_send_join(self, peer: FederationPeer, request: web.Request) -> web.Response:
-        room = peer.hosted.get(request.match_info["room_id"])
-        if room is None:
-            return web.json_response({"errcode": "M_NOT_FOUND", "error": "no room"}, status=404)
-        event = await request.json()
-        omit = request.query.get("omit_members", "false").lower() == "true"
-        with self._cond:
-            answer = room.send_join(event, omit_members=omit)
-            self._cond.notify_all()
-        return web.json_response(answer)
-
-    async def _on_make_leave(self, peer: FederationPeer, request: web.Request) -> web.Response:
-        template = peer.leave_templates.get(request.match_info["room_id"])
-        if template is None:
-            return web.json_response({"errcode": "M_NOT_FOUND", "error": "no room"}, status=404)
-        user_id = request.match_info["user_id"]
-        version = str(template.get("room_version", "10"))
-        event = {
-            "type": "m.room.member", "room_id": request.match_info["room_id"],
-            "sender": user_id, "state_key": user_id, "content": {"membership": "leave"},
-            "origin_server_ts": time_ms(self._clock),
-            **{k: v for k, v in template.items() if k != "room_version"},
-        }  # fmt: skip
-        if version not in ("11", "12"):
-            event["origin"] = peer.server_name
-        return web.json_response({"room_version": version, "event": event})
-
-    async def _on_send_leave(self, peer: FederationPeer, request: web.Request) -> web.Response:
-        if request.match_info["room_id"] not in peer.leave_templates:
-            return web.json_response({"errcode": "M_NOT_FOUND", "error": "no room"}, status=404)
-        event = await request.json()
-        self._record(lambda: peer.leaves.append(event))
-        return web.json_response({})
-
-    async def _on_devices(self, peer: FederationPeer, request: web.Request) -> web.Response:
-        user_id = request.match_info["user_id"]
-        return web.json_response({"user_id": user_id, "stream_id": 0, "devices": []})
-
-    async def _on_other(self, peer: FederationPeer, request: web.Request) -> web.Response:
-        line = f"{request.method} {request.raw_path}"
-        self._record(lambda: peer.other_requests.append(line))
-        return web.json_response({"errcode": "M_UNRECOGNIZED", "error": "not here"}, status=404)
-
-    async def _authenticate(self, peer: FederationPeer, request: web.Request, body: Any) -> str:
-        headers = request.headers.getall("Authorization", [])
-        auths = [parse_x_matrix(h) for h in headers if h[:8].lower() == "x-matrix"]
-        if not auths:
-            raise AuthenticationError("missing X-Matrix Authorization header")
-        origin = auths[0].origin
-        if not any(a.key_id in self._keys.get(origin, {}) for a in auths):
-            await self._fetch_keys(origin)
-        return verify_request(
-            authorization=headers,
-            method=request.method,
-            uri=request.raw_path,
-            our_server_name=peer.server_name,
-            content=body,
-            lookup_key=lambda o, k: self._keys.get(o, {}).get(k),
-        )
-
-    async def _fetch_keys(self, origin: str) -> None:
-        try:
-            async with self._http().get(
-                f"https://{origin}{SERVER_KEYS_PATH}",
-                timeout=aiohttp.ClientTimeout(total=REQUEST_TIMEOUT_S),
-            ) as r:
-                doc = await r.json(content_type=None)
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            raise AuthenticationError(f"cannot fetch keys of {origin}: {e!r}") from None
-        self._keys[origin] = parse_server_keys(doc, server_name=origin, now_ms=time_ms(self._clock))
-
     # -- outbound -----------------------------------------------------------------------
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None:
@@ -423,7 +251,7 @@ class PeerNetwork:
         path = f"/_matrix/federation/v2/send_join/{room}/{urllib.parse.quote(eid, safe='')}"
         answer = await self._request(peer, via, "PUT", path, event)
         joined = JoinedRoom(room_id, version, eid, via, len(answer.get("state", ())))
-        self._record(lambda: peer.rooms.__setitem__(room_id, joined))
+        self._inbound.record(lambda: peer.rooms.__setitem__(room_id, joined))
         return joined
 
     def sign_event(
@@ -481,10 +309,6 @@ class PeerNetwork:
         uri = f"/_matrix/federation/v1/send/{txn_id or uuid.uuid4().hex}"
         result: dict[str, Any] = self._run(self._request(peer, destination, "PUT", uri, body))
         return result
-
-
-async def _on_version(_request: web.Request) -> web.Response:
-    return web.json_response({"server": {"name": "federation-sender test peer", "version": "0"}})
 
 
 def _bind_loopback() -> list[socket.socket]:

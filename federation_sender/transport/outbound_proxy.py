@@ -14,7 +14,8 @@ media) to ``fed1`` as an HTTP/1.1 request in absolute form::
 at the address ``instance_map`` gives for ``fed1`` (host and port, optionally TLS, or a
 Unix socket). When our worker runs as ``fed1``, :class:`OutboundProxyServer` serves
 that address. aiohttp's server cannot: its parser refuses a ``-`` in a URI scheme, so
-this is a small HTTP/1.1 server of its own on asyncio streams.
+this is a small HTTP/1.1 server of its own on asyncio streams (its side of
+the wire in :mod:`.proxy_http`).
 
 For each request:
 
@@ -32,7 +33,7 @@ For each request:
    the body's framing);
 4. the response comes back as it arrives: status, headers minus the hop-by-hop ones
    (and those the remote's ``Connection`` header names), body in chunks of at most
-   :data:`CHUNK_BYTES`, written as the caller reads them. Neither body is held whole:
+   :data:`.proxy_http.CHUNK_BYTES`, written as the caller reads them. Neither body is held whole:
    the request body streams to the remote the same way.
 
 The remote has :data:`FORWARD_TIMEOUT_S` (90 s, Synapse's figure) to send its response
@@ -50,12 +51,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
-import json
 import logging
 import ssl
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
-from http import HTTPStatus
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -63,6 +62,21 @@ from prometheus_client import CollectorRegistry, Counter
 
 from federation_sender.clock import Clock
 from federation_sender.errors import StartupError
+from federation_sender.transport.proxy_http import (
+    CHUNK_BYTES,
+    MAX_HEAD_BYTES,
+    BadRequest,
+    BodyReader,
+    Request,
+    body_reader,
+    encode_headers,
+    has_body,
+    read_head,
+    response_headers,
+    status_line,
+    write_json,
+    write_raw,
+)
 
 if TYPE_CHECKING:
     from federation_sender.transport.client import FederationClient
@@ -74,16 +88,9 @@ SCHEME = "matrix-federation://"
 FORWARD_TIMEOUT_S = 90.0
 """Synapse's: longer than its federation client's own timeout, so the caller's gives up
 first."""
-CHUNK_BYTES = 64 * 1024
 IDLE_TIMEOUT_S = 60.0
 """A caller's connection waiting longer for its next request head is closed."""
-MAX_HEAD_BYTES = 64 * 1024
-MAX_HEADERS = 128
 FORWARDED_HEADERS = ("user-agent", "authorization", "content-type")
-HOP_BY_HOP = frozenset({
-    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te",
-    "trailers", "transfer-encoding", "upgrade",
-})  # fmt: skip
 
 REQUESTS_METRIC = "federation_sender_outbound_proxy_requests"
 BYTES_METRIC = "federation_sender_outbound_proxy_response_bytes"
@@ -114,78 +121,6 @@ class ProxyLocation:
         if self.path is not None:
             return f"unix:{self.path}"
         return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
-
-
-class _BadRequest(Exception):
-    pass
-
-
-@dataclass
-class _Request:
-    method: str
-    target: str
-    headers: list[tuple[str, str]]
-    """Names lower-cased, in order, repeats kept."""
-    keep_alive: bool
-
-    def all(self, name: str) -> list[str]:
-        return [v for k, v in self.headers if k == name]
-
-    def get(self, name: str) -> str | None:
-        values = self.all(name)
-        return values[-1] if values else None
-
-
-class _BodyReader:
-    """The request body, read from the caller's connection as the remote asks for it."""
-
-    def __init__(self, reader: asyncio.StreamReader, length: int | None, chunked: bool) -> None:
-        self._reader = reader
-        self._left = length or 0
-        self._chunked = chunked
-        self.done = not chunked and not self._left
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        if self._chunked:
-            async for chunk in self._dechunk():
-                yield chunk
-        else:
-            while self._left:
-                data = await self._reader.read(min(CHUNK_BYTES, self._left))
-                if not data:
-                    raise _BadRequest("request body ended early")
-                self._left -= len(data)
-                yield data
-        self.done = True
-
-    async def _dechunk(self) -> AsyncIterator[bytes]:
-        reader = self._reader
-        while True:
-            line = await reader.readuntil(b"\r\n")
-            size_text = line.split(b";", 1)[0].strip()
-            if not size_text or len(size_text) > 16:
-                raise _BadRequest("malformed chunk size")
-            try:
-                size = int(size_text, 16)
-            except ValueError:
-                raise _BadRequest("malformed chunk size") from None
-            if size == 0:
-                while (await reader.readuntil(b"\r\n")) != b"\r\n":
-                    pass  # trailers are not forwarded
-                return
-            while size:
-                data = await reader.read(min(CHUNK_BYTES, size))
-                if not data:
-                    raise _BadRequest("request body ended early")
-                size -= len(data)
-                yield data
-            if await reader.readexactly(2) != b"\r\n":
-                raise _BadRequest("malformed chunk")
-
-    async def drain(self) -> None:
-        if not self.done:
-            async for _ in self.chunks():
-                pass
 
 
 class OutboundProxyServer:
@@ -272,45 +207,45 @@ class OutboundProxyServer:
             while True:
                 try:
                     async with asyncio.timeout(self._idle_timeout_s):
-                        request = await _read_head(reader)
+                        request = await read_head(reader)
                 except (asyncio.IncompleteReadError, ConnectionError, TimeoutError):
                     return  # the caller closed its (idle) connection, or left it idle
-                except (_BadRequest, asyncio.LimitOverrunError, ValueError) as e:
-                    await _write_json(writer, 400, "M_UNKNOWN", f"bad request: {e}", False)
+                except (BadRequest, asyncio.LimitOverrunError, ValueError) as e:
+                    await write_json(writer, 400, "M_UNKNOWN", f"bad request: {e}", False)
                     return
                 if not await self._handle(request, reader, writer):
                     return
-        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, _BadRequest):
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError, BadRequest):
             pass
         finally:
             self._connections.discard(task)
             writer.transport.abort()
 
-    async def _handle(self, request: _Request, reader: asyncio.StreamReader,
+    async def _handle(self, request: Request, reader: asyncio.StreamReader,
                       writer: asyncio.StreamWriter) -> bool:
         """Serve one request; whether the connection may carry another."""
         try:
-            body = _body_reader(request, reader)
-        except _BadRequest as e:
-            await _write_json(writer, 400, "M_UNKNOWN", f"bad request: {e}", False)
+            body = body_reader(request, reader)
+        except BadRequest as e:
+            await write_json(writer, 400, "M_UNKNOWN", f"bad request: {e}", False)
             return False
         keep = request.keep_alive
         if not request.target.startswith(SCHEME):
             await body.drain()
             if request.method in ("GET", "HEAD") and request.target.split("?")[0] == "/health":
-                await _write_raw(writer, 200, [("content-type", "text/plain")], b"OK", keep)
+                await write_raw(writer, 200, [("content-type", "text/plain")], b"OK", keep)
             else:
-                await _write_json(writer, 404, "M_UNRECOGNIZED", "Unrecognized request", keep)
+                await write_json(writer, 404, "M_UNRECOGNIZED", "Unrecognized request", keep)
             return keep
         denied = self._check_auth(request)
         if denied is not None:
             await body.drain()
-            await _write_json(writer, 401, denied[0], denied[1], keep)
+            await write_json(writer, 401, denied[0], denied[1], keep)
             self.metrics.requests.labels(request.method, "401").inc()
             return keep
         return await self._forward(request, body, writer)
 
-    def _check_auth(self, request: _Request) -> tuple[str, str] | None:
+    def _check_auth(self, request: Request) -> tuple[str, str] | None:
         """None, or (errcode, message) of the 401, as Synapse's proxy words them."""
         values = request.all("proxy-authorization")
         if not values:
@@ -324,7 +259,7 @@ class OutboundProxyServer:
             return None
         return "M_UNAUTHORIZED", "Invalid Proxy-Authorization header."
 
-    async def _forward(self, request: _Request, body: _BodyReader,
+    async def _forward(self, request: Request, body: BodyReader,
                        writer: asyncio.StreamWriter) -> bool:
         started = self._clock.monotonic_s()
         rest = request.target[len(SCHEME):]
@@ -332,7 +267,7 @@ class OutboundProxyServer:
         path = slash + path
         if not destination or not path:
             await body.drain()
-            await _write_json(writer, 400, "M_UNKNOWN", "bad matrix-federation URI", False)
+            await write_json(writer, 400, "M_UNKNOWN", "bad matrix-federation URI", False)
             return False
         headers = {name: value for name in FORWARDED_HEADERS
                    if (value := request.get(name)) is not None}
@@ -348,13 +283,13 @@ class OutboundProxyServer:
                 request.method, destination, path, headers, data, timeout_s=self._timeout_s
             ) as response:
                 status = str(response.status)
-                out_headers = _response_headers(response.raw_headers)
+                out_headers = response_headers(response.raw_headers)
                 length_out = response.headers.get("Content-Length")
-                chunked = length_out is None and _has_body(request.method, response.status)
+                chunked = length_out is None and has_body(request.method, response.status)
                 if chunked:
                     out_headers.append(("Transfer-Encoding", "chunked"))
-                writer.write(_status_line(response.status, response.reason) +
-                             _encode_headers(out_headers, request.keep_alive))
+                writer.write(status_line(response.status, response.reason) +
+                             encode_headers(out_headers, request.keep_alive))
                 head_written = True
                 async for chunk in response.content.iter_chunked(CHUNK_BYTES):
                     sent += len(chunk)
@@ -371,7 +306,7 @@ class OutboundProxyServer:
             if head_written or isinstance(e, ConnectionError):
                 writer.transport.abort()
                 return False
-            await _write_json(
+            await write_json(
                 writer, 502, "M_UNKNOWN",
                 f"Error when proxying request: {request.method} {destination}{_no_query(path)}"
                 f" -> {_describe(e)}", False,
@@ -385,7 +320,7 @@ class OutboundProxyServer:
             return False  # the remote answered without reading all of the body
         return request.keep_alive
 
-    def _log(self, request: _Request, destination: str, path: str, status: str, sent: int,
+    def _log(self, request: Request, destination: str, path: str, status: str, sent: int,
              elapsed: float) -> None:
         access_log.info("%s %s%s -> %s (%d bytes, %.3f s)", request.method, destination,
                         _no_query(path), status, sent, elapsed)
@@ -406,100 +341,6 @@ def _describe(e: BaseException) -> str:
         return "timed out"
     text = str(e) or type(e).__name__
     return text.splitlines()[0][:200]
-
-
-def _has_body(method: str, status: int) -> bool:
-    return method != "HEAD" and status not in (204, 304) and not 100 <= status < 200
-
-
-def _response_headers(raw: tuple[tuple[bytes, bytes], ...]) -> list[tuple[str, str]]:
-    """The remote's headers minus hop-by-hop ones and those its Connection names."""
-    named: set[str] = set()
-    for name, value in raw:
-        if name.lower() == b"connection":
-            named.update(v.strip().lower() for v in value.decode("latin-1").split(","))
-    out: list[tuple[str, str]] = []
-    for name, value in raw:
-        key = name.decode("latin-1")
-        lower = key.lower()
-        if lower in HOP_BY_HOP or lower in named:
-            continue
-        out.append((key, value.decode("latin-1")))
-    return out
-
-
-def _status_line(status: int, reason: str | None) -> bytes:
-    if not reason:
-        try:
-            reason = HTTPStatus(status).phrase
-        except ValueError:
-            reason = "Unknown"
-    return f"HTTP/1.1 {status} {reason}\r\n".encode("latin-1")
-
-
-def _encode_headers(headers: list[tuple[str, str]], keep_alive: bool) -> bytes:
-    lines = [f"{k}: {v}\r\n" for k, v in headers]
-    if not keep_alive:
-        lines.append("Connection: close\r\n")
-    text = "".join(lines) + "\r\n"
-    if text.count("\n") != len(lines) + 1:
-        raise ValueError("a response header value contains a line break")
-    return text.encode("latin-1")
-
-
-async def _write_raw(writer: asyncio.StreamWriter, status: int,
-                     headers: list[tuple[str, str]], body: bytes, keep_alive: bool) -> None:
-    writer.write(_status_line(status, None) + _encode_headers(
-        [*headers, ("Content-Length", str(len(body)))], keep_alive) + body)
-    await writer.drain()
-
-
-async def _write_json(writer: asyncio.StreamWriter, status: int, errcode: str, message: str,
-                      keep_alive: bool) -> None:
-    # Synapse's proxy says "err"; "error" is the Matrix specification's key.
-    body = json.dumps({"errcode": errcode, "error": message, "err": message}).encode()
-    await _write_raw(writer, status, [("Content-Type", "application/json")], body, keep_alive)
-
-
-async def _read_head(reader: asyncio.StreamReader) -> _Request:
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head[:-4].decode("latin-1").split("\r\n")
-    while lines and not lines[0]:
-        lines.pop(0)  # tolerate blank lines before a request (RFC 9112 2.2)
-    if not lines:
-        raise _BadRequest("empty request")
-    parts = lines[0].split(" ")
-    if len(parts) != 3 or parts[2] not in ("HTTP/1.1", "HTTP/1.0") or not parts[0].isalpha():
-        raise _BadRequest("malformed request line")
-    method, target, version = parts
-    if len(lines) > MAX_HEADERS + 1:
-        raise _BadRequest("too many headers")
-    headers: list[tuple[str, str]] = []
-    for line in lines[1:]:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip() or " " in name:
-            raise _BadRequest("malformed header line")
-        headers.append((name.lower(), value.strip(" \t")))
-    connection = ",".join(v for k, v in headers if k == "connection").lower()
-    keep = "close" not in connection if version == "HTTP/1.1" else "keep-alive" in connection
-    return _Request(method, target, headers, keep)
-
-
-def _body_reader(request: _Request, reader: asyncio.StreamReader) -> _BodyReader:
-    transfer = request.get("transfer-encoding")
-    if transfer is not None:
-        if transfer.lower() != "chunked":
-            raise _BadRequest("unsupported Transfer-Encoding")
-        if request.get("content-length") is not None:
-            raise _BadRequest("both Content-Length and Transfer-Encoding")
-        return _BodyReader(reader, None, True)
-    lengths = set(request.all("content-length"))
-    if len(lengths) > 1:
-        raise _BadRequest("conflicting Content-Length headers")
-    length = lengths.pop() if lengths else None
-    if length is not None and (not length.isdigit() or not length.isascii()):
-        raise _BadRequest("malformed Content-Length")
-    return _BodyReader(reader, int(length) if length is not None else None, False)
 
 
 def location_from_instance_map(entry: object, key: str,

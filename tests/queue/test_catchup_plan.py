@@ -5,6 +5,7 @@ import json
 from federation_sender.model import EventRow, MembershipRow
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.catchup import RoomInput, RoomPlan, pack_next, plan_room
+from federation_sender.queue.episode import CatchupEpisode
 
 ME = "local.test"
 D = "remote.test"
@@ -130,3 +131,29 @@ def test_withheld_row_event_of_a_partial_state_room_is_not_sent() -> None:
 def _withholding(base: RoomInput, *event_ids: str) -> RoomInput:
     return RoomInput(base.room_id, base.row_stream_ordering, base.missed, base.extremities,
                      base.partial_state, base.history, base.row_event, frozenset(event_ids))
+
+
+def test_pack_ends_the_batch_at_a_page_and_advances_nothing_for_it() -> None:
+    page = RoomPlan("!long", 9, tuple(ev(900 + i) for i in range(30)), False, "page",
+                    more=True, read_upto=935, cut=True)
+    plans = [plan(1, 5, prune=True), page]
+    b = pack_next(plans, 8, Limits())
+    assert len(b.pdus) == 35 and not plans
+    assert b.catchup_position == 1 and b.catchup_prune == (("!r1", 1),)  # not the page's
+
+
+def test_a_page_holds_the_cursor_before_its_room_and_keeps_reading() -> None:
+    ep = CatchupEpisode(active=True)
+    ep.reset(0)
+    page = RoomPlan("!long", 9, (ev(3), ev(4)), False, "page", more=True, read_upto=5,
+                    cut=True)
+    ep.offer([plan(1, 1), page], exhausted=True)  # fewer plans than asked: not the end
+    assert ep.cursor == (1, "!r1") and not ep.exhausted
+    assert ep.room_floor["!long"] == 5
+    # The next read takes the room again: its events up to the floor are not resent.
+    rest = RoomPlan("!long", 9, (ev(4), ev(6), ev(9)), False, "gap", cut=True)
+    ep.offer([rest], exhausted=True)
+    assert [e.stream_ordering for e in ep.plans[-1].events] == [6, 9]
+    assert ep.cursor == (9, "!long") and not ep.exhausted  # the read stopped at it
+    ep.offer([], exhausted=True)
+    assert ep.exhausted

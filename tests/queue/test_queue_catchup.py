@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
-from federation_sender.queue import FederationEdu
 from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.federation_stream import FederationEdu
 from federation_sender.storage import destinations as dst
 from federation_sender.storage import schema as s
 from federation_sender.storage.positions import FEDERATION_STREAM
@@ -90,6 +91,7 @@ async def outage(h: Harness, rows: list[tuple[str, int]], position: int) -> None
 async def test_catchup_selects_extremities_or_the_event_in_partial_state_rooms(
     h: Harness,
 ) -> None:
+    h.settings = replace(h.settings, catchup_max_gap_events=50)  # 60 events: a long gap
     w = h.writer
     await room_with(h, "!ext:l", D)
     await room_with(h, "!part:l", D)
@@ -116,6 +118,7 @@ async def test_catchup_selects_extremities_or_the_event_in_partial_state_rooms(
 
 
 async def test_extremity_the_destination_never_saw_is_not_sent(h: Harness) -> None:
+    h.settings = replace(h.settings, catchup_max_gap_events=50)  # 60 events: a long gap
     w = h.writer
     await room_with(h, "!a:l", D)
     base = w.stream_ordering

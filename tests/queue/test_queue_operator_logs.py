@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from federation_sender.app import catchup_at_start_line
+from federation_sender.app.worker import catchup_at_start_line
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage import destinations as dst
@@ -29,7 +29,7 @@ def infos(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
 
 
 async def test_start_finds_the_destinations_in_catch_up(h: Harness) -> None:
-    """What the worker's start line counts (app.py, ``catchup_at_start_line``)."""
+    """What the worker's start line counts (app/worker.py, ``catchup_at_start_line``)."""
     await room_with(h, "!a:l", D, "r2.test")
     await h.start()
     assert h.m.catchup_at_start == []

@@ -25,7 +25,7 @@ import pytest
 from sqlalchemy import func, select
 from transport.dns_server import LoopbackDns, start_dns
 
-from federation_sender.app import Worker
+from federation_sender.app.worker import Worker
 from federation_sender.config import (
     AdminSettings,
     DatabaseSettings,

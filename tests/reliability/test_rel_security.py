@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.admin.app import build_admin_app, openapi_document
 from federation_sender.admin.middleware import CLIENT_PREFIX, OPEN_ADMIN_PATHS
-from federation_sender.app import Worker
+from federation_sender.app.worker import Worker
 from federation_sender.builders import (
     build_federation_client,
     load_or_create_admin_token,

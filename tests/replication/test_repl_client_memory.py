@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 
 import pytest
 
-from federation_sender.intake import DbPositionStore
+from federation_sender.intake.positions import DbPositionStore
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.positions import PositionStore
 from federation_sender.replication.rows import ToDeviceStreamRow

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.model import EventRow
 from federation_sender.queue.catchup import is_sendable
-from federation_sender.queue.intake import recipients
+from federation_sender.queue.fanout import recipients
 from federation_sender.sim.driver import Driver, OperationMix, Scenario
 from federation_sender.sim.publish import RecordingPublisher
 from federation_sender.storage.native import NativeBackend

@@ -59,6 +59,8 @@ class Subject:
     does before the fan-out records them in ``destination_rooms``: Synapse's
     ``destination_rooms`` refers to ``rooms`` and its catch-up reads join ``events``.
     Nothing to do natively."""
+    url: str = ""
+    """The database's URL (the batch jobs' driver reads it with plain DB-API)."""
 
     async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         return await self.backend.run(fn)
@@ -87,7 +89,8 @@ async def open_subject(kind: str, url: str) -> AsyncIterator[Subject]:
         engine = create_engine(url)
         await upgrade(engine)
         try:
-            yield Seeded(NativeBackend(engine), await HomeserverWriter(engine, ME).init())
+            yield Seeded(NativeBackend(engine), await HomeserverWriter(engine, ME).init(),
+                         url=url)
         finally:
             await engine.dispose()
         return
@@ -96,7 +99,7 @@ async def open_subject(kind: str, url: str) -> AsyncIterator[Subject]:
 
     backend = SynapseBackend(engine, _synapse_config("fed1"), "fed1", FakeClock())
     try:
-        yield Subject(backend, None, lambda evs: _synapse_events(engine, evs))
+        yield Subject(backend, None, lambda evs: _synapse_events(engine, evs), url=url)
     finally:
         await engine.dispose()
 

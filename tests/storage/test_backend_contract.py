@@ -4,13 +4,16 @@
 
 These tests need no main-process rows beyond bare events (``Subject.events_exist``);
 the ones that do are in ``test_backend_contract_main_rows.py``. Nothing here reads a
-table.
+table but the batch jobs' driver (``storage/batch_reads.py``), whose reads are plain
+DB-API.
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
+import psycopg
 import pytest
 from contract_support import Subject
 
@@ -21,6 +24,8 @@ from federation_sender.model import (
     Direction,
     TxnLogRow,
 )
+from federation_sender.storage import batch_reads
+from federation_sender.storage.batch_apply import BatchCounts, StagedChange
 from federation_sender.storage.protocols import Tx
 
 
@@ -276,12 +281,25 @@ async def test_transaction_log_and_admin_reads(subject: Subject) -> None:
     assert backing_off == 1
 
 
-async def test_batch_apply_stops_at_the_high_water_mark_and_only_lowers_positions(
-    subject: Subject,
+BATCH_CHANGES: list[StagedChange] = [
+    ("d1", "!a", 8, "upsert"),  # stored 5 <= 10: replaced
+    ("d1", "!b", 9, "upsert"),  # stored 20 > 10: the worker's newer row stays
+    ("d2", "!c", None, "delete"),  # stored 3 <= 10: deleted
+    ("d1", "!b", None, "delete"),  # stored 20 > 10: stays
+    ("d1", None, 7, "position"),  # 10 lowered to 7
+    ("d3", None, 6, "position"),  # 4 is lower already: kept
+    ("d2", None, 1, "position"),  # no position stored: set
+    ("d4", None, 2, "position"),  # no row: created
+]
+
+
+async def _batch_case(
+    subject: Subject, apply: Callable[[], Awaitable[BatchCounts]]
 ) -> None:
-    """The Spark jobs' writes (``batch/io.py``) go through ``apply_batch``: rows are
-    upserted or deleted only while their stored stream ordering is at most the job's
-    high-water mark; positions are only lowered, or set where none is stored."""
+    """The batch rule, whichever way the changes (``BATCH_CHANGES``, high-water mark 10)
+    arrive: rows are upserted or deleted only while their stored stream ordering is at
+    most the job's high-water mark; positions are only lowered, or set where none is
+    stored."""
     await subject.events_exist([("!a", 5), ("!a", 8), ("!b", 20), ("!c", 3)])
 
     async def setup(tx: Tx) -> None:
@@ -291,21 +309,7 @@ async def test_batch_apply_stops_at_the_high_water_mark_and_only_lowers_position
         await tx.destinations.set_last_successful_many([("d1", 10), ("d3", 4)])
 
     await subject.run(setup)
-    changes: list[Any] = [
-        ("d1", "!a", 8, "upsert"),  # stored 5 <= 10: replaced
-        ("d1", "!b", 9, "upsert"),  # stored 20 > 10: the worker's newer row stays
-        ("d2", "!c", None, "delete"),  # stored 3 <= 10: deleted
-        ("d1", "!b", None, "delete"),  # stored 20 > 10: stays
-        ("d1", None, 7, "position"),  # 10 lowered to 7
-        ("d3", None, 6, "position"),  # 4 is lower already: kept
-        ("d2", None, 1, "position"),  # no position stored: set
-        ("d4", None, 2, "position"),  # no row: created
-    ]
-
-    async def apply(tx: Tx) -> tuple[int, int, int]:
-        return tuple(await tx.destinations.apply_batch(changes, 10))  # type: ignore[return-value]
-
-    assert await subject.run(apply) == (1, 1, 3)
+    assert tuple(await apply()) == (1, 1, 3)
 
     async def reads(tx: Tx) -> tuple[Any, ...]:
         rows = await tx.destinations.get_destinations(["d1", "d2", "d3", "d4"])
@@ -318,3 +322,42 @@ async def test_batch_apply_stops_at_the_high_water_mark_and_only_lowers_position
     assert await subject.run(reads) == (
         [("!a", 8), ("!b", 20)], [], {"d1": 7, "d2": 1, "d3": 4, "d4": 2},
     )
+
+
+async def test_batch_apply_stops_at_the_high_water_mark_and_only_lowers_positions(
+    subject: Subject,
+) -> None:
+    """The embedded database's path of ``batch/io.py``: the collected rows through
+    ``apply_batch`` (staged in a temporary table of the transaction)."""
+    await _batch_case(
+        subject, lambda: subject.run(lambda tx: tx.destinations.apply_batch(BATCH_CHANGES, 10))
+    )
+
+
+@pytest.mark.parametrize(
+    "subject", ["native-postgresql", "synapse-postgresql"], indirect=True
+)
+async def test_batch_staged_apply_reads_the_executors_staging_table(
+    subject: Subject,
+) -> None:
+    """PostgreSQL's path of ``batch/io.py``: the driver makes the UNLOGGED staging table
+    (``storage/batch_reads.py``), the executors append to it over JDBC (plain INSERTs
+    here), ``apply_staged_batch`` applies it under the same rule, and the driver drops
+    it."""
+    name = "batch_staging_contract"
+    with psycopg.connect(subject.url.replace("+psycopg", ""), autocommit=True) as conn:
+        batch_reads.create_staging_table(conn, name)
+        with conn.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO {name} (destination, room_id, stream_ordering, action)"
+                " VALUES (%s, %s, %s, %s)", BATCH_CHANGES,
+            )
+        await _batch_case(
+            subject,
+            lambda: subject.run(lambda tx: tx.destinations.apply_staged_batch(name, 10)),
+        )
+        assert batch_reads.column_bounds(conn, "destination_rooms", "stream_ordering") == (
+            8, 20,
+        )
+        batch_reads.drop_staging_table(conn, name)
+        assert conn.execute("SELECT to_regclass(%s)", (name,)).fetchone() == (None,)

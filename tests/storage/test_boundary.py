@@ -4,14 +4,16 @@
 * The queue engine, the admin API, the EDU fan-outs and the intake reach storage only
   through ``storage/protocols.py`` and build no SQL.
 * Outside ``storage/`` (whose ``storage/synapse/`` is the Synapse dialect, and the places
-  that stand in for other processes: ``testing/``, ``sim/``, ``batch/``), nothing builds
-  SQL or reads the schema. Engine types, URL parsing and error classes are not SQL
-  (``sqlalchemy.ext.asyncio``, ``sqlalchemy.engine``, ``sqlalchemy.exc``).
+  that stand in for other processes: ``testing/``, ``sim/``), nothing builds SQL or
+  reads the schema: no SQLAlchemy query building and no SQL text (the batch jobs' too:
+  theirs is in ``storage/batch_*.py``). Engine types, URL parsing and error classes are
+  not SQL (``sqlalchemy.ext.asyncio``, ``sqlalchemy.engine``, ``sqlalchemy.exc``).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import federation_sender
@@ -19,8 +21,13 @@ import federation_sender
 PACKAGE = Path(federation_sender.__file__).parent
 PURE = ("queue/core.py", "queue/catchup.py")
 THROUGH_PROTOCOLS = ("queue", "admin", "edus", "intake")
-MAY_BUILD_SQL = ("storage", "testing", "sim", "batch")
+MAY_BUILD_SQL = ("storage", "testing", "sim")
 NOT_SQL = ("sqlalchemy.ext.asyncio", "sqlalchemy.engine", "sqlalchemy.exc")
+SQL_TEXT = re.compile(
+    r"\b(SELECT\s.+\sFROM|INSERT\s+INTO|DELETE\s+FROM|UPDATE\s+\w+\s+SET"
+    r"|(CREATE|DROP)\s+(\w+\s+)?(TABLE|INDEX)|ALTER\s+TABLE)\b",
+    re.IGNORECASE | re.DOTALL,
+)
 
 
 def _imports(path: Path) -> set[str]:
@@ -86,6 +93,41 @@ def test_no_sql_outside_storage() -> None:
         if found:
             bad[rel] = found
     assert bad == {}
+
+
+def _sql_strings(path: Path) -> list[int]:
+    """Lines of string literals (f-string parts included, docstrings not) that read as
+    SQL statements."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(n.value) for n in ast.walk(tree)
+        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)
+    }
+    return sorted({
+        n.lineno for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str)
+        and id(n) not in docstrings and SQL_TEXT.search(n.value)
+    })
+
+
+def test_no_sql_text_outside_storage() -> None:
+    bad = {
+        _rel(p): lines for p in sorted(PACKAGE.rglob("*.py"))
+        if _rel(p).split("/")[0] not in MAY_BUILD_SQL and (lines := _sql_strings(p))
+    }
+    assert bad == {}
+
+
+def test_the_sql_text_check_sees_sql(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        '"""SELECT x FROM docstrings is prose."""\n'
+        'a = "select max(stream_ordering) from events"\n'
+        'b = f"CREATE UNLOGGED TABLE {name} (x text)"\n'
+        'c = "DROP TABLE IF EXISTS t"\n'
+        'd = "selected from the list"\n'
+    )
+    assert _sql_strings(sample) == [2, 3, 4]
 
 
 def test_no_module_asks_which_backend_it_has() -> None:

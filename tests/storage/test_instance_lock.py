@@ -150,7 +150,7 @@ async def test_native_worker_second_copy_refused_on_either_database(
     """The native backend takes the same lock: two workers as ``fed1`` on one database
     (PostgreSQL: advisory lock; SQLite: the file lock) are one too many; ``fed2`` is
     another instance; the first's stop releases it. (``engine``: the schema migrated.)"""
-    from federation_sender.app import Worker
+    from federation_sender.app.worker import Worker
     from federation_sender.config import AdminSettings, DatabaseSettings, Settings
 
     def settings(name: str, directory: str) -> Settings:

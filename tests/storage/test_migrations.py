@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import sys
+from pathlib import Path
 
 import pytest
 from sqlalchemy import insert, select, text
@@ -17,6 +19,8 @@ from federation_sender.storage.migrate import (
     head_revision,
     upgrade,
 )
+
+RELEASED_R0001 = Path(__file__).with_name("r0001_native_sqlite.sql")
 
 
 async def test_upgrade_is_idempotent_and_check_passes(db_url: str) -> None:
@@ -124,3 +128,38 @@ async def test_a_start_at_head_never_loads_alembic(sqlite_url: str) -> None:
     out, _ = await asyncio.wait_for(proc.communicate(), 120)
     assert proc.returncode == 0
     assert out.decode().strip() == "[]"
+
+
+def _schema_sql(path: Path) -> list[str]:
+    """Every table's and index's DDL as SQLite stored it, in name order (the order of
+    creation is not part of the schema)."""
+    with sqlite3.connect(path) as c:
+        return sorted(r[0] for r in c.execute(
+            "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY name"
+        ))
+
+
+async def test_a_database_made_by_the_first_revision_as_released_upgrades_to_head(
+    tmp_path: Path,
+) -> None:
+    """Revision 0001's DDL is frozen (part of it is shared with the Synapse-side chain,
+    ``storage/shared_tables_ddl.py``): it still makes exactly the schema it made when
+    released (``r0001_native_sqlite.sql``), and a database holding that schema is
+    upgraded to head and passes the start-up check."""
+    released = tmp_path / "released.db"
+    with sqlite3.connect(released) as c:
+        c.executescript(RELEASED_R0001.read_text())
+    fresh = tmp_path / "fresh.db"
+    eng = create_engine(f"sqlite:///{fresh}")
+    try:
+        await upgrade(eng, "0001")
+    finally:
+        await eng.dispose()
+    assert _schema_sql(fresh) == _schema_sql(released)
+    eng = create_engine(f"sqlite:///{released}")
+    try:
+        await upgrade(eng)
+        assert await current_revision(eng) == head_revision()
+        await check_schema(eng)
+    finally:
+        await eng.dispose()

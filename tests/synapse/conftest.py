@@ -1,27 +1,16 @@
-"""Module-scoped fixtures the real-Synapse tests share (the Synapse deployment itself is
-session-scoped in tests/conftest.py). A module that needs something else defines its
-own fixture of the same name."""
+"""Module-scoped fixtures the real-Synapse tests share (the Synapse deployment itself and
+the fake remote servers, ``network``, are in tests/conftest.py, which
+tests/storage/synapse shares too). A module that needs something else defines its own
+fixture of the same name."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from backend_support import OurWorker
 
-from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.synapse_deployment import SynapseDeployment
-from federation_sender.testing.synapse_peer import PeerNetwork
-
-
-@pytest.fixture(scope="module")
-def network(
-    loopback_ca: LoopbackCA, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[PeerNetwork]:
-    """Fake remote servers for this module, joining the session's Synapse over
-    federation."""
-    with PeerNetwork(loopback_ca, tmp_path_factory.mktemp("peers")) as net:
-        yield net
+from tests.synapse.backend_support import OurWorker
 
 
 @pytest.fixture(scope="module")

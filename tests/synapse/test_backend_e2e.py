@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import pytest
 import redis
-from backend_support import OurWorker
 
 from federation_sender.testing.replication_tap import ReplicationTap, cache_invalidations
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, JoinedRoom, PeerNetwork
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 

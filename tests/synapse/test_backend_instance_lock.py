@@ -11,9 +11,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from backend_support import ROOT, OurWorker
 
 from federation_sender.testing.synapse_peer import PeerNetwork
+from tests.synapse.backend_support import ROOT, OurWorker
 
 pytestmark = pytest.mark.postgres
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.testing.replication_tap import ReplicationTap, cache_invalidations
 from federation_sender.testing.synapse_peer import PeerNetwork
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 

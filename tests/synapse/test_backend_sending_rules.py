@@ -32,7 +32,6 @@ import uuid
 from collections.abc import Callable
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.clock import SystemClock
 from federation_sender.queue.catchup import is_sendable
@@ -41,6 +40,7 @@ from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 

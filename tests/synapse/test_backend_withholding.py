@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.clock import SystemClock
 from federation_sender.model import EventRow
@@ -41,6 +40,7 @@ from federation_sender.storage.synapse_visibility import visibility_facts
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 from federation_sender.visibility import EventFacts, Verdict, decide
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 

@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse import edu_support as e2ee
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 

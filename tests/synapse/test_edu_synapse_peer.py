@@ -11,13 +11,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse import edu_support as e2ee
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 WAIT_S = 30.0

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.postgres import PostgresCluster
@@ -32,6 +31,7 @@ from federation_sender.testing.synapse_deployment import (
     event_writer,
 )
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 

@@ -27,12 +27,9 @@ from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
 from federation_sender.storage.synapse.backend import SynapseBackend
 from federation_sender.storage.synapse.database import create_synapse_engine
-from federation_sender.synapse.config import (
-    SynapseConfig,
-    merge_settings,
-    parse_synapse_config,
-)
+from federation_sender.synapse.config import SynapseConfig, parse_synapse_config
 from federation_sender.synapse.egress import build_outbound_proxy, worker_listeners
+from federation_sender.synapse.merge import merge_settings
 from federation_sender.synapse.wiring import synapse_edus
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.ports import free_port

@@ -42,7 +42,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.ports import free_port
@@ -54,6 +53,7 @@ from federation_sender.testing.synapse_deployment import SynapseDeployment, crea
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse import edu_support as e2ee
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 

@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.outage import SendingRoom, join_rooms, short_outage
@@ -25,6 +24,7 @@ from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.redis_server import ephemeral_redis
 from federation_sender.testing.synapse_config import RedisAddress
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
 

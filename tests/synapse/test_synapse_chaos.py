@@ -51,7 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from backend_support import OurWorker
 
 from federation_sender.clock import SystemClock
 from federation_sender.testing.certs import LoopbackCA
@@ -62,6 +61,7 @@ from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_config import RedisAddress
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from tests.synapse.backend_support import OurWorker
 
 pytestmark = [pytest.mark.postgres, pytest.mark.slow]
 

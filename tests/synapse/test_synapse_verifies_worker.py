@@ -16,7 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from federation_sender.app import Worker
+from federation_sender.app.worker import Worker
 from federation_sender.clock import SystemClock
 from federation_sender.config import (
     AdminSettings,

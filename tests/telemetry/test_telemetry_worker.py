@@ -17,7 +17,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from federation_sender.app import Worker
+from federation_sender.app.worker import Worker
 from federation_sender.clock import SystemClock
 from federation_sender.config import (
     AdminSettings,

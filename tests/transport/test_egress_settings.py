@@ -1,6 +1,6 @@
 """homeserver.yaml's TLS and client settings, each from the key to what a remote sees:
-the key is read (synapse/config.py), merged into our settings and built into the client
-(builders.py) that then talks to loopback TLS servers."""
+the key is read (synapse/config.py), merged into our settings (synapse/merge.py) and
+built into the client (builders.py) that then talks to loopback TLS servers."""
 
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from federation_sender.builders import build_federation_client
 from federation_sender.clock import SystemClock
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
-from federation_sender.synapse.config import merge_settings, parse_synapse_config
+from federation_sender.synapse.config import parse_synapse_config
+from federation_sender.synapse.merge import merge_settings
 from federation_sender.testing.certs import CertFiles, LoopbackCA
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.domain_metrics import LAST_SENT_PDU_TIME, DomainMetrics

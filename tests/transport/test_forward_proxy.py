@@ -14,6 +14,7 @@ from aiohttp import web
 
 from federation_sender.config import QueueSettings
 from federation_sender.errors import ConfigError
+from federation_sender.proxy_url import parse_proxy
 from federation_sender.queue.destination import DestinationState
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
@@ -29,11 +30,7 @@ from federation_sender.testing.prereq import missing
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.testing.waiting import wait_until
-from federation_sender.transport.forward_proxy import (
-    ProxyPolicy,
-    parse_proxy,
-    policy_from_environment,
-)
+from federation_sender.transport.forward_proxy import ProxyPolicy, policy_from_environment
 from federation_sender.transport.result import Outcome, Transaction
 from federation_sender.transport.signing import SigningKey
 

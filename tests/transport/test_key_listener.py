@@ -9,7 +9,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from federation_sender.app import Worker
+from federation_sender.app.worker import Worker
 from federation_sender.clock import SystemClock, time_ms
 from federation_sender.config import (
     AdminSettings,
@@ -18,8 +18,8 @@ from federation_sender.config import (
     ReplicationSettings,
     Settings,
     TelemetrySettings,
-    load_settings,
 )
+from federation_sender.config.loading import load_settings
 from federation_sender.errors import ConfigError
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.ports import free_port

@@ -25,7 +25,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from federation_sender.storage.catchup import CatchupQuery
 from federation_sender.storage.destinations import RETRY_UPSERT, DestinationsTable
 from federation_sender.storage.pgarray import text_array
-from federation_sender.storage.synapse.schema import destination_rooms, events
+from federation_sender.storage.schema import destination_rooms
+from federation_sender.storage.synapse.schema import events
 from federation_sender.storage.synapse.signals import PendingSignals
 
 RETRY_TIMINGS_CACHE = "get_destination_retry_timings"

@@ -3,7 +3,9 @@
 These definitions are *not* alembic's: Synapse owns and migrates these tables, and
 ``federation-sender migrate`` never creates or alters them (our own tables live in the
 ``federation_sender`` schema, see :mod:`federation_sender.synapse.migrate`). Only the
-columns we read or write are declared.
+columns we read or write are declared. ``destinations`` and ``destination_rooms`` are not
+here: ours have Synapse's columns, and the Synapse backend uses their declarations
+(:mod:`federation_sender.storage.schema`).
 
 We write exactly what Synapse's own federation sender writes: ``destinations``,
 ``destination_rooms``, ``federation_stream_position`` and
@@ -83,24 +85,6 @@ event_json = Table(
     Column("internal_metadata", Text),
     Column("json", Text),
     Column("format_version", BigInteger),
-)
-
-destinations = Table(
-    "destinations",
-    synapse_metadata,
-    Column("destination", Text, primary_key=True),
-    Column("retry_last_ts", BigInteger),
-    Column("retry_interval", BigInteger),
-    Column("failure_ts", BigInteger),
-    Column("last_successful_stream_ordering", BigInteger),
-)
-
-destination_rooms = Table(
-    "destination_rooms",
-    synapse_metadata,
-    Column("destination", Text, primary_key=True),
-    Column("room_id", Text, primary_key=True),
-    Column("stream_ordering", BigInteger),
 )
 
 federation_stream_position = Table(

@@ -20,7 +20,7 @@ from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.replication_tap import ReplicationTap
 from federation_sender.testing.synapse_deployment import SynapseDeployment
-from tests.queue.test_edus_receipts import Rooms, Sink
+from tests.edus.test_edus_receipts import Rooms, Sink
 
 _names = itertools.count()
 

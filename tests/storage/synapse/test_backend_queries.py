@@ -20,11 +20,6 @@ from dataclasses import dataclass
 
 import pytest
 import redis.asyncio as aioredis
-from backend_support import (  # noqa: F401
-    synapse_db_url_fixture,
-    synapse_engine_fixture,
-    synapse_template_fixture,
-)
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -42,6 +37,11 @@ from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_install import synapse_python
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from tests.synapse.backend_support import (  # noqa: F401
+    synapse_db_url_fixture,
+    synapse_engine_fixture,
+    synapse_template_fixture,
+)
 
 pytestmark = pytest.mark.postgres
 

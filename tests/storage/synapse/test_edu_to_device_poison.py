@@ -11,10 +11,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import pytest
-from backend_support import (  # noqa: F401 (fixtures)
-    synapse_db_url_fixture,
-    synapse_template_fixture,
-)
 from sqlalchemy import text
 
 from federation_sender.config import QueueSettings
@@ -27,6 +23,10 @@ from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.queue_harness import ME, Harness, RecordingObserver
 from federation_sender.testing.queue_writer import HomeserverWriter
+from tests.synapse.backend_support import (  # noqa: F401 (fixtures)
+    synapse_db_url_fixture,
+    synapse_template_fixture,
+)
 
 pytestmark = pytest.mark.postgres
 D = "remote.test"

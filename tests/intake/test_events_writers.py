@@ -4,7 +4,7 @@ before the other writer's but committed after them is sent, once, in stream orde
 
 from __future__ import annotations
 
-from federation_sender.intake import ReplicationIntake
+from federation_sender.intake.handler import ReplicationIntake
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 from federation_sender.testing.replication import InMemoryPositionStore

@@ -6,16 +6,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
-from backend_support import (  # noqa: F401
-    synapse_db_url_fixture,
-    synapse_engine_fixture,
-    synapse_template_fixture,
-)
-from sqlalchemy import text
-from sqlalchemy.engine import make_url
+from sqlalchemy import inspect, text
+from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.cli import main
@@ -30,6 +27,11 @@ from federation_sender.storage.synapse.database import (
     own_head,
     own_revision,
     upgrade_own_schema,
+)
+from tests.synapse.backend_support import (  # noqa: F401
+    synapse_db_url_fixture,
+    synapse_engine_fixture,
+    synapse_template_fixture,
 )
 
 pytestmark = pytest.mark.postgres
@@ -224,3 +226,37 @@ def test_own_head_constant_is_alembics_head() -> None:
     """A start at head skips alembic by comparing with ``OWN_HEAD``: it must name the
     newest script of our schema beside Synapse's."""
     assert own_head() == OWN_HEAD
+
+
+def _shape(sync_conn: Connection, schema: str | None, tables: Sequence[str]) -> Any:
+    """Columns, primary key and indexes of ``tables``; a sequence's name in a default
+    without its schema."""
+    i = inspect(sync_conn)
+    unqualified = f'"{schema}".'
+    return {t: (
+        [(c["name"], str(c["type"]), c["nullable"],
+          None if c.get("default") is None else str(c["default"]).replace(unqualified, ""))
+         for c in i.get_columns(t, schema=schema)],
+        i.get_pk_constraint(t, schema=schema),
+        sorted((x["name"], x["column_names"], x["unique"])
+               for x in i.get_indexes(t, schema=schema)),
+    ) for t in tables}
+
+
+async def test_the_tables_both_chains_create_are_the_same(
+    synapse_engine: AsyncEngine, pg_engine: AsyncEngine
+) -> None:
+    """The transaction log and the sharding tables are one declaration
+    (``storage/shared_tables_ddl.py``) that both first revisions use: beside Synapse
+    (schema ``federation_sender``) they are what the native chain makes."""
+    shared = ("federation_transaction_log", "federation_sender_instances",
+              "destination_leases")
+    await upgrade_own_schema(synapse_engine)
+    async with synapse_engine.connect() as conn:
+        beside_synapse = await conn.run_sync(_shape, OWN_SCHEMA, shared)
+    async with pg_engine.connect() as conn:
+        native = await conn.run_sync(_shape, None, shared)
+    assert beside_synapse == native
+    assert native["federation_transaction_log"][2] == [
+        ("ix_federation_transaction_log_dest_started", ["destination", "started_ts"], False)
+    ]

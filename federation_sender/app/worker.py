@@ -1,26 +1,10 @@
-"""The composition root: builds every component from :class:`Settings` and runs them.
-
-Nothing else in the package constructs subsystems or reads settings globally; this
-module only wires. Start order: logging → database (schema check) → signing key →
-federation client → sharding → queue manager → replication client → admin, metrics
-and key listeners. Stop order is the reverse, with in-flight transactions given
-``shutdown_deadline_s`` to finish and positions persisted by the components as they
-advance.
-
-Failure policy: the replication client reconnects forever by itself; the queue
-manager supervises its own loops; anything that still escapes is caught by the
-:class:`Supervisor`, logged with the task name, and stops the process with a non-zero
-exit status rather than leaving a zombie.
-"""
+"""The worker: its parts, built in order and released in reverse (see the package
+docstring for the start and stop orders and the failure policy)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import gc
 import logging
-import signal
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry
@@ -30,18 +14,20 @@ from federation_sender.admin.app import build_admin_app
 from federation_sender.admin.protocols import TokenVerifier
 from federation_sender.admin.queue_control import AdminQueueControl
 from federation_sender.admin.server import RunningServer, start_http_server
+from federation_sender.app.assembly import (
+    acquire_instance_lock,
+    on_membership_change,
+    open_storage,
+    own_signing_key,
+    telemetry,
+)
 from federation_sender.builders import (
     Listener,
-    admin_token_path,
     build_federation_client,
     build_listeners,
     build_queue_manager,
     build_replication_transport,
-    create_admin_token,
     load_or_create_admin_token,
-    load_or_create_signing_key,
-    read_admin_token,
-    signing_key_path,
 )
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
@@ -53,32 +39,19 @@ from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.runtime import MemoryTrimmer
 from federation_sender.sharding import ShardCoordinator
-from federation_sender.startup import listen, wait_for_database
+from federation_sender.startup import listen
 from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.engine import create_engine, db_outage, is_sqlite
-from federation_sender.storage.instance_lock import InstanceLock, InstanceLockLost, instance_lock
-from federation_sender.storage.migrate import check_schema, upgrade
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.instance_lock import InstanceLock
 from federation_sender.storage.protocols import Backend
 from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.supervisor import Supervisor
 from federation_sender.synapse.admin_auth import SynapseAdminTokens
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.egress import (
-    build_outbound_proxy,
-    egress_secrets,
-    worker_listeners,
-)
-from federation_sender.synapse.wiring import (
-    load_synapse_signing_key,
-    open_synapse_storage,
-    synapse_edus,
-)
-from federation_sender.telemetry.logging import setup_logging
-from federation_sender.telemetry.metrics import Metrics, new_registry
-from federation_sender.telemetry.tracing import setup_tracing
+from federation_sender.synapse.egress import build_outbound_proxy, worker_listeners
+from federation_sender.synapse.wiring import synapse_edus
+from federation_sender.telemetry.metrics import Metrics
 from federation_sender.transport.client import FederationClient
-from federation_sender.transport.domain_metrics import DomainMetrics
 from federation_sender.transport.outbound_proxy import OutboundProxyServer
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey
@@ -181,6 +154,7 @@ class Worker:
             raise
 
     @classmethod
+    @classmethod
     async def _build(
         cls,
         settings: Settings,
@@ -191,33 +165,19 @@ class Worker:
         auto_migrate: bool,
         synapse: SynapseConfig | None = None,
     ) -> Worker:
-        storage, capabilities = await _open_storage(
+        storage, capabilities = await open_storage(
             settings, clock, engine, resources, auto_migrate, synapse
         )
         # Before anything that sends is built: a second copy of this instance stops here.
-        lock = instance_lock(engine.url, settings.instance_name, clock)
-        if lock is not None:
-            await lock.acquire()
-            resources.push_async_callback(lock.release)
+        lock = await acquire_instance_lock(engine, settings, clock, resources)
         if settings.sharding.mode == "dynamic" and is_sqlite(engine):
             raise ConfigError("sharding.mode", "'single' or 'static' with SQLite", "dynamic")
         key: SigningKey | None = None
         own_client: FederationClient | None = None
         if sender is None:
-            key = _signing_key(settings, synapse)
+            key = own_signing_key(settings, synapse)
             sender = own_client = build_federation_client(settings, key, clock)
-        registry = new_registry()
-        metrics = Metrics(registry)
-        provider = setup_tracing(settings.telemetry, instance_name=settings.instance_name,
-                                 clock=clock)
-        observer = TelemetryObserver(metrics, provider, clock)
-        if own_client is not None:
-            own_client.tracer = observer.tracing.tracer
-            own_client.request_counter = metrics
-            if settings.federation.metrics_domains:
-                own_client.domain_metrics = DomainMetrics(
-                    registry, settings.federation.metrics_domains
-                )
+        registry, metrics, observer = telemetry(settings, clock, own_client)
         shards = ShardCoordinator(engine, settings.instance_name, clock, settings.sharding)
         manager = build_queue_manager(
             settings, storage, sender, clock, observer, shards,
@@ -226,7 +186,7 @@ class Worker:
             else None,
         )
 
-        shards.on_membership_change = _on_membership_change(shards, manager, metrics)
+        shards.on_membership_change = on_membership_change(shards, manager, metrics)
         metrics.set_snapshot_source(lambda: queue_snapshot(manager))
         return cls(
             settings=settings,
@@ -414,94 +374,3 @@ def catchup_at_start_line(behind: list[str]) -> str:
         f"destinations in catch-up at start: {len(behind)} (events owed to them were "
         f"recorded before the last stop){named}"
     )
-
-
-def _signing_key(settings: Settings, synapse: SynapseConfig | None) -> SigningKey:
-    """Beside Synapse, its key (never generated); standalone, ours (generated once)."""
-    path = signing_key_path(settings)
-    return load_synapse_signing_key(str(path)) if synapse is not None else (
-        load_or_create_signing_key(path)
-    )
-
-
-def _on_membership_change(
-    shards: ShardCoordinator, manager: QueueManager, metrics: Metrics
-) -> Callable[[frozenset[str]], Awaitable[None]]:
-    """When the live instances change: hand over the queues this one no longer owns and
-    wake the ones it now does."""
-
-    async def changed(live: frozenset[str]) -> None:
-        metrics.shard_membership(len(live), len(shards.held_destinations()))
-        stopped = manager.rebalance()
-        log.info("shard membership now %s; %d queues handed over", sorted(live), stopped)
-        await manager.wake_due_destinations()
-
-    return changed
-
-
-async def _open_storage(
-    settings: Settings,
-    clock: Clock,
-    engine: AsyncEngine,
-    resources: contextlib.AsyncExitStack,
-    auto_migrate: bool,
-    synapse: SynapseConfig | None,
-) -> tuple[Backend, Capabilities]:
-    """Wait for the database, check (or migrate) its schema, open the backend (ours, or
-    Synapse's): the one place that chooses it, with what it offers beyond its Protocols."""
-    db = settings.database
-    await wait_for_database(
-        engine, attempts=db.connect_attempts, interval_s=db.connect_retry_s, clock=clock
-    )
-    if synapse is not None:
-        synapse_backend = await open_synapse_storage(
-            engine, settings, synapse, clock, resources, auto_migrate=auto_migrate
-        )
-        return synapse_backend, synapse_backend.capabilities()
-    if auto_migrate and is_sqlite(engine):
-        await upgrade(engine)
-    await check_schema(engine)
-    native = NativeBackend(engine)
-    return native, native.capabilities()
-
-
-async def run_worker(
-    settings: Settings, *, auto_migrate: bool = True, synapse: SynapseConfig | None = None
-) -> int:
-    """Run until SIGTERM/SIGINT (exit 0) or a supervised task fails (exit 1)."""
-    # Many long-lived small objects (queues, shared PDUs): with the default thresholds the
-    # cyclic collector runs constantly, +34 % CPU per transaction at 1,000 destinations
-    # (docs/benchmarks.md, "Garbage collector thresholds").
-    gc.set_threshold(100_000, 50, 100)
-    # Logging is set up once, before anything can log; the admin token is resolved
-    # first (it may be generated) so that it is redacted from the very first line.
-    admin_token = read_admin_token(settings)
-    generated = admin_token is None
-    if admin_token is None:
-        admin_token = create_admin_token(settings)
-    setup_logging(settings.telemetry, secrets=[admin_token, *egress_secrets(settings, synapse)])
-    if generated:
-        log.info("generated an admin token in %s", admin_token_path(settings))
-    worker = await Worker.create(settings, auto_migrate=auto_migrate, synapse=synapse)
-    return await _serve(worker)
-
-
-async def _serve(worker: Worker) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await worker.start()
-    assert worker.supervisor is not None
-    failed = await worker.supervisor.wait(stop)
-    deadline_s: float | None = None
-    if failed is None:
-        log.info("shutdown requested; finishing in-flight transactions")
-    elif isinstance(failed.cause, InstanceLockLost):
-        # Another copy may be sending now: nothing more goes out, in flight or not.
-        log.error("stopping at once: %s", failed.cause)
-        deadline_s = 0.0
-    else:
-        log.error("stopping: %s", failed)
-    await worker.stop(deadline_s)
-    return 0 if failed is None else 1

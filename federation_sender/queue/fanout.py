@@ -1,4 +1,4 @@
-"""Event intake: new events from the database, fanned out to destination queues.
+"""Event fan-out: new events from the database, fanned out to destination queues.
 
 On a poke (or a poll), read events past the persisted position up to the poked token,
 ``batch_size`` at a time. For each event that originates here and is not out-of-band,
@@ -93,7 +93,7 @@ class _Batch:
     fan: _Fanout
 
 
-class EventIntake:
+class EventFanout:
     def __init__(
         self,
         storage: Backend,

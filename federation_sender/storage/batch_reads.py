@@ -1,0 +1,46 @@
+"""The batch jobs' SQL on Spark's driver: the high-water mark, the range of a partition
+column, and the lifecycle of the UNLOGGED staging table the executors fill over JDBC.
+
+Plain DB-API (a psycopg or sqlite3 connection, synchronous as the driver is), not the
+worker's engine: the jobs read over JDBC and need only these few statements here. The
+staging table's columns are :data:`~federation_sender.storage.batch_apply
+.STAGING_COLUMNS`, the ones the apply statements read. Table and column names are
+checked identifiers, never caller text spliced into SQL.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from federation_sender.storage.batch_apply import STAGING_COLUMNS, checked_identifier
+
+
+class DriverConnection(Protocol):
+    """What the driver's reads need of a DB-API connection (psycopg's and sqlite3's
+    both have ``execute`` on the connection)."""
+
+    def execute(self, query: Any, /) -> Any: ...
+
+
+def high_water_mark(conn: DriverConnection) -> int:
+    """The highest ``events.stream_ordering`` (0 on an empty table)."""
+    row = conn.execute("SELECT max(stream_ordering) FROM events").fetchone()
+    return int(row[0]) if row and row[0] is not None else 0
+
+
+def column_bounds(conn: DriverConnection, table: str, column: str) -> tuple[int, int] | None:
+    """``(min, max)`` of ``table.column``, ``None`` when the table is empty."""
+    t, c = checked_identifier(table), checked_identifier(column)
+    row = conn.execute(f"SELECT min({c}), max({c}) FROM {t}").fetchone()
+    if row is None or row[0] is None:
+        return None
+    return int(row[0]), int(row[1])
+
+
+def create_staging_table(conn: DriverConnection, name: str) -> None:
+    """An UNLOGGED table (PostgreSQL) the executors append a job's result to."""
+    conn.execute(f"CREATE UNLOGGED TABLE {checked_identifier(name)} {STAGING_COLUMNS}")
+
+
+def drop_staging_table(conn: DriverConnection, name: str) -> None:
+    conn.execute(f"DROP TABLE IF EXISTS {checked_identifier(name)}")
