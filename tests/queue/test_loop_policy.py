@@ -7,6 +7,8 @@ from __future__ import annotations
 import itertools
 import random
 
+import pytest
+
 from federation_sender.queue.backoff import RESET, BackoffPolicy
 from federation_sender.queue.batching import Limits
 from federation_sender.queue.core import DestinationCore
@@ -91,3 +93,19 @@ def test_a_long_wait_parks_only_a_catching_up_queue_with_nothing_in_memory() -> 
     assert not c.parks(60.0, 60.0)
     out = _core()
     assert not out.parks(3600.0, 60.0)
+
+
+def test_the_steady_stream_holds_keys_are_accepted_and_warned_about_once_each(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from dataclasses import replace
+
+    from federation_sender.config import QueueSettings
+    from federation_sender.queue.manager import _warn_deprecated
+
+    _warn_deprecated(QueueSettings())  # the defaults: silent
+    assert caplog.records == []
+    _warn_deprecated(replace(QueueSettings(), busy_txn_interval_s=0.0, busy_min_pdus=5))
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("deprecated and ignored" in m for m in lines)
+    assert "queue.busy_txn_interval_s" in lines[0] and "queue.busy_min_pdus" in lines[1]
