@@ -82,7 +82,7 @@ from federation_sender.transport.forward_proxy import (
     ProxyPolicy,
     proxy_auth_message,
 )
-from federation_sender.transport.h1 import Http1Pool, request_head
+from federation_sender.transport.h1 import Http1Pool, get_head, request_head
 from federation_sender.transport.http import WellKnownClient
 from federation_sender.transport.overrides import Overrides
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
@@ -375,8 +375,17 @@ class FederationClient:
                             destination=destination, method="GET", uri=path)
         try:
             resolved = self.resolve_cached(destination) or await self._lookup(destination)
-            status, body = await self._aiohttp.get(resolved, path, auth,
-                                                   self._attempt_timeout_s)
+            if self._h1 is not None:
+                # Over the connection /send keeps alive (a round trip, no handshake).
+                host, port = resolved.targets[0]
+                async with asyncio.timeout(self._attempt_timeout_s):
+                    response = await self._h1.put(
+                        host, port, resolved.tls_server_name,
+                        get_head(path, resolved.host_header, auth, self._user_agent), b"")
+                status, body = response.status, response.body
+            else:
+                status, body = await self._aiohttp.get(resolved, path, auth,
+                                                       self._attempt_timeout_s)
         except (TimeoutError, FederationSenderError, aiohttp.ClientError, OSError,
                 ValueError) as e:
             logger.debug("GET event %s from %s: %s", event_id, destination, e)

@@ -59,11 +59,12 @@ from federation_sender.transport.h1_exchange import (
     MAX_HEAD_BYTES,
     Exchange,
     Response,
+    get_head,
     request_head,
     status_line,
 )
 
-__all__ = ["DNS_TTL_S", "KEEPALIVE_S", "Http1Pool", "Response", "request_head"]
+__all__ = ["DNS_TTL_S", "KEEPALIVE_S", "Http1Pool", "Response", "get_head", "request_head"]
 
 KEEPALIVE_S = 15.0
 DNS_TTL_S = 10.0

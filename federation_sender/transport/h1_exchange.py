@@ -32,8 +32,8 @@ from federation_sender.transport.classify import (
     ResponseTooLarge,
 )
 
-__all__ = ["MAX_HEAD_BYTES", "ConnectionOwner", "Exchange", "Response", "request_head",
-           "status_line"]
+__all__ = ["MAX_HEAD_BYTES", "ConnectionOwner", "Exchange", "Response", "get_head",
+           "request_head", "status_line"]
 
 
 class ConnectionOwner(Protocol):
@@ -349,5 +349,16 @@ def request_head(path: str, host_header: str, authorization: str, user_agent: st
         f"Content-Length: {length}\r\n\r\n"
     )
     if text.count("\n") != 7 or text.count("\r") != 7:
+        raise ValueError("a request header value contains a line break")
+    return text.encode("ascii")
+
+
+def get_head(path: str, host_header: str, authorization: str, user_agent: str) -> bytes:
+    """The request line and headers of a ``GET`` (no body)."""
+    text = (
+        f"GET {path} HTTP/1.1\r\nHost: {host_header}\r\nAuthorization: {authorization}\r\n"
+        f"User-Agent: {user_agent}\r\n\r\n"
+    )
+    if text.count("\n") != 5 or text.count("\r") != 5:
         raise ValueError("a request header value contains a line break")
     return text.encode("ascii")
