@@ -63,6 +63,7 @@ from federation_sender.transport.h1_exchange import (
     request_head,
     status_line,
 )
+from federation_sender.transport.h1_tls import open_connection
 
 __all__ = ["DNS_TTL_S", "KEEPALIVE_S", "Http1Pool", "Response", "get_head", "request_head"]
 
@@ -276,13 +277,9 @@ class Http1Pool:
                 sock.setblocking(False)
                 async with asyncio.timeout(self._connect_timeout_s):
                     await loop.sock_connect(sock, sockaddr)
-                _, conn = await loop.create_connection(
-                    partial(Exchange, pool, self._max_body),
-                    sock=sock,
-                    ssl=self._context(tls_name),
-                    server_hostname=tls_name if self._ssl is not None else None,
-                )
-                return conn
+                return await open_connection(
+                    loop, partial(Exchange, pool, self._max_body), sock,
+                    self._context(tls_name), tls_name if self._ssl is not None else None)
             except (OSError, RemoteTransientError) as e:  # incl. TLS and timeouts
                 if sock is not None:
                     sock.close()
@@ -324,13 +321,9 @@ class Http1Pool:
             if sock is None:
                 assert last is not None
                 raise CouldNotConnect(last) from last
-            _, conn = await loop.create_connection(
-                partial(Exchange, pool, self._max_body),
-                sock=sock,
-                ssl=self._context(tls_name),
-                server_hostname=tls_name if self._ssl is not None else None,
-            )
-            return conn
+            return await open_connection(
+                loop, partial(Exchange, pool, self._max_body), sock,
+                self._context(tls_name), tls_name if self._ssl is not None else None)
         except BaseException:
             if sock is not None:
                 sock.close()
