@@ -101,6 +101,7 @@ class _Peer(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        self.counts["connections"] += 1
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
@@ -258,6 +259,7 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
     want = a.events + 1
     short = {d: n for i in range(a.dests) if (n := counts.get(d := dest_name(i), 0)) < want}
     gets = counts.pop("GET /event", 0)
+    connections = counts.pop("connections", 0)
     extra = {d: n for d, n in counts.items() if n > want}
     return [
         ("load average at start / end (1/5/15 min)", f"{load} / {load_average()}"),
@@ -274,6 +276,7 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
                                      f"per txn)"),
         ("RSS before the poke / peak (target <= 300 MB)", f"{before:.0f} / {peak:.0f} MB"),
         ("open files before / peak", f"{fds} / {peak_fds}"),
+        ("connections the peers accepted (warm-up included)", f"{connections}"),
         ("GC runs in the window (s)", f"{GC.collections} ({GC.gc_s:.2f} s)"),
     ]
 
