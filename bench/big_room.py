@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import multiprocessing as mp
 import os
 import resource
@@ -217,6 +218,31 @@ def production_sender(port: int) -> BenchSender:
     return BenchSender("production", client, counter, observer, provider)
 
 
+class GcByGeneration:
+    """Collections and their seconds per generation, while ``on``."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.runs: Counter[int] = Counter()
+        self.seconds: dict[int, float] = {}
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: Mapping[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.runs[info["generation"]] += 1
+            g = info["generation"]
+            self.seconds[g] = self.seconds.get(g, 0.0) + time.perf_counter() - self._t0
+
+    def __str__(self) -> str:
+        return ", ".join(f"gen{g}: {self.runs[g]} ({self.seconds[g]:.2f} s)"
+                         for g in sorted(self.runs)) or "none"
+
+
 def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
@@ -242,6 +268,8 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
         load = load_average()
         before = peak = rss_mb()
         fds = peak_fds = open_fds()
+        gens = GcByGeneration()
+        gens.on = True
         t0, c0 = time.perf_counter(), time.process_time()
         m.notify_new_events(writer.stream_ordering)
         while not bs.counter.done.is_set():
@@ -252,6 +280,7 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
                 break
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
         GC.end()
+        gens.on = False
         await m.stop(5)
         await bs.close()
     c = bs.counter
@@ -277,7 +306,7 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
         ("RSS before the poke / peak (target <= 300 MB)", f"{before:.0f} / {peak:.0f} MB"),
         ("open files before / peak", f"{fds} / {peak_fds}"),
         ("connections the peers accepted (warm-up included)", f"{connections}"),
-        ("GC runs in the window (s)", f"{GC.collections} ({GC.gc_s:.2f} s)"),
+        ("GC runs in the window (s)", f"{GC.collections} ({GC.gc_s:.2f} s): {gens}"),
     ]
 
 
