@@ -12,7 +12,8 @@ same port): a minimal HTTP/1.1 receiver that parses each body (orjson), counts t
 of each new transaction id per destination (a retransmit is answered and not counted)
 and answers ``200 {"pdus": {}}``. It is lighter than ``FakeHomeserver`` (aiohttp's
 server), which on this machine would need more CPU than the worker to receive 10
-million PDUs. Both processes raise their open-file limit to the hard limit.
+million PDUs. Both processes raise their open-file limit to the hard limit, as the
+worker does (``runtime.raise_open_file_limit``).
 
 The worker's side is ``bench/common.py``'s production sender (the real
 ``FederationClient`` and ``TelemetryObserver``, the default queue settings) in this
@@ -32,7 +33,6 @@ import asyncio
 import gc
 import multiprocessing as mp
 import os
-import resource
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -57,6 +57,7 @@ from common import (
 )
 
 from federation_sender.config import FederationSettings, QueueSettings
+from federation_sender.runtime import raise_open_file_limit
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 _OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
@@ -69,13 +70,6 @@ _EVENT_ANSWERS = {
     "unsupported": (b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
                     b'Content-Length: 30\r\n\r\n{"errcode":"M_UNRECOGNIZED"}  '),
 }
-
-
-def raise_fd_limit() -> int:
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < hard:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    return hard
 
 
 def address(i: int) -> str:
@@ -133,7 +127,7 @@ class _Peer(asyncio.Protocol):
 
 def _serve(addresses: Sequence[str], port: int, event_answer: bytes, ready: Any, results: Any,
            stop: Any) -> None:
-    raise_fd_limit()
+    raise_open_file_limit()
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
@@ -323,7 +317,7 @@ def main() -> None:
     a = ap.parse_args()
     if a.dests > 250 * 254:
         raise SystemExit("at most 63,500 destinations (one 127.0.x.y address each)")
-    raise_fd_limit()
+    raise_open_file_limit()
     with PeerProcesses([address(i) for i in range(a.dests)], a.port, a.peers,
                        a.event_get) as peers:
         rows = asyncio.run(run(a, peers))
