@@ -140,6 +140,7 @@ def _serve(addresses: Sequence[str], port: int, event_answer: bytes, ready: Any,
         while not stop.is_set():  # noqa: ASYNC110 - a multiprocessing event
             await asyncio.sleep(0.2)
         server.close()
+        counts["cpu_ms"] = int(1000 * time.process_time())
         results.put(dict(counts))
 
     asyncio.run(main())
@@ -283,6 +284,7 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
     short = {d: n for i in range(a.dests) if (n := counts.get(d := dest_name(i), 0)) < want}
     gets = counts.pop("GET /event", 0)
     connections = counts.pop("connections", 0)
+    peers_cpu = counts.pop("cpu_ms", 0) / 1000
     extra = {d: n for d, n in counts.items() if n > want}
     return [
         ("load average at start / end (1/5/15 min)", f"{load} / {load_average()}"),
@@ -300,6 +302,7 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
         ("RSS before the poke / peak (target <= 300 MB)", f"{before:.0f} / {peak:.0f} MB"),
         ("open files before / peak", f"{fds} / {peak_fds}"),
         ("connections the peers accepted (warm-up included)", f"{connections}"),
+        ("the peers' CPU, all of the run (both processes)", f"{peers_cpu:.1f} s"),
         ("GC runs in the window (s)", f"{GC.collections} ({GC.gc_s:.2f} s): {gens}"),
     ]
 
