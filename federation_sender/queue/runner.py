@@ -92,7 +92,7 @@ class RunnerConfig:
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_attempts", "_finished", "_loaded", "_may_send", "_pacer", "_pacing_failed_at",
+        "_attempts", "_finished", "_loaded", "_may_send", "_pacer", "_pacing_failed_at", "_probe",
         "_stopping", "_unpersisted", "_waiting", "clock", "config", "core",
         "db_slots", "destination", "gate", "observer", "sender", "store", "txn_slots",
         "wake",
@@ -115,6 +115,8 @@ class DestinationRunner:
         self.destination = core.destination
         self.store = store
         self.sender = sender
+        # Asked once: isinstance() of a runtime-checkable Protocol costs microseconds.
+        self._probe = sender if isinstance(sender, EventProbe) else None
         self._attempts = TimedAttempts(sender, clock, config.attempt_deadline_s)
         self.txn_slots = txn_slots
         self.db_slots = db_slots
@@ -510,8 +512,8 @@ class DestinationRunner:
         newest of them, so that its staging queue of the room never fills up.
         Bounded by the policy's deadline; past it, send on as without pacing."""
         pacing = self.config.pacing
-        probe = self.sender
-        if not isinstance(probe, EventProbe) or not pacing.paced_after(
+        probe = self._probe
+        if probe is None or not pacing.paced_after(
                 self._pacing_failed_at, self.clock.monotonic_s()):
             return
         pacer = self._pacer
