@@ -17,6 +17,11 @@ keeps the pages: the process stays at its high-water mark (``bench/idle_memory.p
 has fallen by ``min_drop`` from the last peak, collects cyclic garbage and asks glibc to
 return free pages (``malloc_trim(0)``, in a thread: ctypes releases the GIL, the event
 loop goes on). On a C library without ``malloc_trim`` it does nothing.
+
+**Open files.** The worker keeps a connection alive per destination it sends to (60 s
+after the last transaction): a 10,000-server room holds 10,000 sockets at once
+(``bench/big_room.py``), ten times the soft limit many systems start a process with
+(1,024). :func:`run` raises the soft limit to the hard one, as Synapse does at start.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import ctypes
 import ctypes.util
 import gc
 import logging
+import resource
 from collections.abc import Callable, Coroutine
 from typing import Any, Literal, TypeVar
 
@@ -51,8 +57,22 @@ def loop_factory(choice: LoopChoice = "asyncio") -> Callable[[], asyncio.Abstrac
     return factory
 
 
+def raise_open_file_limit() -> int:
+    """Raise the soft limit on open files to the hard limit; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft >= hard:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as e:  # a container may refuse; run with what we have
+        log.warning("could not raise the open-file limit from %d to %d: %s", soft, hard, e)
+        return soft
+    return hard
+
+
 def run(main: Coroutine[Any, Any, T], choice: LoopChoice = "asyncio") -> T:
-    """``asyncio.run(main)`` on the chosen event loop."""
+    """``asyncio.run(main)`` on the chosen event loop, the open-file limit raised."""
+    raise_open_file_limit()
     with asyncio.Runner(loop_factory=loop_factory(choice)) as runner:
         return runner.run(main)
 

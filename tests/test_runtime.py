@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import resource
+import subprocess
+import sys
 
 import pytest
 
@@ -46,3 +49,23 @@ async def test_trimmer_loop_trims_on_its_clock() -> None:
     await asyncio.wait_for(t.trimmed.wait(), 10)  # the trim runs in a worker thread
     assert t.trims == 1
     task.cancel()
+
+
+def test_the_worker_runs_with_the_open_file_limit_raised_to_the_hard_limit() -> None:
+    """A 10,000-server room keeps 10,000 connections alive at once; a process often
+    starts with a soft limit of 1,024 open files."""
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 256:
+        pytest.skip(f"hard open-file limit {hard}: nothing to raise")
+    script = (
+        "import resource\n"
+        "from federation_sender.runtime import run\n"
+        "_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))\n"
+        "async def main() -> int:\n"
+        "    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]\n"
+        "print(run(main()))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    assert int(out) == hard

@@ -61,7 +61,7 @@ MAX_UNPERSISTED = 8
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_attempts", "_finished", "_loaded", "_may_send", "_pacing", "_stopping",
+        "_attempts", "_finished", "_loaded", "_may_send", "_pacing", "_probe", "_stopping",
         "_unpersisted", "_waiting", "clock", "config", "core", "db_slots", "destination",
         "gate", "observer", "sender", "store", "txn_slots", "wake",
     )
@@ -83,6 +83,10 @@ class DestinationRunner:
         self.destination = core.destination
         self.store = store
         self.sender = sender
+        # Asked once: isinstance() of a runtime-checkable Protocol costs microseconds.
+        self._probe = sender if isinstance(sender, EventProbe) else None
+        # Asked once: isinstance() of a runtime-checkable Protocol costs microseconds.
+        self._probe = sender if isinstance(sender, EventProbe) else None
         self._attempts = TimedAttempts(sender, clock, config.attempt_deadline_s)
         self.txn_slots = txn_slots
         self.db_slots = db_slots
@@ -361,9 +365,9 @@ class DestinationRunner:
     async def _held_already(self, batch: Batch) -> frozenset[str]:
         """The PDUs of catch-up pages the receiver already holds (``queue/confirm.py``)."""
         conf = self._confirmations()
-        if conf is None or not isinstance(self.sender, EventProbe):
+        if conf is None or self._probe is None:
             return frozenset()
-        return await conf.held_already(self.sender, batch)
+        return await conf.held_already(self._probe, batch)
 
     async def _send_spanned(self, txn: FrozenTxn, slot: Held | None,
                             held: frozenset[str] = frozenset()) -> None:
@@ -420,9 +424,8 @@ class DestinationRunner:
             await self._pace(batch, result)
 
     def _confirmations(self) -> Confirmations | None:
-        """Pacing's state, made on first use; None when pacing is off or the sender
-        cannot ask a receiver for an event."""
-        if not isinstance(self.sender, EventProbe) or not self.config.pacing.enabled:
+        """Pacing's state, made on first use (None: pacing off, or no probe)."""
+        if self._probe is None or not self.config.pacing.enabled:
             return None
         if self._pacing is None:
             self._pacing = Confirmations(self.destination, self.config.pacing, self.clock,
@@ -432,16 +435,16 @@ class DestinationRunner:
     async def _pace(self, batch: Batch, result: SendResult) -> None:
         """Pacing (``queue/confirm.py``): wait until the receiver holds what is due."""
         conf = self._confirmations()
-        if conf is not None and isinstance(self.sender, EventProbe) and conf.paced():
-            await conf.after_success(self.sender, batch, result, lambda: self._stopping,
+        if conf is not None and self._probe is not None and conf.paced():
+            await conf.after_success(self._probe, batch, result, lambda: self._stopping,
                                      self._set_waiting)
 
     def _set_waiting(self, waiting: bool) -> None:
         self._waiting = waiting
 
     async def _flush_persist(self, keep: int = 0) -> None:
-        """Wait until at most ``keep`` results are uncommitted; a failed write surfaces
-        here (and fails the queue, whose supervisor restarts it in catch-up mode)."""
+        """Wait until at most ``keep`` results are uncommitted (a failed write surfaces
+        here and fails the queue, whose supervisor restarts it in catch-up mode)."""
         q = self._unpersisted
         while q and (len(q) > keep or q[0].done()):
             await q.pop(0)

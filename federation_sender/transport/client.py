@@ -26,12 +26,12 @@ body and measures durations. Every attempt has the same length, so one timer exp
 them all (:mod:`federation_sender.transport.deadlines`) instead of one each.
 
 The request goes over the built-in HTTP/1.1 client (:mod:`federation_sender.transport.h1`,
-the default) or over aiohttp (``http_client="aiohttp"``); well-known discovery always
-uses aiohttp. Connections are pooled (``max_connections`` in total,
-``max_connections_per_host`` per host/port/TLS name), resolved through the address
-policy (:mod:`federation_sender.transport.addresses`), and verified with TLS unless a
-test turns verification off. Responses are not decompressed (we do not ask for
-compression) so the size limit is a limit on what we hold.
+the default) or over aiohttp (``http_client="aiohttp"``,
+:mod:`federation_sender.transport.aiohttp_requests`, which also carries ``GET /event``,
+the outbound proxy's forwards and well-known discovery). Both pool connections
+(``max_connections`` in total, ``max_connections_per_host`` per host/port/TLS name),
+resolve through the address policy (:mod:`federation_sender.transport.addresses`) and
+verify TLS (:mod:`federation_sender.transport.tls_choice`) unless a test turns it off.
 
 ``send_transaction`` never raises for anything the remote or the network does; it
 returns a :class:`SendResult`. Remote per-PDU errors are logged and counted in
@@ -41,23 +41,18 @@ returns a :class:`SendResult`. Remote per-PDU errors are logged and counted in
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import dataclasses
-import json
 import logging
 import ssl
 from collections.abc import AsyncIterable, AsyncIterator, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from types import TracebackType
-from typing import Literal, Protocol
+from typing import Literal
 from urllib.parse import quote
 
 import aiohttp
 from aiohttp.abc import AbstractResolver
-from aiohttp.payload import BytesPayload
 from opentelemetry import trace
-from yarl import URL
 
 from federation_sender.clock import Clock
 from federation_sender.errors import FederationSenderError
@@ -69,6 +64,7 @@ from federation_sender.transport.addresses import (
     IPNetwork,
     is_ip_literal,
 )
+from federation_sender.transport.aiohttp_requests import AiohttpRequests, event_held
 from federation_sender.transport.classify import (
     CouldNotConnect,
     classify_exception,
@@ -78,7 +74,6 @@ from federation_sender.transport.deadlines import Deadlines
 from federation_sender.transport.discovery import (
     Discovery,
     ResolvedServer,
-    parse_server_name,
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
 from federation_sender.transport.domain_metrics import DomainMetrics
@@ -87,18 +82,14 @@ from federation_sender.transport.forward_proxy import (
     ProxyPolicy,
     proxy_auth_message,
 )
-from federation_sender.transport.h1 import Http1Pool, request_head
-from federation_sender.transport.http import (
-    WellKnownClient,
-    compile_globs,
-    make_ssl_context,
-    proxy_headers,
-    read_limited,
-    unverified_context,
-)
+from federation_sender.transport.h1 import Http1Pool, get_head, request_head
+from federation_sender.transport.http import WellKnownClient
+from federation_sender.transport.overrides import Overrides
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
 from federation_sender.transport.result import EventHeld, Outcome, SendResult, Transaction
 from federation_sender.transport.signing import SigningKey, sign_request
+from federation_sender.transport.stats import RequestCounter, TransportStats
+from federation_sender.transport.tls_choice import TlsChoice
 
 logger = logging.getLogger(__name__)
 
@@ -111,26 +102,28 @@ __all__ = ["EVENT_PATH", "SEND_PATH", "FederationClient", "TransportStats"]
 _NO_SPAN: AbstractContextManager[trace.Span] = nullcontext(trace.INVALID_SPAN)
 
 
-@dataclasses.dataclass
-class TransportStats:
-    """Counters for the telemetry layer to export."""
-
-    attempts: int = 0
-    outcomes: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
-    pdu_errors: int = 0
-    request_bytes: int = 0
-
-
-class RequestCounter(Protocol):
-    """Counts requests and responses (Synapse's ``matrixfederationclient`` metrics)."""
-
-    def http_request(self, method: str) -> None: ...
-
-    def http_response(self, method: str, code: int) -> None: ...
-
-
 class FederationClient:
-    """Sends transactions to remote homeservers. Use ``async with`` or start/close."""
+    """Sends transactions to remote homeservers. Use ``async with`` or start/close.
+
+    Settings are explicit; the test-only ones are marked.
+
+    ``nameservers``: ask only these (host, port) DNS servers, for SRV and A/AAAA;
+    default: the system configuration (``/etc/hosts`` honoured for A/AAAA).
+    ``well_known_port`` (tests only): where well-known is fetched instead of 443.
+    ``destination_overrides`` (tests only): ``destination -> "host:port"`` skipping
+    discovery; the Host header stays the destination, the TLS name is the host.
+    ``tls_verify=False`` (tests only) disables certificate verification.
+    ``plain_http=True`` (tests and the demo only) speaks HTTP without TLS, to
+    loopback fake homeservers.
+    ``http_client``: ``/send`` over the built-in HTTP/1.1 pool
+    (:mod:`federation_sender.transport.h1`) or over aiohttp (well-known discovery
+    always uses aiohttp).
+    ``tls_ca_files``: Synapse's ``federation_custom_ca_list`` (replace the system
+    CAs); ``tls_min_version``: ``"1"`` to ``"1.3"``; ``tls_unverified_names``: globs
+    of TLS server names whose certificates are not checked
+    (``federation_certificate_verification_whitelist``); ``proxy_policy``: forward
+    proxies (:mod:`federation_sender.transport.forward_proxy`).
+    """
 
     def __init__(
         self,
@@ -159,75 +152,39 @@ class FederationClient:
         tls_unverified_names: Sequence[str] = (),
         proxy_policy: ProxyPolicy | None = None,
     ) -> None:
-        """Settings are explicit; the test-only ones are marked.
-
-        ``nameservers``: ask only these (host, port) DNS servers, for SRV and A/AAAA;
-        default: the system configuration (``/etc/hosts`` honoured for A/AAAA).
-        ``well_known_port`` (tests only): where well-known is fetched instead of 443.
-        ``destination_overrides`` (tests only): ``destination -> "host:port"`` skipping
-        discovery; the Host header stays the destination, the TLS name is the host.
-        ``tls_verify=False`` (tests only) disables certificate verification.
-        ``plain_http=True`` (tests and the demo only) speaks HTTP without TLS, to
-        loopback fake homeservers.
-        ``http_client``: ``/send`` over the built-in HTTP/1.1 pool
-        (:mod:`federation_sender.transport.h1`) or over aiohttp (well-known discovery
-        always uses aiohttp).
-        ``tls_ca_files``: Synapse's ``federation_custom_ca_list`` (replace the system
-        CAs); ``tls_min_version``: ``"1"`` to ``"1.3"``; ``tls_unverified_names``: globs
-        of TLS server names whose certificates are not checked
-        (``federation_certificate_verification_whitelist``); ``proxy_policy``: forward
-        proxies (:mod:`federation_sender.transport.forward_proxy`).
-
-        Length: one assignment per setting and per cache (over the house limit of 60
-        lines on purpose); grouping them into helper objects would only move the list.
-        """
         self._server_name = server_name
-        self._scheme = "http" if plain_http else "https"
+        self._https = not plain_http
         self._key = signing_key
         self._clock = clock
         self._attempt_timeout_s = attempt_timeout_s
         self._deadlines = Deadlines(attempt_timeout_s)
-        # The hard deadline is asyncio.timeout() around the whole attempt; aiohttp
-        # only bounds connecting, so a slow connect can fall through to the next target.
-        self._timeout = aiohttp.ClientTimeout(total=None, sock_connect=connect_timeout_s)
         self._connect_timeout_s = connect_timeout_s
         self._well_known_timeout_s = well_known_timeout_s
         self._max_connections = max_connections
         self._max_per_host = max_connections_per_host
         self._max_response_bytes = max_response_bytes
-        self._ssl: ssl.SSLContext | bool = make_ssl_context(
-            verify=tls_verify, extra_ca_file=tls_extra_ca_file, ca_files=tls_ca_files,
-            min_version=tls_min_version,
-        )
-        self._unverified = unverified_context(tls_min_version)
-        self._unverified_names = compile_globs(tls_unverified_names)
-        self._tls_choice: dict[str, ssl.SSLContext | bool] = {}
+        self._tls = TlsChoice(verify=tls_verify, extra_ca_file=tls_extra_ca_file,
+                              ca_files=tls_ca_files, min_version=tls_min_version,
+                              unverified_names=tls_unverified_names)
+        self._ssl = self._tls.default
+        self._unverified = self._tls.unverified
         self._filter = AddressFilter(ip_allow_list, ip_deny_list)
         self._proxy = proxy_policy if proxy_policy is not None and proxy_policy.enabled else None
-        self._proxy_hosts: tuple[str, ...] = ()
-        if self._proxy is not None:
-            proxies = [p for p in (self._proxy.https_proxy, self._proxy.http_proxy) if p]
-            self._proxy_hosts = tuple(p.host for p in proxies)
-            for host in self._proxy_hosts:
-                if is_ip_literal(host):
-                    self._filter.exempt(host)
+        self._proxy_hosts = self._exempt_proxies()
         self._proxy_auth_reported = False
         self._dns = DnsLookup(nameservers)
         self._explicit_nameservers = bool(nameservers)
         self._well_known_port = well_known_port
-        # Not copied: a benchmark maps 100,000 names through one computed mapping.
-        self._overrides: Mapping[str, str] = (
-            destination_overrides if destination_overrides is not None else {}
-        )
+        self._overrides = Overrides(destination_overrides)
         self._user_agent = user_agent
         self._http_client = http_client
         self._h1: Http1Pool | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._stream_session: aiohttp.ClientSession | None = None
+        self._aiohttp = AiohttpRequests(
+            https=self._https, tls=self._tls, address_filter=self._filter, proxy=self._proxy,
+            resolver=self._resolver, max_connections=max_connections,
+            max_per_host=max_connections_per_host, connect_timeout_s=connect_timeout_s,
+            max_response_bytes=max_response_bytes, user_agent=user_agent)
         self._discovery: Discovery | None = None
-        self._resolved_overrides: dict[str, ResolvedServer] = {}
-        self._urls: dict[tuple[str, int, str], URL] = {}
-        self._literals: dict[str, bool] = {}
         self.requests = RequestBuilder(origin=server_name, key=signing_key, clock=clock)
         self.stats = TransportStats()
         self.request_counter: RequestCounter | None = None
@@ -236,6 +193,18 @@ class FederationClient:
         self.tracer: trace.Tracer = trace.NoOpTracer()
         """Discovery (when it looks anything up) and each HTTP request are spanned
         with it, as children of the caller's current span (the transaction attempt)."""
+
+    def _exempt_proxies(self) -> tuple[str, ...]:
+        """The forward proxies' hosts; those given as IP literals pass the address
+        policy (a proxy on a private address is the operator's choice)."""
+        if self._proxy is None:
+            return ()
+        proxies = [p for p in (self._proxy.https_proxy, self._proxy.http_proxy) if p]
+        hosts = tuple(p.host for p in proxies)
+        for host in hosts:
+            if is_ip_literal(host):
+                self._filter.exempt(host)
+        return hosts
 
     @property
     def server_name(self) -> str:
@@ -246,39 +215,13 @@ class FederationClient:
         return self._filter
 
     async def start(self) -> None:
-        if self._session is not None:
+        if self._aiohttp.session is not None:
             return
-        connector = aiohttp.TCPConnector(
-            limit=self._max_connections,
-            limit_per_host=self._max_per_host,
-            resolver=self._resolver(),
-            socket_factory=self._filter.socket_factory,
-            ssl=self._ssl,
-        )
-        self._session = aiohttp.ClientSession(
-            connector=connector,
-            timeout=self._timeout,
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding",),
-            raise_for_status=False,
-        )
-        # The outbound proxy's forwards: a pool of their own, without the per-host limit
-        # (a media download must not hold up a join to the same server), as Synapse's
-        # agent limits persistent connections only.
-        self._stream_session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(
-                limit=self._max_connections, limit_per_host=0, resolver=self._resolver(),
-                socket_factory=self._filter.socket_factory, ssl=self._ssl,
-            ),
-            timeout=self._timeout,
-            auto_decompress=False,
-            skip_auto_headers=("Accept-Encoding",),
-            raise_for_status=False,
-        )
+        session = self._aiohttp.start()
         well_known = WellKnownClient(
-            self._session,
+            session,
             self._filter,
-            ssl_setting=self._ssl_for if self._unverified_names else self._ssl,
+            ssl_setting=self._tls.for_name if self._tls.per_name else self._tls.default,
             timeout_s=self._well_known_timeout_s,
             port=self._well_known_port,
             user_agent=self._user_agent,
@@ -288,15 +231,12 @@ class FederationClient:
             srv_lookup=self._dns, fetch_well_known=well_known.fetch, clock=self._clock
         )
         if self._http_client == "builtin":
-            tls: ssl.SSLContext | None = None
-            if self._scheme == "https":
-                tls = self._ssl if isinstance(self._ssl, ssl.SSLContext) else self._unverified
             self._h1 = Http1Pool(
-                ssl_for=self._h1_ssl_for if self._unverified_names else None,
+                ssl_for=self._tls.context_for if self._tls.per_name else None,
                 proxy_policy=self._proxy,
                 address_filter=self._filter,
                 resolver=self._resolver(),
-                ssl_context=tls,
+                ssl_context=self._tls.default_context if self._https else None,
                 connect_timeout_s=self._connect_timeout_s,
                 max_connections=self._max_connections,
                 max_per_host=self._max_per_host,
@@ -313,26 +253,7 @@ class FederationClient:
 
     def _ssl_for(self, tls_name: str | None) -> ssl.SSLContext | bool:
         """The TLS policy for a server name: unverified if the whitelist matches it."""
-        if tls_name is None or not self._unverified_names:
-            return self._ssl
-        choice = self._tls_choice.get(tls_name)
-        if choice is None:
-            if len(self._tls_choice) >= 10_000:
-                self._tls_choice.clear()
-            matched = any(p.fullmatch(tls_name) for p in self._unverified_names)
-            choice = self._tls_choice[tls_name] = self._unverified if matched else self._ssl
-        return choice
-
-    def _h1_ssl_for(self, tls_name: str | None) -> ssl.SSLContext:
-        choice = self._ssl_for(tls_name)
-        return choice if isinstance(choice, ssl.SSLContext) else self._unverified
-
-    def _proxy_args(self, host: str) -> tuple[str | None, dict[str, str] | None]:
-        """aiohttp's ``proxy=`` and ``proxy_headers=`` for a connection to ``host``."""
-        if self._proxy is None:
-            return None, None
-        proxy = self._proxy.proxy_for(host, tls=self._scheme == "https")
-        return (proxy.url if proxy is not None else None), proxy_headers(proxy)
+        return self._tls.for_name(tls_name)
 
     async def close(self) -> None:
         self._deadlines.close()
@@ -340,12 +261,7 @@ class FederationClient:
             await self._discovery.close()
         if self._h1 is not None:
             await self._h1.close()
-        if self._session is not None:
-            await self._session.close()
-        if self._stream_session is not None:
-            await self._stream_session.close()
-        self._session = None
-        self._stream_session = None
+        await self._aiohttp.close()
         self._discovery = None
         self._h1 = None
 
@@ -369,19 +285,8 @@ class FederationClient:
     def resolve_cached(self, destination: str) -> ResolvedServer | None:
         """Where ``destination`` is reached, if no lookup is needed to know it (an
         override, or discovery's fresh cached answers); ``None``: call :meth:`resolve`."""
-        resolved = self._resolved_overrides.get(destination)
+        resolved = self._overrides.get(destination)
         if resolved is not None:
-            return resolved
-        override = self._overrides.get(destination)
-        if override is not None:
-            target = parse_server_name(override)
-            if len(self._resolved_overrides) >= 10_000:
-                self._resolved_overrides.clear()
-            resolved = self._resolved_overrides[destination] = ResolvedServer(
-                ((target.host, target.port or 8448),),
-                host_header=destination,
-                tls_server_name=target.host,
-            )
             return resolved
         if self._discovery is None:
             raise RuntimeError("FederationClient used before start()")
@@ -398,15 +303,14 @@ class FederationClient:
         sent once keep nothing). Discovery's results stay, under their TTL: a lookup
         is worth keeping."""
         self.requests.forget_destination(destination)
-        resolved = self._resolved_overrides.pop(destination, None)
+        resolved = self._overrides.forget(destination)
         if resolved is not None:
             for host, port in resolved.targets:
-                self._urls.pop((host, port, self._scheme), None)
-                self._literals.pop(host, None)
+                self._aiohttp.forget(host, port)
 
     def holds(self, destination: str) -> bool:
         """Whether anything is cached for ``destination`` alone (discovery aside)."""
-        return destination in self._resolved_overrides or self.requests.holds(destination)
+        return self._overrides.holds(destination) or self.requests.holds(destination)
 
     @contextlib.asynccontextmanager
     async def open_stream(
@@ -420,59 +324,13 @@ class FederationClient:
         timeout_s: float,
     ) -> AsyncIterator[aiohttp.ClientResponse]:
         """Any request to ``destination`` (the outbound federation proxy's forward),
-        yielding the response with its body unread: the caller streams it.
-
-        Discovery, the Host header and TLS server name, certificate checks, the address
-        policy and the forward proxy are those of ``/send``, over aiohttp (the built-in
-        client does whole bodies only) with a pool of its own: ``max_connections`` in
-        all, no per-host limit. ``headers`` go as given, the Host
-        header added and our User-Agent when none is given. ``timeout_s`` bounds
-        discovery, connecting and the response head, and then each read of the body.
-        SRV targets are tried in order while connecting fails (the body is not read
-        before a connection is made). ``path`` (with its query) is used as given, never
-        resolved against the target (``//other.host/`` stays a path). Raises what aiohttp
-        or discovery raise."""
-        session = self._stream_session
-        if session is None:
-            raise RuntimeError("FederationClient used before start()")
-        out = {"User-Agent": self._user_agent}
-        for name, value in headers.items():
-            out[name.title() if name.lower() == "user-agent" else name] = value
-        timeout = aiohttp.ClientTimeout(
-            total=None, sock_connect=self._connect_timeout_s, sock_read=timeout_s
-        )
-        async with asyncio.timeout(timeout_s):
-            resolved = await self.resolve(destination)
-            out["Host"] = resolved.host_header
-            response: aiohttp.ClientResponse | None = None
-            last: BaseException | None = None
-            for host, port in resolved.targets:
-                if self._is_ip_literal(host):
-                    self._filter.check(host)
-                raw_path, _, query = path.partition("?")
-                url = URL.build(scheme=self._scheme, host=host, port=port, path=raw_path,
-                                query_string=query, encoded=True)
-                proxy, proxy_auth = self._proxy_args(host)
-                tls = self._scheme == "https"
-                try:
-                    response = await session.request(
-                        method, url, data=body, headers=out, allow_redirects=False,
-                        timeout=timeout, proxy=proxy, proxy_headers=proxy_auth,
-                        ssl=self._ssl_for(resolved.tls_server_name) if tls else False,
-                        server_hostname=resolved.tls_server_name if tls else None,
-                    )  # fmt: skip
-                    break
-                except aiohttp.ClientConnectorError as e:
-                    last = e  # try the next SRV target
-            if response is None:
-                assert last is not None  # discovery always yields at least one target
-                raise last
-        try:
+        yielding the response with its body unread: the caller streams it. Over aiohttp
+        (see :meth:`AiohttpRequests.open_stream`)."""
+        async with self._aiohttp.open_stream(
+            method, lambda: self.resolve(destination), path, headers, body,
+            timeout_s=timeout_s,
+        ) as response:
             yield response
-        except BaseException:
-            response.close()  # part-read: the connection cannot be reused
-            raise
-        response.release()
 
     async def send_transaction(self, txn: Transaction) -> SendResult:
         started = self._clock.monotonic_s()
@@ -510,51 +368,31 @@ class FederationClient:
 
     async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
         """Whether ``destination`` holds ``event_id``: ``GET /_matrix/federation/v1/
-        event/{eventId}``, signed. Synapse answers it from its events table (200: the
-        event was processed) and a 404 with the JSON body ``""`` when it does not hold
-        it (yet); a 404 ``M_UNRECOGNIZED`` or one that is not JSON means the receiver
-        does not serve the request. Never raises for what the remote does; the
-        caller bounds the wait (``queue/pacing.py``)."""
-        session = self._session
-        if session is None:
-            raise RuntimeError("FederationClient used before start()")
+        event/{eventId}``, signed (see :func:`event_held`). Never raises for what the
+        remote does; the caller bounds the wait (``queue/pacing.py``)."""
         path = EVENT_PATH + quote(event_id, safe="")
         auth = sign_request(key=self._key, origin=self.server_name,
                             destination=destination, method="GET", uri=path)
         try:
             resolved = self.resolve_cached(destination) or await self._lookup(destination)
-            host, port = resolved.targets[0]
-            if self._is_ip_literal(host):
-                self._filter.check(host)
-            proxy, proxy_auth = self._proxy_args(host)
-            async with asyncio.timeout(self._attempt_timeout_s), session.get(
-                self._url(host, port, path),
-                headers={"Host": resolved.host_header, "Authorization": auth,
-                         "User-Agent": self._user_agent},
-                allow_redirects=False,
-                server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
-                ssl=self._ssl_for(resolved.tls_server_name) if self._scheme == "https" else False,
-                proxy=proxy,
-                proxy_headers=proxy_auth,
-            ) as response:
-                body = await read_limited(response, self._max_response_bytes)
-                status = response.status
+            if self._h1 is not None:
+                # Over the connection /send keeps alive (a round trip, no handshake).
+                host, port = resolved.targets[0]
+                async with asyncio.timeout(self._attempt_timeout_s):
+                    response = await self._h1.put(
+                        host, port, resolved.tls_server_name,
+                        get_head(path, resolved.host_header, auth, self._user_agent), b"")
+                status, body = response.status, response.body
+            else:
+                status, body = await self._aiohttp.get(resolved, path, auth,
+                                                       self._attempt_timeout_s)
         except (TimeoutError, FederationSenderError, aiohttp.ClientError, OSError,
                 ValueError) as e:
             logger.debug("GET event %s from %s: %s", event_id, destination, e)
             return EventHeld.NO_ANSWER
-        if status == 200:
-            return EventHeld.YES
-        if status == 404:
-            try:
-                answer = json.loads(body)
-            except ValueError:
-                return EventHeld.UNSUPPORTED
-            if isinstance(answer, dict) and answer.get("errcode") == "M_UNRECOGNIZED":
-                return EventHeld.UNSUPPORTED
-            return EventHeld.NOT_YET
-        logger.debug("GET event %s from %s: HTTP %d", event_id, destination, status)
-        return EventHeld.NO_ANSWER
+        if status != 200 and status != 404:
+            logger.debug("GET event %s from %s: HTTP %d", event_id, destination, status)
+        return event_held(status, body)
 
     def _note_proxy_failure(self, exc: BaseException) -> BaseException:
         """A forward proxy's 407 (either client): one ERROR line, then per-attempt debug."""
@@ -578,31 +416,12 @@ class FederationClient:
             result.retry_after_s, result.pdu_errors, size,
             self._clock.monotonic_s() - started,
         )
-        self.stats.outcomes[result.outcome.value] += 1
+        self.stats.record(txn, result)
         if result.outcome is Outcome.SUCCESS and self.domain_metrics is not None:
             self.domain_metrics.transaction_accepted(txn.destination, txn.pdus)
-        self.stats.request_bytes += size
-        for event_id, error in result.pdu_errors.items():
-            self.stats.pdu_errors += 1
-            logger.warning(
-                "%s rejected PDU %s in txn %s: %s", txn.destination, event_id, txn.txn_id, error
-            )
-        if result.outcome is not Outcome.SUCCESS:
-            # Per attempt, so DEBUG: the queue logs a WARNING once when a destination
-            # starts failing.
-            logger.debug(
-                "txn %s to %s: %s (%s)",
-                txn.txn_id,
-                txn.destination,
-                result.outcome.value,
-                result.error,
-            )
         return result
 
     async def _attempt(self, destination: str, prepared: PreparedRequest) -> SendResult:
-        session = self._session
-        if session is None:
-            raise RuntimeError("FederationClient used before start()")
         tracer = self.tracer
         # Tracing off, or this transaction not sampled: open no span at all (and do
         # not build their attributes); ``INVALID_SPAN`` takes the calls below.
@@ -628,9 +447,7 @@ class FederationClient:
                     if self._h1 is not None:
                         result = await self._put_h1(self._h1, host, port, resolved, prepared)
                     else:
-                        if self._is_ip_literal(host):  # aiohttp's resolver never sees these
-                            self._filter.check(host)
-                        result = await self._put(session, host, port, resolved, prepared)
+                        result = await self._put_aiohttp(host, port, resolved, prepared)
                     if result.status is not None:
                         span.set_attribute(names.ATTR_HTTP_STATUS, result.status)
                         if result.status >= 400:
@@ -662,49 +479,11 @@ class FederationClient:
             counter.http_response("PUT", response.status)
         return classify_response(response.status, response.headers, response.body)
 
-    async def _put(self, session: aiohttp.ClientSession, host: str, port: int,
-                   resolved: ResolvedServer, prepared: PreparedRequest) -> SendResult:
+    async def _put_aiohttp(self, host: str, port: int, resolved: ResolvedServer,
+                           prepared: PreparedRequest) -> SendResult:
         counter = self.request_counter
-        if counter is not None:
-            counter.http_request("PUT")
-        proxy, proxy_auth = self._proxy_args(host)
-        async with session.put(
-            self._url(host, port, prepared.path),
-            # A ready payload skips aiohttp's lookup of a payload type per request.
-            data=BytesPayload(prepared.body, content_type="application/json"),
-            headers={
-                "Host": resolved.host_header,
-                "Authorization": prepared.authorization,
-                "User-Agent": self._user_agent,
-            },
-            allow_redirects=False,
-            server_hostname=resolved.tls_server_name if self._scheme == "https" else None,
-            ssl=self._ssl_for(resolved.tls_server_name) if self._scheme == "https" else False,
-            proxy=proxy,
-            proxy_headers=proxy_auth,
-        ) as response:
-            if counter is not None:
-                counter.http_response("PUT", response.status)
-            content = await read_limited(response, self._max_response_bytes)
-            # Case-insensitive already: classify looks up lower-case names.
-            return classify_response(response.status, response.headers, content)
-
-
-    def _url(self, host: str, port: int, path: str) -> URL:
-        # Transaction paths are unique, so only the base is worth keeping; built per
-        # request from it without parsing a URL string.
-        key = (host, port, self._scheme)
-        base = self._urls.get(key)
-        if base is None:
-            if len(self._urls) > 10_000:
-                self._urls.clear()
-            base = self._urls[key] = URL.build(scheme=self._scheme, host=host, port=port)
-        return base.with_path(path, encoded=True)
-
-    def _is_ip_literal(self, host: str) -> bool:
-        known = self._literals.get(host)
-        if known is None:
-            if len(self._literals) > 10_000:
-                self._literals.clear()
-            known = self._literals[host] = is_ip_literal(host)
-        return known
+        if counter is None:
+            return await self._aiohttp.put(host, port, resolved, prepared, None)
+        counter.http_request("PUT")
+        return await self._aiohttp.put(host, port, resolved, prepared,
+                                       lambda status: counter.http_response("PUT", status))

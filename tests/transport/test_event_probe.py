@@ -9,7 +9,7 @@ import pytest
 from aiohttp import web
 
 from federation_sender.testing.certs import CertFiles
-from federation_sender.transport.result import EventHeld
+from federation_sender.transport.result import EventHeld, Outcome, Transaction
 from federation_sender.transport.signing import SigningKey, verify_key_lookup, verify_request
 
 from .conftest import ORIGIN, FakeRemote, make_client
@@ -27,9 +27,10 @@ from .conftest import ORIGIN, FakeRemote, make_client
         (403, {"errcode": "M_FORBIDDEN"}, EventHeld.NO_ANSWER),
     ],
 )
+@pytest.mark.parametrize("http_client", ["builtin", "aiohttp"])
 async def test_answers_are_read_as_synapse_gives_them(
     certs: CertFiles, our_key: SigningKey, remote: FakeRemote,
-    status: int, body: object, held: EventHeld,
+    status: int, body: object, held: EventHeld, http_client: str,
 ) -> None:
     seen: list[str] = []
 
@@ -44,7 +45,7 @@ async def test_answers_are_read_as_synapse_gives_them(
                             content_type="application/json")
 
     remote.handler = handler
-    async with make_client(certs, our_key) as client:
+    async with make_client(certs, our_key, http_client=http_client) as client:
         assert await client.event_persisted(remote.name, "$ev/1:x") is held
     request, _ = remote.requests[0]
     assert (request.method, request.raw_path) == (
@@ -52,6 +53,22 @@ async def test_answers_are_read_as_synapse_gives_them(
     assert seen == [ORIGIN]
 
 
-async def test_no_connection_is_no_answer(certs: CertFiles, our_key: SigningKey) -> None:
-    async with make_client(certs, our_key) as client:
+@pytest.mark.parametrize("http_client", ["builtin", "aiohttp"])
+async def test_no_connection_is_no_answer(certs: CertFiles, our_key: SigningKey,
+                                          http_client: str) -> None:
+    async with make_client(certs, our_key, http_client=http_client) as client:
         assert await client.event_persisted("127.0.0.1:1", "$e") is EventHeld.NO_ANSWER
+
+
+async def test_the_get_rides_the_connection_send_keeps_alive(
+    certs: CertFiles, our_key: SigningKey, remote: FakeRemote
+) -> None:
+    """Pacing asks after (nearly) every transaction in a busy room: over the built-in
+    client the GET reuses /send's connection, one TLS handshake for both (aiohttp's
+    pool would open a second connection per destination)."""
+    async with make_client(certs, our_key) as client:
+        sent = await client.send_transaction(Transaction(remote.name, "t1", ({},), ()))
+        assert sent.outcome is Outcome.SUCCESS
+        assert await client.event_persisted(remote.name, "$e") is EventHeld.YES
+    assert [r.method for r, _ in remote.requests] == ["PUT", "GET"]
+    assert len(remote.sni) == 1

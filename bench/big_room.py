@@ -1,0 +1,332 @@
+"""A 10,000-server room: ``--events`` events (1,000) in one room joined by ``--dests``
+servers (10,000), drained on the production path; targets (issue #32): drained in
+<= 60 s, peak RSS of the worker <= 300 MB, nothing lost.
+
+Each destination is a server of its own, as in a real room: destination ``i`` is
+overridden to its own loopback address (``127.0.x.y``, one per destination) on one
+port, so the worker's HTTP/1.1 client keeps a pool (and a connection) per destination,
+with the worker's default pool limits (``federation.pool_total`` 1,000 in use,
+``federation.pool_per_host`` 4), not one shared pool. The peers are ``--peers`` child
+processes, each listening on its share of the addresses (one socket per address, the
+same port): a minimal HTTP/1.1 receiver that parses each body (orjson), counts the PDUs
+of each new transaction id per destination (a retransmit is answered and not counted)
+and answers ``200 {"pdus": {}}``. It is lighter than ``FakeHomeserver`` (aiohttp's
+server), which on this machine would need more CPU than the worker to receive 10
+million PDUs. Both processes raise their open-file limit to the hard limit, as the
+worker does (``runtime.raise_open_file_limit``).
+
+The worker's side is ``bench/common.py``'s production sender (the real
+``FederationClient`` and ``TelemetryObserver``, the default queue settings) in this
+process; the main process's writes (the room, the events) come before the clock, then
+the engine is poked once, and timed until every destination holds every event. At the
+end every destination's count is checked: exactly ``--events`` PDUs each (plus the
+warm-up event).
+
+    .venv/bin/python bench/big_room.py [--dests 10000] [--events 1000] [--peers 2] \
+        [--port 35500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import multiprocessing as mp
+import os
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import orjson
+from common import (
+    BENCH_KEY,
+    GC,
+    ME,
+    BenchSender,
+    CountingClient,
+    Deliveries,
+    build_rooms,
+    clock,
+    databases,
+    dest_name,
+    load_average,
+    production_observer,
+    report,
+    rss_mb,
+)
+
+from federation_sender.config import FederationSettings, QueueSettings
+from federation_sender.runtime import raise_open_file_limit
+from federation_sender.testing.queue_writer import HomeserverWriter
+
+_OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
+       b'{"pdus":{}}')
+_EVENT_ANSWERS = {
+    # GET /event: the event is held (a Synapse receiver that keeps up: pacing confirms).
+    "held": (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n"
+             b"\r\n{}"),
+    # A receiver without the endpoint: pacing turns itself off for the destination.
+    "unsupported": (b"HTTP/1.1 404 Not Found\r\nContent-Type: application/json\r\n"
+                    b'Content-Length: 30\r\n\r\n{"errcode":"M_UNRECOGNIZED"}  '),
+}
+
+
+def address(i: int) -> str:
+    """Destination ``i``'s own loopback address (127.0.1.1 on, 250 per /24)."""
+    return f"127.0.{1 + i // 250}.{1 + i % 250}"
+
+
+def _header(head: bytes, name: bytes) -> bytes:
+    """A header's value in a lower-cased head ending in CRLF (b"" if absent)."""
+    at = head.find(b"\r\n" + name + b":")
+    if at < 0:
+        return b""
+    return head[at + len(name) + 3:head.index(b"\r\n", at + 2)].strip()
+
+
+class _Peer(asyncio.Protocol):
+    """One connection to a fake peer: HTTP/1.1 requests with a Content-Length body."""
+
+    def __init__(self, counts: Counter[str], seen: set[tuple[str, bytes]],
+                 event_answer: bytes) -> None:
+        self.counts, self.seen, self.event_answer = counts, seen, event_answer
+        self.buf = bytearray()
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.counts["connections"] += 1
+
+    def data_received(self, data: bytes) -> None:
+        buf = self.buf
+        buf += data
+        while True:
+            end = buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = bytes(buf[:end]) + b"\r\n"
+            lower = head.lower()
+            length = int(_header(lower, b"content-length") or 0)
+            if len(buf) < end + 4 + length:
+                return
+            body = bytes(buf[end + 4:end + 4 + length])
+            del buf[:end + 4 + length]
+            assert self.transport is not None
+            method, txn, _ = head.split(b" ", 2)
+            if method == b"GET":
+                self.counts["GET /event"] += 1
+                self.transport.write(self.event_answer)
+                continue
+            host = _header(lower, b"host").decode()
+            if (host, txn) not in self.seen:
+                self.seen.add((host, txn))
+                self.counts[host] += len(orjson.loads(body).get("pdus") or ())
+            self.transport.write(_OK)
+
+
+def _serve(addresses: Sequence[str], port: int, event_answer: bytes, ready: Any, results: Any,
+           stop: Any) -> None:
+    raise_open_file_limit()
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        counts: Counter[str] = Counter()
+        seen: set[tuple[str, bytes]] = set()
+        server = await loop.create_server(lambda: _Peer(counts, seen, event_answer),
+                                          host=list(addresses), port=port,
+                                          reuse_address=True, backlog=1024)
+        ready.put(len(addresses))
+        while not stop.is_set():  # noqa: ASYNC110 - a multiprocessing event
+            await asyncio.sleep(0.2)
+        server.close()
+        counts["cpu_ms"] = int(1000 * time.process_time())
+        results.put(dict(counts))
+
+    asyncio.run(main())
+
+
+class PeerProcesses:
+    """``n`` peer processes sharing ``addresses``; ``counts()`` gathers their tallies."""
+
+    def __init__(self, addresses: Sequence[str], port: int, n: int, event_get: str) -> None:
+        ctx = mp.get_context("spawn")
+        self.ready, self.results, self.stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+        answer = _EVENT_ANSWERS[event_get]
+        self.procs = [ctx.Process(target=_serve, args=(addresses[k::n], port, answer,
+                                                       self.ready, self.results, self.stop),
+                                  daemon=True)
+                      for k in range(n)]
+
+    def __enter__(self) -> PeerProcesses:
+        for p in self.procs:
+            p.start()
+        for _ in self.procs:
+            self.ready.get(timeout=300)
+        return self
+
+    def counts(self) -> Counter[str]:
+        self.stop.set()
+        total: Counter[str] = Counter()
+        for _ in self.procs:
+            total.update(self.results.get(timeout=120))
+        return total
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for p in self.procs:
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+
+
+class OwnAddresses(Mapping[str, str]):
+    """Destination ``r{i}.bench`` to ``127.0.x.y:port``, its own address."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+
+    def __getitem__(self, dest: str) -> str:
+        return f"{address(int(dest[1:].split('.', 1)[0]))}:{self.port}"
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+
+def production_sender(port: int) -> BenchSender:
+    """``common.make_sender("production")`` with the worker's default pool limits and
+    each destination on its own address."""
+    fed = FederationSettings()
+    counter = Deliveries()
+    client = CountingClient(
+        counter, server_name=ME, signing_key=BENCH_KEY, clock=clock(),
+        attempt_timeout_s=fed.request_timeout_s, connect_timeout_s=fed.connect_timeout_s,
+        max_connections=fed.pool_total, max_connections_per_host=fed.pool_per_host,
+        ip_allow_list=("127.0.0.0/8",), destination_overrides=OwnAddresses(port),
+        plain_http=True)
+    observer, provider, metrics = production_observer()
+    client.tracer = observer.tracing.tracer
+    client.request_counter = metrics
+    return BenchSender("production", client, counter, observer, provider)
+
+
+class GcByGeneration:
+    """Collections and their seconds per generation, while ``on``."""
+
+    def __init__(self) -> None:
+        self.on = False
+        self.runs: Counter[int] = Counter()
+        self.seconds: dict[int, float] = {}
+        self._t0 = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: Mapping[str, Any]) -> None:
+        if not self.on:
+            return
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.runs[info["generation"]] += 1
+            g = info["generation"]
+            self.seconds[g] = self.seconds.get(g, 0.0) + time.perf_counter() - self._t0
+
+    def __str__(self) -> str:
+        return ", ".join(f"gen{g}: {self.runs[g]} ({self.seconds[g]:.2f} s)"
+                         for g in sorted(self.runs)) or "none"
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, str]]:
+    async with databases(a.db) as fresh_db, fresh_db() as engine:
+        rooms = await build_rooms(engine, a.dests, 1)
+        writer = await HomeserverWriter(engine, ME).init()
+        bs = production_sender(a.port)
+        await bs.start()
+        m = bs.manager(engine, QueueSettings(), attempt_deadline_s=60)
+        await m.start()
+        # Warm-up: one event, so that queues and connections exist as in a live room.
+        bs.counter.reset(a.dests)
+        t_warm = time.perf_counter()
+        await writer.message(rooms[0], f"@alice:{ME}")
+        m.notify_new_events(writer.stream_ordering)
+        await asyncio.wait_for(bs.counter.done.wait(), 600)
+        warm_s = time.perf_counter() - t_warm
+        await writer.messages(rooms[0], f"@alice:{ME}", a.events)
+        bs.counter.reset(a.events * a.dests)
+        GC.settle()
+        load = load_average()
+        before = peak = rss_mb()
+        fds = peak_fds = open_fds()
+        gens = GcByGeneration()
+        gens.on = True
+        t0, c0 = time.perf_counter(), time.process_time()
+        m.notify_new_events(writer.stream_ordering)
+        while not bs.counter.done.is_set():
+            await asyncio.sleep(0.25)
+            peak = max(peak, rss_mb())
+            peak_fds = max(peak_fds, open_fds())
+            if time.perf_counter() - t0 > a.timeout_s:
+                break
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        GC.end()
+        gens.on = False
+        await m.stop(5)
+        await bs.close()
+    c = bs.counter
+    counts = peers.counts()
+    want = a.events + 1
+    short = {d: n for i in range(a.dests) if (n := counts.get(d := dest_name(i), 0)) < want}
+    gets = counts.pop("GET /event", 0)
+    connections = counts.pop("connections", 0)
+    peers_cpu = counts.pop("cpu_ms", 0) / 1000
+    extra = {d: n for d, n in counts.items() if n > want}
+    return [
+        ("load average at start / end (1/5/15 min)", f"{load} / {load_average()}"),
+        ("warm-up event to every destination", f"{warm_s:.1f} s"),
+        ("PDUs delivered (sender's count)", f"{c.ok_pdus} of {a.events * a.dests}"),
+        ("destinations holding all events (peers' count)",
+         f"{a.dests - len(short)} of {a.dests}"
+         + (f"; short: {dict(list(short.items())[:5])}" if short else "")
+         + (f"; over: {len(extra)}" if extra else "")),
+        ("transactions", f"{c.ok_txns} ({c.ok_pdus / max(1, c.ok_txns):.1f} PDUs each)"),
+        (f"pacing's GET /event (peers answer {a.event_get})", f"{gets}"),
+        ("drain time (target <= 60 s)", f"{elapsed:.1f} s"),
+        ("worker CPU (all threads)", f"{cpu:.1f} s ({1000 * cpu / max(1, c.ok_txns):.3f} ms "
+                                     f"per txn)"),
+        ("RSS before the poke / peak (target <= 300 MB)", f"{before:.0f} / {peak:.0f} MB"),
+        ("open files before / peak", f"{fds} / {peak_fds}"),
+        ("connections the peers accepted (warm-up included)", f"{connections}"),
+        ("the peers' CPU, all of the run (both processes)", f"{peers_cpu:.1f} s"),
+        ("GC runs in the window (s)", f"{GC.collections} ({GC.gc_s:.2f} s): {gens}"),
+    ]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", default="postgres", choices=["postgres", "sqlite"])
+    ap.add_argument("--dests", type=int, default=10_000)
+    ap.add_argument("--events", type=int, default=1000)
+    ap.add_argument("--peers", type=int, default=2)
+    ap.add_argument("--port", type=int, default=35500)
+    ap.add_argument("--timeout-s", type=float, default=900)
+    ap.add_argument("--event-get", default="held", choices=sorted(_EVENT_ANSWERS),
+                    help="what the peers answer to pacing's GET /event")
+    a = ap.parse_args()
+    if a.dests > 250 * 254:
+        raise SystemExit("at most 63,500 destinations (one 127.0.x.y address each)")
+    raise_open_file_limit()
+    with PeerProcesses([address(i) for i in range(a.dests)], a.port, a.peers,
+                       a.event_get) as peers:
+        rows = asyncio.run(run(a, peers))
+    report(f"a {a.dests}-server room: {a.events} events, production path ({a.db}, "
+           f"{a.peers} peer processes)", rows)
+
+
+if __name__ == "__main__":
+    main()
