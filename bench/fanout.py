@@ -23,8 +23,7 @@ How events are announced (``--announce``):
   in at the loop's pace and the figure measures loop latency more than throughput.
 
     .venv/bin/python bench/fanout.py [--db postgres|sqlite] [--dests 200 1000] \
-        [--senders production stand-in] [--rounds 1] [--announce clock|turn] \
-        [--busy-interval-s S]
+        [--senders production stand-in] [--rounds 1] [--announce clock|turn]
 """
 
 from __future__ import annotations
@@ -78,11 +77,8 @@ async def announce(m: QueueManager, start: int, events: int, burst: int, mode: s
 
 
 async def engine_run(fresh_db: Any, kind: str, n: int, urls: list[str], events: int,
-                     burst: int, mode: str, busy_interval_s: float | None = None
-                     ) -> dict[str, Any]:
+                     burst: int, mode: str) -> dict[str, Any]:
     settings = replace(QueueSettings(), max_concurrent_transactions=500)
-    if busy_interval_s is not None:
-        settings = replace(settings, busy_txn_interval_s=busy_interval_s)
     async with fresh_db() as engine:
         rooms = await build_rooms(engine, n, 1)
         writer = await HomeserverWriter(engine, ME).init()
@@ -149,8 +145,7 @@ async def run_n(fresh_db: Any, n: int, urls: list[str], a: argparse.Namespace
         engines = engines[r % len(engines):] + engines[:r % len(engines)]
         replay: list[Any] = []
         for kind in engines:
-            res = await engine_run(fresh_db, kind, n, urls, a.events, a.burst, a.announce,
-                                   a.busy_interval_s)
+            res = await engine_run(fresh_db, kind, n, urls, a.events, a.burst, a.announce)
             k = len(res["txns"])
             out[kind].append((k / res["s"], 1000 * res["cpu"] / k, k, res["gc"], res["gc_s"]))
             if kind == "production" or not replay:
@@ -218,8 +213,6 @@ async def main() -> None:
     ap.add_argument("--senders", nargs="+", default=list(SENDERS),
                     choices=[*SENDERS, *EXTRA_SENDERS])
     ap.add_argument("--announce", default="clock", choices=["clock", "turn"])
-    ap.add_argument("--busy-interval-s", type=float,
-                    help="the engine's queue.busy_txn_interval_s (default: the worker's own)")
     a = ap.parse_args()
     with receivers(a.receivers) as urls:
         async with databases(a.db) as fresh_db:
