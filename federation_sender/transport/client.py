@@ -62,7 +62,6 @@ from federation_sender.transport.addresses import (
     AddressFilter,
     FilteringResolver,
     IPNetwork,
-    is_ip_literal,
 )
 from federation_sender.transport.aiohttp_requests import AiohttpRequests, event_held
 from federation_sender.transport.classify import (
@@ -77,11 +76,7 @@ from federation_sender.transport.discovery import (
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
 from federation_sender.transport.domain_metrics import DomainMetrics
-from federation_sender.transport.forward_proxy import (
-    ProxyAuthError,
-    ProxyPolicy,
-    proxy_auth_message,
-)
+from federation_sender.transport.forward_proxy import ClientProxies, ProxyPolicy
 from federation_sender.transport.h1 import Http1Pool, get_head, request_head
 from federation_sender.transport.http import WellKnownClient
 from federation_sender.transport.overrides import Overrides
@@ -169,9 +164,8 @@ class FederationClient:
         self._ssl = self._tls.default
         self._unverified = self._tls.unverified
         self._filter = AddressFilter(ip_allow_list, ip_deny_list)
-        self._proxy = proxy_policy if proxy_policy is not None and proxy_policy.enabled else None
-        self._proxy_hosts = self._exempt_proxies()
-        self._proxy_auth_reported = False
+        self._proxies = ClientProxies(proxy_policy, self._filter)
+        self._proxy = self._proxies.policy
         self._dns = DnsLookup(nameservers)
         self._explicit_nameservers = bool(nameservers)
         self._well_known_port = well_known_port
@@ -193,18 +187,6 @@ class FederationClient:
         self.tracer: trace.Tracer = trace.NoOpTracer()
         """Discovery (when it looks anything up) and each HTTP request are spanned
         with it, as children of the caller's current span (the transaction attempt)."""
-
-    def _exempt_proxies(self) -> tuple[str, ...]:
-        """The forward proxies' hosts; those given as IP literals pass the address
-        policy (a proxy on a private address is the operator's choice)."""
-        if self._proxy is None:
-            return ()
-        proxies = [p for p in (self._proxy.https_proxy, self._proxy.http_proxy) if p]
-        hosts = tuple(p.host for p in proxies)
-        for host in hosts:
-            if is_ip_literal(host):
-                self._filter.exempt(host)
-        return hosts
 
     @property
     def server_name(self) -> str:
@@ -249,7 +231,7 @@ class FederationClient:
             if self._explicit_nameservers
             else aiohttp.resolver.DefaultResolver()
         )
-        return FilteringResolver(inner, self._filter, exempt_hosts=self._proxy_hosts)
+        return FilteringResolver(inner, self._filter, exempt_hosts=self._proxies.hosts)
 
     def _ssl_for(self, tls_name: str | None) -> ssl.SSLContext | bool:
         """The TLS policy for a server name: unverified if the whitelist matches it."""
@@ -356,7 +338,7 @@ class FederationClient:
                 Outcome.TRANSIENT, error=f"no response within {self._attempt_timeout_s:g} s"
             )
         except (FederationSenderError, aiohttp.ClientError, OSError, ValueError) as e:
-            result = classify_exception(self._note_proxy_failure(e))
+            result = classify_exception(self._proxies.note_failure(e))
         except Exception as e:
             # The contract is "never raise for what the remote does": aiohttp can
             # surface odd exception types for hostile input. Log it fully, classify
@@ -393,19 +375,6 @@ class FederationClient:
         if status != 200 and status != 404:
             logger.debug("GET event %s from %s: HTTP %d", event_id, destination, status)
         return event_held(status, body)
-
-    def _note_proxy_failure(self, exc: BaseException) -> BaseException:
-        """A forward proxy's 407 (either client): one ERROR line, then per-attempt debug."""
-        if isinstance(exc, aiohttp.ClientHttpProxyError) and exc.status in (401, 407):
-            proxy = self._proxy.https_proxy if self._proxy is not None else None
-            exc = ProxyAuthError(proxy_auth_message(
-                proxy.url if proxy is not None else "?", exc.status,
-                proxy.authorization if proxy is not None else None))
-        if isinstance(exc, ProxyAuthError) and not self._proxy_auth_reported:
-            self._proxy_auth_reported = True
-            logger.error("%s: check the credentials in https_proxy (every destination "
-                         "backs off until they are accepted)", exc)
-        return exc
 
     def _finish(
         self, txn: Transaction, result: SendResult, size: int, started: float

@@ -34,11 +34,13 @@ import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+import aiohttp
+
 from federation_sender.errors import RemoteTransientError
 from federation_sender.proxy_url import ForwardProxy as ForwardProxy  # re-exported
 from federation_sender.proxy_url import parse_proxy as parse_proxy
 from federation_sender.proxy_url import redact_proxy as redact_proxy
-from federation_sender.transport.addresses import IPNetwork, is_ip_literal
+from federation_sender.transport.addresses import AddressFilter, IPNetwork, is_ip_literal
 
 logger = logging.getLogger(__name__)
 
@@ -130,3 +132,33 @@ def policy_from_environment(environ: Mapping[str, str]) -> tuple[str | None, str
     return get("http_proxy"), get("https_proxy"), (
         no_proxy.split(",") if no_proxy is not None else None
     )
+
+
+class ClientProxies:
+    """The forward proxies of one federation client: their hosts, which pass the address
+    policy when given as IP literals (a proxy on a private address is the operator's
+    choice), and the one ERROR line for refused credentials."""
+
+    def __init__(self, policy: ProxyPolicy | None, address_filter: AddressFilter) -> None:
+        self.policy = policy if policy is not None and policy.enabled else None
+        proxies = [] if self.policy is None else [
+            p for p in (self.policy.https_proxy, self.policy.http_proxy) if p]
+        self.hosts = tuple(p.host for p in proxies)
+        for host in self.hosts:
+            if is_ip_literal(host):
+                address_filter.exempt(host)
+        self._auth_reported = False
+
+    def note_failure(self, exc: BaseException) -> BaseException:
+        """A forward proxy's 407 (either HTTP client): one ERROR line, then per-attempt
+        debug. Returns the exception to classify (aiohttp's as a :class:`ProxyAuthError`)."""
+        if isinstance(exc, aiohttp.ClientHttpProxyError) and exc.status in (401, 407):
+            proxy = self.policy.https_proxy if self.policy is not None else None
+            exc = ProxyAuthError(proxy_auth_message(
+                proxy.url if proxy is not None else "?", exc.status,
+                proxy.authorization if proxy is not None else None))
+        if isinstance(exc, ProxyAuthError) and not self._auth_reported:
+            self._auth_reported = True
+            logger.error("%s: check the credentials in https_proxy (every destination "
+                         "backs off until they are accepted)", exc)
+        return exc
