@@ -109,6 +109,8 @@ class Worker:
     """Beside Synapse: Synapse server admins' access tokens, besides our admin token."""
     event_writers: tuple[str, ...] | None = None
     """Beside Synapse: ``stream_writers.events``; None: one writer, whoever it is."""
+    device_list_writers: tuple[str, ...] | None = None
+    """Beside Synapse: ``stream_writers.device_lists``; None: one writer."""
     listening: dict[str, str] = field(default_factory=dict)
     """Listener config key -> base URL it answers on (``admin.port``...), once started."""
     outbound_proxy: OutboundProxyServer | None = None
@@ -208,6 +210,7 @@ class Worker:
             admin_verifier=SynapseAdminTokens(engine, clock) if synapse is not None else None,
             lock=lock,
             event_writers=synapse.event_writers if synapse is not None else None,
+            device_list_writers=synapse.device_list_writers if synapse is not None else None,
             outbound_proxy=build_outbound_proxy(settings, synapse, own_client, clock, registry),
             synapse=synapse,
         )
@@ -295,6 +298,7 @@ class Worker:
             on_events_token=self.observer.note_poke,
             tracing=self.observer.tracing,
             event_writers=self.event_writers,
+            device_list_writers=self.device_list_writers,
             stored_positions=store,
             **synapse_edus(self.capabilities.edu_rooms, self.synapse, self.manager, self.clock),
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import heapq
 import logging
 from collections.abc import Awaitable, Callable, Collection, Sequence
 
@@ -57,11 +58,20 @@ class ReplicationIntake:
         receipt_max_delay_s: float = DEFAULT_MAX_DELAY_S,
         event_writers: Collection[str] | None = None,
         stored_positions: PositionStore | None = None,
+        device_list_writers: Collection[str] | None = None,
     ) -> None:
         self._m = manager
         self._event_writers = None if event_writers is None else tuple(event_writers)
         self._stored_positions = stored_positions
         self.events = WritersFrontier(self._event_writers, manager.events_position)
+        self._device_list_writers = (
+            None if device_list_writers is None else tuple(device_list_writers))
+        self.device_lists = WritersFrontier(self._device_list_writers, 0, "device_lists")
+        """How far device-list outbox reads may go (``stream_writers.device_lists``):
+        a writer may commit a lower stream id after another published a higher one."""
+        self._held_device_lists: list[tuple[int, str]] = []
+        """(token, destination) of device-list rows above the frontier: the destination
+        is told once the frontier reaches them (a heap)."""
         """How far the intake may read: below it every events writer has finished
         (``stream_writers.events``; None: whoever writes, one writer)."""
         self._tracing = tracing or Tracing(None)
@@ -86,10 +96,14 @@ class ReplicationIntake:
         writer at least at its stored replication position, and with several writers
         it runs through the stream orderings committed above that."""
         self.events = WritersFrontier(self._event_writers, self._m.events_position)
-        if self._stored_positions is not None and self._event_writers is not None:
+        self.device_lists = WritersFrontier(self._device_list_writers, 0, "device_lists")
+        if self._stored_positions is not None and (
+                self._event_writers is not None or self._device_list_writers is not None):
             for (stream, writer), token in (await self._stored_positions.load()).items():
                 if stream == "events":
                     self.events.seed(writer, token)
+                elif stream == "device_lists":
+                    self.device_lists.seed(writer, token)
         if self._event_writers is not None and len(self._event_writers) > 1:
             after = self.events.frontier
 
@@ -114,7 +128,13 @@ class ReplicationIntake:
     async def _on_rows(
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
     ) -> None:
-        first = stream_name not in self.tokens
+        reported = token
+        if stream_name == "device_lists":
+            # Outbox reads are bounded by the token: with several writers, only by what
+            # all of them finished (as the events intake, replication/frontier.py).
+            token = self.device_lists.advance(instance_name, token)
+        # A device-lists frontier of 0 bounds nothing yet (some writer not heard of).
+        first = not self.tokens.get(stream_name) and (token > 0 or stream_name != "device_lists")
         self.tokens[stream_name] = token
         if first and stream_name in ("to_device", "device_lists"):
             # Outbox reads are bounded by this token (Synapse backend): queues that read
@@ -125,7 +145,7 @@ class ReplicationIntake:
             # Rows of the other streams are handled before this call returns; the events
             # stream is fanned out by the intake, which may still be behind the token.
             lag = max(0, token - self._m.events_position) if stream_name == "events" else 0
-            self._metrics.replication_position(stream_name, instance_name, token, lag)
+            self._metrics.replication_position(stream_name, instance_name, reported, lag)
         if stream_name == "events":
             # Not ``token``: with several writers, a lower stream ordering may still be
             # in flight at another writer (see replication/frontier.py).
@@ -140,10 +160,7 @@ class ReplicationIntake:
                 if isinstance(r, ToDeviceStreamRow) and not r.entity.startswith("@"):
                     self._m.notify_outbox(r.entity)
         elif stream_name == "device_lists":
-            users = [r.user_id for r in rows if isinstance(r, DeviceListsRow)]
-            if users:
-                for dest in await self._device_list_destinations(users):
-                    self._m.notify_outbox(dest)
+            await self._device_lists(reported, token, rows)
         elif stream_name == "receipts":
             await self.receipts.on_rows(r for r in rows if isinstance(r, ReceiptsRow))
         elif stream_name == "typing":
@@ -156,6 +173,21 @@ class ReplicationIntake:
             )
         elif stream_name == "caches":
             await self._caches(rows)
+
+    async def _device_lists(self, reported: int, frontier: int, rows: Sequence[Row]) -> None:
+        """Tell the destinations of changed users' device lists, once the frontier
+        reaches the rows' token (a queue told earlier would read below it and find
+        nothing, and no later row might tell it again)."""
+        users = [r.user_id for r in rows if isinstance(r, DeviceListsRow)]
+        held = self._held_device_lists
+        if users:
+            for dest in await self._device_list_destinations(users):
+                if reported <= frontier:
+                    self._m.notify_outbox(dest)
+                else:
+                    heapq.heappush(held, (reported, dest))
+        while held and held[0][0] <= frontier:
+            self._m.notify_outbox(heapq.heappop(held)[1])
 
     async def _caches(self, rows: Sequence[Row]) -> None:
         """Another process invalidated a destination's retry timings (Synapse's main

@@ -54,9 +54,12 @@ oldest are dropped, which can only delay the frontier until the minimum moves.""
 class WritersFrontier:
     """See the module docstring."""
 
-    __slots__ = ("_configured", "_pending", "_positions", "_unexpected", "frontier")
+    __slots__ = ("_configured", "_pending", "_positions", "_stream", "_unexpected", "frontier")
 
-    def __init__(self, writers: Collection[str] | None, start: int) -> None:
+    def __init__(
+        self, writers: Collection[str] | None, start: int, stream: str = "events"
+    ) -> None:
+        self._stream = stream
         self._configured = None if writers is None else frozenset(writers)
         self._positions: dict[str, int] = (
             {} if writers is None else dict.fromkeys(writers, start)
@@ -120,16 +123,16 @@ class WritersFrontier:
         if self._configured is not None and writer not in self._unexpected:
             self._unexpected.add(writer)
             log.warning(
-                "events writer %r is not in stream_writers.events of the Synapse "
-                "configuration we read (%s); counting it", writer,
-                ", ".join(sorted(self._configured)),
+                "%s writer %r is not in stream_writers.%s of the Synapse "
+                "configuration we read (%s); counting it", self._stream, writer,
+                self._stream, ", ".join(sorted(self._configured)),
             )  # fmt: skip
         if self._positions and token < self.frontier:
             # A writer we never heard of, behind what we already read past: whatever it
             # committed between the two was read or will never be; say so.
             log.warning(
-                "events writer %r first reported %d, below the position %d already read",
-                writer, token, self.frontier,
+                "%s writer %r first reported %d, below the position %d already read",
+                self._stream, writer, token, self.frontier,
             )  # fmt: skip
         self._positions[writer] = token
 

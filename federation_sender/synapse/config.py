@@ -79,6 +79,10 @@ class SynapseConfig:
     event_writers: tuple[str, ...] = ("master",)
     """``stream_writers.events``: the processes that persist events (main, ``master``,
     by default). The events intake reads only below what all of them finished."""
+    device_list_writers: tuple[str, ...] = ("master",)
+    """``stream_writers.device_lists`` (several allowed, unlike ``to_device``, which
+    Synapse 1.163 limits to one writer): device-list outbox reads stay below what all of
+    them finished."""
     # --- egress (docs/synapse.md, "Egress") -------------------------------------------
     worker_replication_secret: str | None = field(default=None, repr=False)
     outbound_federation_restricted_to: tuple[str, ...] | None = None
@@ -173,6 +177,9 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
     event_writers = writers.get("events") or ["master"]
     if isinstance(event_writers, str):  # Synapse accepts one name for a list of one
         event_writers = [event_writers]
+    device_list_writers = writers.get("device_lists") or ["master"]
+    if isinstance(device_list_writers, str):
+        device_list_writers = [device_list_writers]
     rr = tree.get("federation_rr_transactions_per_room_per_second", 50)
     if isinstance(rr, bool) or not isinstance(rr, (int, float)) or rr <= 0:
         raise ConfigError(
@@ -202,6 +209,7 @@ def parse_synapse_config(tree: Mapping[str, Any]) -> SynapseConfig:
         **_presence(tree, presence),
         federation_rr_transactions_per_room_per_second=float(rr),
         event_writers=_str_list("stream_writers.events", event_writers),
+        device_list_writers=_str_list("stream_writers.device_lists", device_list_writers),
         **_egress(tree, fed, cas),
     )
 

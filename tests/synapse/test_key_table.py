@@ -356,6 +356,10 @@ def p_stream_writers(tmp: Path) -> None:
     assert syn({"stream_writers": {"events": ["persister1", "persister2"]}}
                ).event_writers == ("persister1", "persister2")
     assert syn({}).event_writers == ("master",)
+    assert syn({"stream_writers": {"device_lists": ["main", "dl1"]}}
+               ).device_list_writers == ("main", "dl1")
+    assert syn({"stream_writers": {"device_lists": "dl1"}}).device_list_writers == ("dl1",)
+    assert syn({}).device_list_writers == ("master",)
     merged({"stream_writers": {"typing": "main"}})
     cli_refuses(tmp, {"stream_writers": {"typing": ["fed1"]}}, "stream_writers.typing")
 
