@@ -52,7 +52,10 @@ async def test_one_hour_switch_to_catchup_then_replay_in_order(h: Harness) -> No
     await fail_until_catchup(h)
     st = h.m.status(D)
     assert st is not None and st.retry_interval_ms > 3_600_000
-    assert st.pending_pdus == 0 and st.pending_edus == 0  # dropped from memory
+    # Dropped from memory: the PDU and the typing EDU. The to-device message is durable
+    # (its outbox row), and catch-up reads the outbox again: whether that read has
+    # happened yet depends on timing, so it may be back in memory (it is sent below).
+    assert st.pending_pdus == 0 and st.pending_edus <= 1
     assert h.observer.catchups and h.observer.catchups[0][0] == D
     # More events arrive meanwhile: not queued in memory, but not lost either.
     later = [await h.writer.message(r, ALICE) for r in ("!b:l", "!a:l", "!b:l")]
