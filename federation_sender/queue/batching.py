@@ -161,8 +161,8 @@ def take_batch(pending: PendingItems, limits: Limits) -> Batch:
     """Remove and return the next transaction's content from ``pending``."""
     budget = _Budget(limits)
     queue = pending.pdus
-    n = min(len(queue), limits.max_pdus)
-    pdus = queue[:n]
+    pdus = queue.head(limits.max_pdus)
+    n = len(pdus)
     total = sum([p.size for p in pdus]) + n
     if budget.used + total <= limits.max_bytes:
         # The common case: the next ``max_pdus`` fit the byte budget.
@@ -174,7 +174,7 @@ def take_batch(pending: PendingItems, limits: Limits) -> Batch:
             budget.add(pdus[n].size)
             n += 1
         del pdus[n:]
-    del queue[:n]
+    queue.drop(n)
     edus = take_edus(pending, limits, budget) if pending.has_edus() else []
     # PDUs handed over in stream order end with the highest one.
     top = None if not pdus or pending.unsorted else pdus[-1].stream_ordering

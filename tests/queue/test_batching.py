@@ -109,3 +109,40 @@ def test_batches_respect_limits_and_lose_nothing(sizes: list[int], edus: int, bu
 
 def test_json_size_matches_compact_encoding() -> None:
     assert json_size({"a": "é"}) == len('{"a":"é"}'.encode())
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, 120).map(lambda n: ("add", n)),
+                          st.integers(0, 70).map(lambda n: ("take", n))), max_size=40))
+def test_pdu_runs_behave_as_one_list(ops: list[tuple[str, int]]) -> None:
+    """The pending PDUs are held as the hand-over's runs, by reference (issue #32's
+    memory): taking from the front across runs gives what one flat list would."""
+    from federation_sender.queue.items import PduRuns
+
+    runs, model, next_so = PduRuns(), list[PduItem](), 0
+    for op, n in ops:
+        if op == "add":
+            items = tuple(pdu(next_so + i) for i in range(n))
+            next_so += n
+            runs.extend(items)
+            model.extend(items)
+        else:
+            assert runs.head(n) == model[:n]
+            runs.drop(n)
+            del model[:n]
+        assert len(runs) == len(model) and bool(runs) == bool(model)
+        assert list(runs) == model
+        if model:
+            assert runs.first() is model[0] and runs.last() is model[-1]
+
+
+def test_queues_share_the_hand_over_not_copy_it() -> None:
+    """Two queues given the same tuple keep that tuple, not lists of their own."""
+    shared = tuple(pdu(i) for i in range(1000))
+    a, b = PendingItems(), PendingItems()
+    a.add_pdus(shared)
+    b.add_pdus(shared)
+    assert a.pdus._runs[0] is shared and b.pdus._runs[0] is shared
+    first = take_batch(a, Limits())
+    assert [x.stream_ordering for x in first.pdus] == list(range(50))
+    assert len(a.pdus) == 950 and len(b.pdus) == 1000 and a.pdus._runs[0] is shared

@@ -211,7 +211,7 @@ class CoreMachine(RuleBasedStateMachine):
         ready = (c.current is None and not c.work and not c.catching_up
                  and not c.outbox_dirty and not c.stopped and bool(c.pending.pdus)
                  and (retry_at is None or retry_at <= self.now) and not c.isolation)
-        return c.pending.pdus[0] if ready else None
+        return c.pending.pdus.first() if ready else None
 
     def check_sent_at_once(self, oldest: PduItem, s: object) -> None:
         """Synapse's rule: the PDU goes now, with everything queued within the limits."""
@@ -222,7 +222,7 @@ class CoreMachine(RuleBasedStateMachine):
         if c.pending.pdus:  # only a full transaction leaves PDUs behind
             pdu_bytes = TXN_OVERHEAD_BYTES + sum(p.size + 1 for p in b.pdus)
             assert (len(b.pdus) == c.limits.max_pdus
-                    or pdu_bytes + c.pending.pdus[0].size + 1 > c.limits.max_bytes), (
+                    or pdu_bytes + c.pending.pdus.first().size + 1 > c.limits.max_bytes), (
                 len(b.pdus), pdu_bytes)
 
     def step(self) -> bool:
