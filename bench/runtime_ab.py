@@ -20,12 +20,17 @@ slower (32.6-32.9 s against 29.6-29.9 s, process CPU 32.4-32.7 s against 26.9-27
 alternating runs): the hand-overs' thread switches cost more than the signatures, so
 the worker signs inline. Kept to show why.
 
+``signers``: one ed25519 signature by libsodium (PyNaCl's ``crypto_sign``) against
+OpenSSL (``cryptography``) at sizes from a request without a body (GET) to 42 KB:
+``SigningKey.sign_bytes`` takes libsodium below ``LIBSODIUM_BELOW_BYTES`` (its fixed
+cost is lower), OpenSSL above (its SHA-512 is faster).
+
 ``loop``: the fan-out engine phase (``fanout.py``, production sender) with the default
 asyncio event loop against uvloop, both for the sender's process (receivers unchanged),
 with a fresh database per run.
 
-    .venv/bin/python bench/runtime_ab.py [encoders] [signing] [loop] [--rounds 4] [--dests 200] \
-        [--events 200]
+    .venv/bin/python bench/runtime_ab.py [encoders] [signing] [signers] [loop] [--rounds 4] \
+        [--dests 200] [--events 200]
 """
 
 from __future__ import annotations
@@ -43,7 +48,11 @@ from federation_sender.clock import SystemClock
 from federation_sender.transport.encoding import canonical_json, stdlib_canonical_json
 from federation_sender.transport.prepare import SEND_PATH, RequestBuilder
 from federation_sender.transport.result import Transaction
-from federation_sender.transport.signing import SigningKey, sign_request
+from federation_sender.transport.signing import (
+    LIBSODIUM_BELOW_BYTES,
+    SigningKey,
+    sign_request,
+)
 
 KEY = SigningKey.generate("a_ab")
 
@@ -216,10 +225,41 @@ def signing(rounds: int) -> None:
            asyncio.run(run()))
 
 
+def signers(rounds: int) -> None:
+    """µs per signature, libsodium against OpenSSL, interleaved per size."""
+    import os
+
+    from nacl.bindings import crypto_sign
+
+    sodium_key = bytes(KEY.raw) + bytes(KEY.raw.verify_key)
+    openssl = KEY._openssl
+    rows: list[tuple[str, str]] = [("load average (1/5/15 min)", load_average()),
+                                   ("sign_bytes switches at", f"{LIBSODIUM_BELOW_BYTES:,} bytes")]
+    n = 2000
+    for size in (150, 1_000, 2_000, 4_000, 8_000, 16_000, 42_000):
+        msg = os.urandom(size)
+
+        def sodium(msg: bytes = msg) -> bytes:
+            return bytes(crypto_sign(msg, sodium_key))
+
+        def ossl(msg: bytes = msg) -> bytes:
+            return openssl.sign(msg)
+
+        pair: list[tuple[str, Callable[[], Any]]] = [("libsodium", sodium), ("OpenSSL", ossl)]
+        got: dict[str, list[float]] = {"libsodium": [], "OpenSSL": []}
+        for r in range(rounds):
+            for name, fn in (pair if r % 2 == 0 else pair[::-1]):
+                got[name].append(_per_call_us(fn, n))
+        rows.append((f"{size:,} bytes: µs per signature, libsodium / OpenSSL",
+                     f"{statistics.median(got['libsodium']):.1f} / "
+                     f"{statistics.median(got['OpenSSL']):.1f}"))
+    report(f"ed25519 signers ({rounds} interleaved rounds)", rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("what", nargs="*", default=["encoders", "signing", "loop"],
-                    choices=["encoders", "signing", "loop"])
+                    choices=["encoders", "signing", "signers", "loop"])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dests", type=int, default=200)
     ap.add_argument("--events", type=int, default=200)
@@ -228,6 +268,8 @@ def main() -> None:
         encoders(a.rounds)
     if "signing" in a.what:
         signing(a.rounds)
+    if "signers" in a.what:
+        signers(a.rounds)
     if "loop" in a.what:
         loop(a.rounds, a.dests, a.events)
 

@@ -15,6 +15,7 @@ from federation_sender.clock import Clock
 from federation_sender.queue.batching import Batch
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.pacing import PacingPolicy, RoomPacer, pages_of
+from federation_sender.queue.timing import AttemptDeadline
 from federation_sender.transport.result import EventHeld, EventProbe, SendResult
 
 log = logging.getLogger(__name__)
@@ -24,8 +25,8 @@ class Confirmations:
     """One queue's pacing state: its rooms' unconfirmed PDUs and when a confirmation
     last failed. Made on the queue's first paced success (most queues never pace)."""
 
-    __slots__ = ("_failed_at", "_pacer", "attempt_deadline_s", "clock", "destination",
-                 "observer", "policy")
+    __slots__ = ("_failed_at", "_pacer", "_request_deadline", "attempt_deadline_s", "clock",
+                 "destination", "observer", "policy")
 
     def __init__(self, destination: str, policy: PacingPolicy, clock: Clock,
                  observer: QueueObserver, attempt_deadline_s: float) -> None:
@@ -36,6 +37,31 @@ class Confirmations:
         self.attempt_deadline_s = attempt_deadline_s
         self._failed_at: float | None = None
         self._pacer = RoomPacer(policy)
+        self._request_deadline = AttemptDeadline(
+            clock, min(policy.deadline_s, attempt_deadline_s) if policy.enabled
+            else attempt_deadline_s)
+        """One request's bound while the whole confirmation has at least that long
+        left: one lazily armed timer for all of this queue's requests, as its
+        transactions have (``AttemptDeadline``), not a timer scheduled and cancelled
+        for each (a busy room asks once a transaction)."""
+
+    def close(self) -> None:
+        """The queue stopped: its request timer goes."""
+        self._request_deadline.close()
+
+    async def _ask(self, probe: EventProbe, event_id: str, left_s: float) -> EventHeld:
+        """One request for ``event_id``, within ``left_s`` and the attempt deadline
+        (TimeoutError past it)."""
+        deadline = self._request_deadline
+        if left_s >= deadline.seconds:
+            async with asyncio.timeout(None) as timeout:
+                deadline.watch(timeout)
+                try:
+                    return await probe.event_persisted(self.destination, event_id)
+                finally:
+                    deadline.unwatch()
+        async with asyncio.timeout(min(left_s, self.attempt_deadline_s)):
+            return await probe.event_persisted(self.destination, event_id)
 
     def paced(self) -> bool:
         """Pacing is on now (not within ``off_after_failure_s`` of a failure)."""
@@ -51,8 +77,7 @@ class Confirmations:
         held: set[str] = set()
         for tip, ids in pages_of(batch, pacing.confirm_after):
             try:
-                async with asyncio.timeout(min(pacing.deadline_s, self.attempt_deadline_s)):
-                    answer = await probe.event_persisted(self.destination, tip)
+                answer = await self._ask(probe, tip, pacing.deadline_s)
             except TimeoutError:
                 break
             if answer is not EventHeld.YES:
@@ -85,8 +110,7 @@ class Confirmations:
             if left <= 0 or stopping():
                 break
             try:
-                async with asyncio.timeout(min(left, self.attempt_deadline_s)):
-                    answer = await probe.event_persisted(self.destination, event_id)
+                answer = await self._ask(probe, event_id, left)
             except TimeoutError:
                 answer = EventHeld.NO_ANSWER
             if answer is EventHeld.YES or answer is EventHeld.UNSUPPORTED:

@@ -223,6 +223,8 @@ class DestinationRunner:
             await self._run()
         finally:
             self._attempts.close()
+            if self._pacing is not None:
+                self._pacing.close()
             self._finished = True
 
     async def _run(self) -> None:

@@ -76,13 +76,14 @@ from federation_sender.transport.discovery import (
 )
 from federation_sender.transport.dns import DnsLookup, DnsPythonResolver, Nameserver
 from federation_sender.transport.domain_metrics import DomainMetrics
+from federation_sender.transport.encoding import signing_bytes
 from federation_sender.transport.forward_proxy import ClientProxies, ProxyPolicy
 from federation_sender.transport.h1 import Http1Pool, get_head, request_head
 from federation_sender.transport.http import WellKnownClient
 from federation_sender.transport.overrides import Overrides
 from federation_sender.transport.prepare import SEND_PATH, PreparedRequest, RequestBuilder
 from federation_sender.transport.result import EventHeld, Outcome, SendResult, Transaction
-from federation_sender.transport.signing import SigningKey, sign_request
+from federation_sender.transport.signing import SigningKey, sign_request_bytes
 from federation_sender.transport.stats import RequestCounter, TransportStats
 from federation_sender.transport.tls_choice import TlsChoice
 
@@ -353,17 +354,20 @@ class FederationClient:
         event/{eventId}``, signed (see :func:`event_held`). Never raises for what the
         remote does; the caller bounds the wait (``queue/pacing.py``)."""
         path = EVENT_PATH + quote(event_id, safe="")
-        auth = sign_request(key=self._key, origin=self.server_name,
-                            destination=destination, method="GET", uri=path)
+        # The request object's canonical bytes, signed directly (no JSON round trip).
+        auth = sign_request_bytes(
+            key=self._key, origin=self.server_name, destination=destination,
+            message=signing_bytes(content=None, destination=destination, method="GET",
+                                  origin=self.server_name, uri=path))
         try:
             resolved = self.resolve_cached(destination) or await self._lookup(destination)
             if self._h1 is not None:
-                # Over the connection /send keeps alive (a round trip, no handshake).
+                # Over the connection /send keeps alive (a round trip, no handshake);
+                # bounded by the caller's deadline, not a second timer of ours.
                 host, port = resolved.targets[0]
-                async with asyncio.timeout(self._attempt_timeout_s):
-                    response = await self._h1.put(
-                        host, port, resolved.tls_server_name,
-                        get_head(path, resolved.host_header, auth, self._user_agent), b"")
+                response = await self._h1.put(
+                    host, port, resolved.tls_server_name,
+                    get_head(path, resolved.host_header, auth, self._user_agent), b"")
                 status, body = response.status, response.body
             else:
                 status, body = await self._aiohttp.get(resolved, path, auth,
