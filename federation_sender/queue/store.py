@@ -134,6 +134,11 @@ class QueueStore:
         for *_, fut in (*batch, *later):
             if not fut.done():
                 fut.set_exception(exc)
+                # Marked retrieved: the runner awaits its oldest unpersisted write, fails
+                # on it and is restarted (logged there, one line); its later writes'
+                # futures are dropped unawaited, and asyncio would otherwise print each
+                # with a traceback at exit ("Future exception was never retrieved").
+                fut.exception()
 
     async def read_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int

@@ -4,8 +4,11 @@ failed is never overtaken by its later writes."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
 from dataclasses import replace
 
+import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -64,6 +67,29 @@ async def test_a_failed_write_is_not_overtaken_by_the_same_destinations_later_on
     assert log_d == []
     assert other_row is not None and other_row.last_successful_stream_ordering == 7
     assert [r.txn_id for r in log_other] == ["o1"]
+
+
+async def test_failed_writes_nobody_awaits_are_not_printed_at_exit(
+    engine: AsyncEngine, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The runner awaits its oldest unpersisted write and fails on it; its later writes
+    fail with it and are dropped unawaited. asyncio must not print each of those with a
+    traceback when they are collected ("Future exception was never retrieved")."""
+    store = QueueStore(NativeBackend(engine))
+    t1 = store.submit(D, Effects(last_successful=10, succeeded=True),
+                      log_row("t1", D, "$a", 10, request_bytes=2**70), 0)
+    await asyncio.sleep(0)  # the flusher takes T1's batch
+    t2 = store.submit(D, Effects(last_successful=20, succeeded=True),
+                      log_row("t2", D, "$b", 20), 0)
+    assert t1 is not None and t2 is not None
+    with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises
+        await t1
+    await store.drain()
+    assert t2.done()
+    del t1, t2
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        gc.collect()
+    assert "never retrieved" not in caplog.text
 
 
 _REFUSE_LOG = {
