@@ -85,8 +85,6 @@ class DestinationRunner:
         self.sender = sender
         # Asked once: isinstance() of a runtime-checkable Protocol costs microseconds.
         self._probe = sender if isinstance(sender, EventProbe) else None
-        # Asked once: isinstance() of a runtime-checkable Protocol costs microseconds.
-        self._probe = sender if isinstance(sender, EventProbe) else None
         self._attempts = TimedAttempts(sender, clock, config.attempt_deadline_s)
         self.txn_slots = txn_slots
         self.db_slots = db_slots

@@ -84,6 +84,47 @@ class _SnapshotCollector(Collector):
         return out
 
 
+class _Tally:
+    """One counter child's increments as a plain integer: ``n`` grows on the event
+    loop (no lock, no call into the client library); :class:`_Tallies` adds what is
+    new to the child when the registry is collected. Two fields, each written by one
+    side only, so a collection from another thread loses nothing."""
+
+    __slots__ = ("child", "n", "published")
+
+    def __init__(self, child: Counter) -> None:
+        self.child = child
+        self.n = 0
+        self.published = 0
+
+    def publish(self) -> None:
+        n = self.n
+        if n != self.published:
+            self.child.inc(n - self.published)
+            self.published = n
+
+
+class _Tallies:
+    """Registered before the counters it feeds: each collection of the registry
+    (a scrape, ``get_sample_value``) first publishes every tally, so the exposition
+    carries the same names, labels and values as when each increment went to the
+    child at once (integers: the sums are exact either way). No ``describe``: it
+    exports nothing of its own."""
+
+    def __init__(self) -> None:
+        self.tallies: list[_Tally] = []
+
+    def tally(self, child: Counter) -> _Tally:
+        t = _Tally(child)
+        self.tallies.append(t)
+        return t
+
+    def collect(self) -> Iterable[Metric]:
+        for t in self.tallies:
+            t.publish()
+        return []
+
+
 def new_registry(*, process_metrics: bool = True) -> CollectorRegistry:
     """A fresh registry, with the standard process/platform/GC collectors if asked."""
     registry = CollectorRegistry()
@@ -101,6 +142,9 @@ class Metrics:
         # The metric catalogue: one declaration per metric, in the order of docs/
         # operations.md (and of the exposition), in three groups.
         self.registry = registry
+        # Before the counters: a collection publishes the tallies first (_Tallies).
+        self._tallies = _Tallies()
+        registry.register(self._tallies)
         self._declare_sending(registry)
         self._declare_processing(registry)
         self._declare_catchup_and_shards(registry)
@@ -195,20 +239,25 @@ class Metrics:
     def _resolve_children(self) -> None:
         # Labelled children resolved once (``labels()`` costs a lock and a tuple per
         # call): created here, they also export zeros so rate() works from the start.
-        self._by_outcome = {o: (self._attempts.labels(o), self._duration.labels(o))
+        # The counters every transaction (and its request) moves are tallies
+        # (``_Tally``): plain integers, published at collection.
+        tally = self._tallies.tally
+        self._by_outcome = {o: (tally(self._attempts.labels(o)), self._duration.labels(o))
                             for o in n.TRANSACTION_OUTCOMES}
+        self._sent_txns_tally = tally(self._sent_txns)
+        self._delivered_pdus_tally = tally(self._delivered_pdus)
         self._loop = self._loops.labels(n.EVENT_PROCESSING_NAME)
         self._loop_room = self._loop_rooms.labels(n.EVENT_PROCESSING_NAME)
         self._lag_ms_child = self._lag_ms.labels(n.EVENT_PROCESSING_NAME)
         self._position_child = self._positions.labels(n.EVENT_PROCESSING_NAME)
         self._last_ts_child = self._last_ts.labels(n.EVENT_PROCESSING_NAME)
         self._lag_by_event_child = self._lag_by_event.labels(n.EVENT_PROCESSING_NAME)
-        self._send_block = (self._block_count.labels(n.BLOCK_SEND_TRANSACTION),
-                            self._block_time.labels(n.BLOCK_SEND_TRANSACTION))
+        self._send_block_count = tally(self._block_count.labels(n.BLOCK_SEND_TRANSACTION))
+        self._send_block_time = self._block_time.labels(n.BLOCK_SEND_TRANSACTION)
         self._rooms_block = (self._block_count.labels(n.BLOCK_HANDLE_ROOM_EVENTS),
                              self._block_time.labels(n.BLOCK_HANDLE_ROOM_EVENTS))
-        self._requests: dict[str, Counter] = {"PUT": self._http_requests.labels("PUT")}
-        self._responses: dict[tuple[str, int], Counter] = {}
+        self._requests: dict[str, _Tally] = {"PUT": tally(self._http_requests.labels("PUT"))}
+        self._responses: dict[tuple[str, int], _Tally] = {}
         self._edus_by_type: dict[str, Counter] = {}
 
     def set_snapshot_source(self, source: Callable[[], QueueSnapshot] | None) -> None:
@@ -228,15 +277,15 @@ class Metrics:
         children = self._by_outcome.get(outcome)
         if children is None:
             raise ValueError(f"unknown transaction outcome {outcome!r}")
-        children[0].inc()
+        children[0].n += 1
         children[1].observe(max(0.0, duration_s))
-        self._send_block[0].inc()
-        self._send_block[1].inc(max(0.0, duration_s))
+        self._send_block_count.n += 1
+        self._send_block_time.inc(max(0.0, duration_s))
         if outcome != "success":
             return
-        self._sent_txns.inc()
+        self._sent_txns_tally.n += 1
         if pdu_count:
-            self._delivered_pdus.inc(pdu_count)
+            self._delivered_pdus_tally.n += pdu_count
         total_edus = 0
         for edu_type, count in edu_counts_by_type.items():
             if count:
@@ -262,11 +311,30 @@ class Metrics:
         self._sent_pdus.inc(pdu_destinations)
 
     def http_request(self, method: str) -> None:
-        _child(self._requests, self._http_requests, method, (method,)).inc()
+        t = self._requests.get(method)
+        if t is not None:
+            t.n += 1
+        else:
+            self._new_tally(self._requests, self._http_requests, method, (method,))
 
     def http_response(self, method: str, code: int) -> None:
-        _child(self._responses, self._http_responses, (method, code),
-               (method, str(code))).inc()
+        t = self._responses.get((method, code))
+        if t is not None:
+            t.n += 1
+        else:
+            self._new_tally(self._responses, self._http_responses, (method, code),
+                            (method, str(code)))
+
+    def _new_tally(self, cache: dict[_K, _Tally], metric: Counter, key: _K,
+                   labels: tuple[str, ...]) -> None:
+        """Count one for a label set not seen before: a new tally, or past
+        ``CHILD_CACHE_LIMIT`` of them, straight into the child (correct, only slower)."""
+        child = metric.labels(*labels)
+        if len(cache) < CHILD_CACHE_LIMIT:
+            t = cache[key] = self._tallies.tally(child)
+            t.n += 1
+        else:
+            child.inc()
 
     def dashboard_counters(self) -> dict[str, float]:
         """Running totals and current lags for the admin dashboard's charts."""

@@ -229,6 +229,15 @@ def leaf_span(tracer: trace.Tracer, name: str, kind: trace.SpanKind,
     return LeafSpan(tracer.start_span(name, kind=kind, attributes=attributes))
 
 
+_dropped_under: tuple[context.Context, context.Context] | None = None
+"""(parent, the parent with :data:`_DROPPED` current) last built by :class:`DroppedAttempt`."""
+
+
+def _remember_dropped_under(parent: context.Context, child: context.Context) -> None:
+    global _dropped_under
+    _dropped_under = (parent, child)
+
+
 class DroppedAttempt:
     """``with``: :data:`_DROPPED` is the current span (a class, not a generator: one
     per transaction of a busy worker)."""
@@ -236,7 +245,17 @@ class DroppedAttempt:
     __slots__ = ("_flag", "_token")
 
     def __enter__(self) -> None:
-        self._token = context.attach(trace.set_span_in_context(_DROPPED))
+        # The same parent context (the queue tasks' empty one, as a rule) gives the
+        # same child: OpenTelemetry's contexts are immutable, so the one built for it
+        # last is reused (building it copied a dict: 2 of the 2.7 us of this block).
+        parent = context.get_current()
+        last = _dropped_under
+        if last is not None and last[0] is parent:
+            child = last[1]
+        else:
+            child = trace.set_span_in_context(_DROPPED, parent)
+            _remember_dropped_under(parent, child)
+        self._token = context.attach(child)
         self._flag = _in_dropped_attempt.set(True)
 
     def __exit__(self, *exc: object) -> None:

@@ -190,6 +190,14 @@ class FederationClient:
         with it, as children of the caller's current span (the transaction attempt)."""
 
     @property
+    def attempt_bound_s(self) -> float:
+        """Every :meth:`send_transaction` returns within this many seconds of the event
+        loop's clock (its own deadline covers all it awaits): a caller whose bound is
+        no shorter, on the same clock, need not add a timer of its own
+        (:func:`~federation_sender.transport.result.attempt_bound_s`)."""
+        return self._attempt_timeout_s
+
+    @property
     def server_name(self) -> str:
         return self._server_name
 

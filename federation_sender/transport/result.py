@@ -61,6 +61,15 @@ class TransactionSender(Protocol):
         """
 
 
+def attempt_bound_s(sender: object) -> float | None:
+    """How long any ``send_transaction`` of ``sender`` can take at most, in seconds of
+    the event loop's clock, if the sender says so (an ``attempt_bound_s`` attribute:
+    :class:`~federation_sender.transport.client.FederationClient` bounds every attempt
+    itself); ``None``: unknown, its caller must bound it."""
+    bound = getattr(sender, "attempt_bound_s", None)
+    return float(bound) if isinstance(bound, int | float) and bound > 0 else None
+
+
 class EventHeld(enum.Enum):
     """A receiver's answer to ``GET /_matrix/federation/v1/event/{eventId}``."""
 

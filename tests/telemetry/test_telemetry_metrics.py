@@ -179,3 +179,22 @@ async def test_synapse_series_carry_the_server_name_label_as_synapses_do() -> No
     assert by_type[0].labels == {"type": "m.typing", "server_name": "example.org"}
     # The registry itself is unchanged: recording and in-process reads see no new label.
     assert value(reg, n.SENT_TRANSACTIONS + "_total") == 1
+
+
+def test_per_transaction_counters_are_published_at_each_collection_exactly_once() -> None:
+    # Plain tallies between scrapes: each collection adds only what is new.
+    registry = new_registry(process_metrics=False)
+    m = Metrics(registry)
+    seen = []
+    for k in (1, 2, 5):
+        while m._sent_txns_tally.n < k:
+            m.http_request("PUT")
+            m.http_response("PUT", 200)
+            m.transaction_finished("e.test", "success", 2, {}, 0.01)
+        for _ in range(2):  # a second collection with nothing new changes nothing
+            seen.append((value(registry, n.SENT_TRANSACTIONS + "_total"),
+                         value(registry, n.DELIVERED_PDUS + "_total"),
+                         value(registry, n.HTTP_REQUESTS + "_total", method="PUT"),
+                         value(registry, n.HTTP_RESPONSES + "_total", method="PUT",
+                               code="200")))
+    assert seen == [(k, 2 * k, k, k) for k in (1, 1, 2, 2, 5, 5)]

@@ -4,6 +4,7 @@ import asyncio
 import logging
 
 import pytest
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
@@ -320,3 +321,21 @@ def test_transactions_get_the_trace_budget_before_replication_batches() -> None:
     with tracing.replication_batch("events", "master", token + 1, 1):
         pass
     assert [s.name for s in spans.get_finished_spans()] == [n.SPAN_REPLICATION_BATCH]
+
+
+def test_a_dropped_attempt_keeps_whatever_context_it_is_entered_in() -> None:
+    # Its context is built once per parent and reused: a different parent (here one
+    # carrying a value, as a span or baggage would) gets its own, not the last one.
+    tracing = Tracing(None)
+    tracer = trace.NoOpTracerProvider().get_tracer("t")
+    key = otel_context.create_key("k")
+    for value in (None, 1, 1, 2, None):
+        token = otel_context.attach(otel_context.set_value(key, value)) if value else None
+        with tracing.dropped_attempt():
+            assert otel_context.get_value(key) == value
+            assert trace.get_current_span().get_span_context().trace_id == 1
+            assert child_span_dropped(tracer)
+        assert otel_context.get_value(key) == value
+        if token is not None:
+            otel_context.detach(token)
+        assert trace.get_current_span() is trace.INVALID_SPAN
