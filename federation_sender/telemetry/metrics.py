@@ -7,6 +7,7 @@ explode the series count. Per-destination detail is in the admin API instead.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -113,6 +114,9 @@ class _Tallies:
 
     def __init__(self) -> None:
         self.tallies: list[_Tally] = []
+        self._publishing = threading.Lock()
+        """Two scrapes at once (the exposition server answers each in a thread of its
+        own) must not both add the same increments: one publishes at a time."""
 
     def tally(self, child: Counter) -> _Tally:
         t = _Tally(child)
@@ -120,8 +124,9 @@ class _Tallies:
         return t
 
     def collect(self) -> Iterable[Metric]:
-        for t in self.tallies:
-            t.publish()
+        with self._publishing:
+            for t in self.tallies:
+                t.publish()
         return []
 
 
