@@ -228,3 +228,16 @@ def test_sign_bytes_matches_on_a_transaction_sized_message() -> None:
     key = SigningKey.generate()
     message = os.urandom(64 * 1024)
     assert key.sign_bytes(message) == key.raw.sign(message).signature
+
+
+def test_sign_bytes_is_the_same_signature_either_side_of_the_signer_switch() -> None:
+    """libsodium signs below LIBSODIUM_BELOW_BYTES, OpenSSL above: the same key gives
+    the same (deterministic) signature on both paths, and the receiver's check passes."""
+    from federation_sender.transport.signing import LIBSODIUM_BELOW_BYTES
+
+    key = SigningKey.generate("a_sw")
+    for size in (0, 150, LIBSODIUM_BELOW_BYTES - 1, LIBSODIUM_BELOW_BYTES, 42_000):
+        msg = bytes(i % 251 for i in range(size))
+        sig = key.sign_bytes(msg)
+        assert sig == key.raw.sign(msg).signature, size  # libsodium's, via signedjson's key
+        key.verify_key.verify(msg, sig)
