@@ -60,7 +60,8 @@ class Confirmations:
                     return await probe.event_persisted(self.destination, event_id)
                 finally:
                     deadline.unwatch()
-        async with asyncio.timeout(min(left_s, self.attempt_deadline_s)):
+        # Less left than one request's bound (itself at most the attempt deadline).
+        async with asyncio.timeout(left_s):
             return await probe.event_persisted(self.destination, event_id)
 
     def paced(self) -> bool:

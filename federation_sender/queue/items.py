@@ -97,9 +97,6 @@ class PduRuns:
         """How many items of ``_runs[0]`` were taken already."""
         self._count = 0
 
-    def append(self, item: PduItem) -> None:
-        self.extend((item,))
-
     def extend(self, items: Sequence[PduItem]) -> None:
         """Append ``items``, kept by reference: the caller must not change them (the
         intake hands over tuples)."""
