@@ -252,11 +252,13 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
         await m.start()
         # Warm-up: one event, so that queues and connections exist as in a live room.
         bs.counter.reset(a.dests)
-        t_warm = time.perf_counter()
+        t_warm, c_warm = time.perf_counter(), time.process_time()
         await writer.message(rooms[0], f"@alice:{ME}")
         m.notify_new_events(writer.stream_ordering)
         await asyncio.wait_for(bs.counter.done.wait(), 600)
-        warm_s = time.perf_counter() - t_warm
+        warm_s, warm_cpu = time.perf_counter() - t_warm, time.process_time() - c_warm
+        # The queues' first reads (gathered: QueueStore.bootstrap_gathered).
+        first_reads = getattr(m.store, "gathered_reads", None)
         await writer.messages(rooms[0], f"@alice:{ME}", a.events)
         bs.counter.reset(a.events * a.dests)
         GC.settle()
@@ -293,7 +295,10 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
     extra = {d: n for d, n in counts.items() if n > want}
     return [
         ("load average at start / end (1/5/15 min)", f"{load} / {load_average()}"),
-        ("warm-up event to every destination", f"{warm_s:.1f} s"),
+        ("warm-up event to every destination (new queues, new connections)",
+         f"{warm_s:.1f} s, worker CPU {warm_cpu:.1f} s"),
+        ("the new queues' first reads (database transactions)",
+         "one per queue" if first_reads is None else f"{first_reads}"),
         ("PDUs delivered (sender's count)", f"{c.ok_pdus} of {a.events * a.dests}"),
         ("destinations holding all events (peers' count)",
          f"{a.dests - len(short)} of {a.dests}"

@@ -248,16 +248,22 @@ class DestinationRunner:
             self._waiting = False
 
     async def _bootstrap(self) -> None:
-        """Read the queue's row, outbox window and first catch-up plans (one database
-        transaction) and load them into the core."""
+        """Read the queue's row, outbox window and (in catch-up) first catch-up plans and
+        load them into the core. Outside catch-up the read is gathered with those of
+        every queue starting meanwhile (``QueueStore.bootstrap_gathered``)."""
         c = self.core
         c.outbox_read_started()
-        async with self.db_slots:
-            cfg = self.config
-            boot = await self.store.bootstrap(
-                self.destination, cfg.server_name, c.catching_up, cfg.outbox_read_limit,
-                cfg.catchup_rooms_per_batch, cfg.catchup_max_gap_events, time_ms(self.clock),
-            )
+        cfg = self.config
+        if not c.catching_up:
+            # Gathered with every queue starting meanwhile (one read at a time: no slot).
+            boot = await self.store.bootstrap_gathered(self.destination, cfg.outbox_read_limit)
+        else:
+            async with self.db_slots:
+                boot = await self.store.bootstrap(
+                    self.destination, cfg.server_name, True, cfg.outbox_read_limit,
+                    cfg.catchup_rooms_per_batch, cfg.catchup_max_gap_events,
+                    time_ms(self.clock),
+                )
         eff = c.load(boot.backoff, boot.last_successful)
         self._loaded = True
         if eff.dropped_for_catchup:

@@ -34,27 +34,23 @@ log = logging.getLogger(__name__)
 
 
 class QueueStore:
-    def __init__(self, storage: Backend) -> None:
+    def __init__(self, storage: Backend, max_gathered_reads: int = 256) -> None:
         self.storage = storage
         self._pending: list[_Pending] = []
         self._flushing = False
         self._flusher: asyncio.Future[None] | None = None
+        self._reads: list[tuple[str, int, asyncio.Future[Bootstrap]]] = []
+        self._reading = False
+        self._reader: asyncio.Future[None] | None = None
+        self._max_gathered_reads = max_gathered_reads
+        self.gathered_reads = 0
+        """Database transactions of :meth:`bootstrap_gathered` (for tests and benchmarks)."""
 
     async def load_destination(self, destination: str) -> tuple[BackoffState, int | None]:
         async def fn(tx: Tx) -> DestinationRow | None:
             return await tx.destinations.get_destination(destination)
 
-        row = await self.storage.run(fn)
-        if row is None:
-            return BackoffState(), None
-        return (
-            BackoffState(
-                retry_last_ts_ms=row.retry_last_ts or 0,
-                retry_interval_ms=row.retry_interval or 0,
-                failure_ts_ms=row.failure_ts,
-            ),
-            row.last_successful_stream_ordering,
-        )
+        return _row_state(await self.storage.run(fn))
 
     async def persist(
         self,
@@ -192,16 +188,7 @@ class QueueStore:
         unless it is backing off."""
 
         async def fn(tx: Tx) -> Bootstrap:
-            row = await tx.destinations.get_destination(destination)
-            backoff = BackoffState()
-            last: int | None = None
-            if row is not None:
-                backoff = BackoffState(
-                    retry_last_ts_ms=row.retry_last_ts or 0,
-                    retry_interval_ms=row.retry_interval or 0,
-                    failure_ts_ms=row.failure_ts,
-                )
-                last = row.last_successful_stream_ordering
+            backoff, last = _row_state(await tx.destinations.get_destination(destination))
             td, dl = await tx.outbox.unsent_outbox(destination, -1, -1, outbox_limit)
             plans: list[RoomPlan] | None = None
             if plan and not backoff.active_at(now_ms):
@@ -218,6 +205,43 @@ class QueueStore:
             return Bootstrap(backoff, last, *_outbox(td, dl, outbox_limit), plans)
 
         return await self.storage.run(fn)
+
+    async def bootstrap_gathered(self, destination: str, outbox_limit: int) -> Bootstrap:
+        """:meth:`bootstrap` without catch-up plans, gathered: the first reads of every
+        queue that starts while the previous read runs share one database transaction
+        (at most ``max_gathered_reads`` queues), one statement per kind of row for all
+        of them, then the outbox rows of the few that have any. A message in a room of
+        10,000 servers, after a quiet minute has let their queues go, costs about 40
+        database transactions instead of 10,000 (``bench/big_room.py``). One read runs
+        at a time: the caller needs no database slot."""
+        fut: asyncio.Future[Bootstrap] = asyncio.get_running_loop().create_future()
+        self._reads.append((destination, outbox_limit, fut))
+        if not self._reading:
+            self._reading = True
+            self._reader = asyncio.ensure_future(self._read_gathered())
+        return await fut
+
+    async def _read_gathered(self) -> None:
+        try:
+            while self._reads:
+                n = self._max_gathered_reads
+                batch, self._reads = self._reads[:n], self._reads[n:]
+                wanted = [(d, limit) for d, limit, fut in batch if not fut.done()]
+                if not wanted:
+                    continue  # every caller was cancelled meanwhile
+                self.gathered_reads += 1
+                try:
+                    out = await self.storage.run(functools.partial(_bootstrap_many, wanted=wanted))
+                except Exception as e:  # handed to every caller (its runner restarts)
+                    for _, _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(e)
+                    continue
+                for d, _, fut in batch:
+                    if not fut.done():
+                        fut.set_result(out[d])
+        finally:
+            self._reading = False
 
     async def destinations_behind(self) -> list[str]:
         async def fn(tx: Tx) -> list[str]:
@@ -261,6 +285,39 @@ class Bootstrap:
     """(stream_id, user_id, device_id, edu_type, content)"""
     outbox_exhausted: bool
     plans: list[RoomPlan] | None
+
+
+def _row_state(row: DestinationRow | None) -> tuple[BackoffState, int | None]:
+    """The backoff and the last successful position a ``destinations`` row holds."""
+    if row is None:
+        return BackoffState(), None
+    return (
+        BackoffState(
+            retry_last_ts_ms=row.retry_last_ts or 0,
+            retry_interval_ms=row.retry_interval or 0,
+            failure_ts_ms=row.failure_ts,
+        ),
+        row.last_successful_stream_ordering,
+    )
+
+
+async def _bootstrap_many(tx: Tx, *, wanted: Sequence[tuple[str, int]]) -> dict[str, Bootstrap]:
+    """:meth:`QueueStore.bootstrap_gathered`'s transaction: the rows and which outboxes
+    hold anything in one statement each, then the outbox windows of those that do."""
+    names = {d for d, _ in wanted}
+    rows = await tx.destinations.get_destinations(names)
+    with_outbox = await tx.outbox.destinations_with_unsent(names)
+    out: dict[str, Bootstrap] = {}
+    for d, limit in wanted:
+        if d in out:
+            continue
+        backoff, last = _row_state(rows.get(d))
+        td: list[ToDeviceRow] = []
+        dl: list[DeviceListRow] = []
+        if d in with_outbox:
+            td, dl = await tx.outbox.unsent_outbox(d, -1, -1, limit)
+        out[d] = Bootstrap(backoff, last, *_outbox(td, dl, limit), None)
+    return out
 
 
 def _outbox(

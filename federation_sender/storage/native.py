@@ -142,6 +142,9 @@ class _Outbox:
     async def device_list_destinations(self, user_ids: Collection[str]) -> list[str]:
         return await ob.device_list_destinations(self._c, user_ids)
 
+    async def destinations_with_unsent(self, destinations: Collection[str]) -> set[str]:
+        return await ob.destinations_with_unsent(self._c, destinations)
+
 
 class _Positions:
     """Own progress as ``federation_sender.<stream>``; replication tokens as

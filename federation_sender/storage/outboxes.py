@@ -23,6 +23,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    union,
     union_all,
     update,
 )
@@ -191,3 +192,15 @@ async def device_list_destinations(conn: AsyncConnection, user_ids: Collection[s
         .distinct()
     )
     return [str(d) for d in res.scalars()]
+
+
+async def destinations_with_unsent(
+    conn: AsyncConnection, destinations: Collection[str]
+) -> set[str]:
+    """Those of ``destinations`` with an unsent row in either outbox (one statement)."""
+    if not destinations:
+        return set()
+    names = sorted(destinations)
+    a = select(tdo.c.destination).where(tdo.c.destination.in_(names), tdo.c.sent_ts.is_(None))
+    b = select(dlp.c.destination).where(dlp.c.destination.in_(names), dlp.c.sent.is_(False))
+    return {str(r) for r in (await conn.execute(union(a, b))).scalars()}

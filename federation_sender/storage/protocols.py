@@ -256,6 +256,12 @@ class OutboxStore(Protocol):
         """Destinations with unacknowledged device-list rows for these users."""
         ...
 
+    async def destinations_with_unsent(self, destinations: Collection[str]) -> set[str]:
+        """Those of ``destinations`` that may have unacknowledged rows: every one for
+        which :meth:`unsent_outbox` from the start would return a row is in it (a few
+        more may be: each is then read in full). One statement, however many."""
+        ...
+
 
 class PositionStore(Protocol):
     """Stream positions keyed by (stream, instance); saving never moves one backwards.

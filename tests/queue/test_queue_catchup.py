@@ -323,24 +323,31 @@ async def test_catchup_while_the_intake_commit_is_held_back_loses_nothing(
 
 
 async def test_settle_waits_for_a_queue_still_bootstrapping(h: Harness) -> None:
-    """``settle()`` returns on real quiescence only: a queue waiting for a database slot
-    to read its row is not idle, whatever its state says."""
+    """``settle()`` returns on real quiescence only: a queue still waiting for its first
+    read (its row and outbox) is not idle, whatever its state says."""
     await h.start()
-    slots = h.m.db_slots
-    for _ in range(slots.limit):
-        await slots.acquire()
+    store = h.m.store
+    read = store.bootstrap_gathered
+    gate = asyncio.Event()
+    waiting: list[str] = []
+
+    async def held(destination: str, outbox_limit: int) -> Any:
+        waiting.append(destination)
+        await gate.wait()
+        return await read(destination, outbox_limit)
+
+    store.bootstrap_gathered = held  # type: ignore[method-assign]
     h.m.enqueue_edu(D, "m.typing", {"room_id": "!a"}, key="!a")
-    await wait_until(lambda: slots.waiting, "the new queue waiting to bootstrap",
+    await wait_until(lambda: len(waiting), "the new queue waiting to bootstrap",
                      accept=lambda n: n == 1, timeout_s=10)
     assert not h.m.quiescent()
 
     async def release_later() -> None:
-        # Hold the slots until settle() has run twice its quiet window with the queue
+        # Hold the read until settle() has run twice its quiet window with the queue
         # waiting: had it taken that queue for idle, it would have returned by then.
         await wait_until(lambda: h.settle_turns, "settle() past its quiet window",
                          accept=lambda n: n >= 2 * SETTLE_QUIET_TURNS, timeout_s=10)
-        for _ in range(slots.limit):
-            slots.release()
+        gate.set()
 
     releaser = asyncio.create_task(release_later())
     await h.settle()

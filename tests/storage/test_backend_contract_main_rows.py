@@ -80,6 +80,44 @@ async def test_outbox_reads_past_a_stream_id_until_acknowledged(seeded: Seeded) 
     assert await seeded.run(ack_rest) == ["b.test"]
 
 
+async def test_destinations_with_unsent_covers_every_nonempty_outbox(seeded: Seeded) -> None:
+    """The gathered first read (``QueueStore.bootstrap_gathered``) reads the outbox only
+    of the destinations this names: every one whose read from the start has a row must
+    be among them, and one whose rows were all acknowledged may not stay."""
+    td = await seeded.main.to_device("td.test", {"n": 1})
+    dl = await seeded.main.device_list("dl.test", "@u:local.test", "D0")
+    await seeded.main.to_device("both.test", {"n": 2})
+    await seeded.main.device_list("both.test", "@u:local.test", "D1")
+    await seeded.main.to_device("unasked.test", {"n": 3})
+    names = ["td.test", "dl.test", "both.test", "none.test"]
+
+    async def check(tx: Tx) -> tuple[set[str], set[str]]:
+        named = await tx.outbox.destinations_with_unsent(names)
+        nonempty = set()
+        for d in names:
+            t, d_rows = await tx.outbox.unsent_outbox(d, -1, -1, 10)
+            if t or d_rows:
+                nonempty.add(d)
+        return named, nonempty
+
+    named, nonempty = await seeded.run(check)
+    assert nonempty == {"td.test", "dl.test", "both.test"}
+    assert nonempty <= named <= set(names)  # never one it was not asked about
+    assert "none.test" not in named
+
+    async def ack(tx: Tx) -> set[str]:
+        await tx.outbox.ack_to_device("td.test", [td], 1)
+        await tx.outbox.ack_device_lists("dl.test", [(dl, "@u:local.test", "D0")])
+        return await tx.outbox.destinations_with_unsent(names)
+
+    assert await seeded.run(ack) == {"both.test"}
+
+    async def empty(tx: Tx) -> set[str]:
+        return await tx.outbox.destinations_with_unsent([])
+
+    assert await seeded.run(empty) == set()
+
+
 async def test_events_reads(seeded: Seeded) -> None:
     async def top(tx: Tx) -> int:
         return await tx.events.max_stream_ordering()

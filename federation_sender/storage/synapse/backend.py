@@ -207,6 +207,12 @@ class _Outbox:
     async def device_list_destinations(self, user_ids: Collection[str]) -> list[str]:
         return await dl.destinations_for_users(self._c, user_ids)
 
+    async def destinations_with_unsent(self, destinations: Collection[str]) -> set[str]:
+        # Any row at all: a superset (rows past the stream tokens are left to the
+        # per-destination read, which bounds them).
+        return (await td.destinations_with_rows(self._c, destinations)
+                | await dl.destinations_with_pokes(self._c, destinations))
+
 
 class _Positions:
     """``events``/``federation`` in Synapse's ``federation_stream_position``; the

@@ -135,6 +135,9 @@ _UPSERT_LAST_SUCCESS = text(
 _DESTINATIONS_OF_USERS = text(
     "SELECT DISTINCT destination FROM device_lists_outbound_pokes WHERE user_id = ANY(:users)"
 )
+_DESTINATIONS_WITH_POKES = text(
+    "SELECT DISTINCT destination FROM device_lists_outbound_pokes WHERE destination = ANY(:ds)"
+)
 _DESTINATIONS_AT = text(
     "SELECT DISTINCT destination FROM device_lists_outbound_pokes WHERE stream_id = :stream_id"
 )
@@ -351,6 +354,16 @@ async def destinations_for_users(conn: AsyncConnection, user_ids: Collection[str
     """Destinations with pokes (unsent: sent ones are deleted) for these users."""
     rows = await conn.execute(_DESTINATIONS_OF_USERS, {"users": list(user_ids)})
     return sorted(str(r[0]) for r in rows)
+
+
+async def destinations_with_pokes(
+    conn: AsyncConnection, destinations: Collection[str]
+) -> set[str]:
+    """Those of ``destinations`` with any poke (sent ones are deleted), one statement."""
+    if not destinations:
+        return set()
+    res = await conn.execute(_DESTINATIONS_WITH_POKES, {"ds": sorted(destinations)})
+    return {str(r) for r in res.scalars()}
 
 
 def _rows(updates: Iterable[DeviceUpdate]) -> list[DeviceListRow]:

@@ -25,6 +25,10 @@ _TO_DEVICE = text(
     """
 )
 
+_WITH_ROWS = text(
+    "SELECT DISTINCT destination FROM device_federation_outbox WHERE destination = ANY(:ds)"
+)
+
 _DELETE_TO_DEVICE = text(
     "DELETE FROM device_federation_outbox WHERE destination = :d "
     "AND stream_id = ANY(CAST(:ids AS BIGINT[]))"
@@ -40,6 +44,17 @@ async def unsent_to_device(
         _TO_DEVICE, {"d": destination, "after": after, "upto": upto, "limit": limit}
     )
     return [ToDeviceRow(int(sid), str(msg)) for sid, msg in res]
+
+
+async def destinations_with_rows(
+    conn: AsyncConnection, destinations: Collection[str]
+) -> set[str]:
+    """Those of ``destinations`` with a to-device row (rows are deleted once
+    delivered), one statement."""
+    if not destinations:
+        return set()
+    res = await conn.execute(_WITH_ROWS, {"ds": sorted(destinations)})
+    return {str(r) for r in res.scalars()}
 
 
 async def delete_to_device(

@@ -420,6 +420,39 @@ async def test_backend_unreachable_external_cache_reads_as_misses() -> None:
         await client.aclose()
 
 
+async def test_backend_names_destinations_with_outbox_rows(synapse_engine: AsyncEngine) -> None:
+    """The gathered first read asks which destinations have anything in either outbox
+    table: a to-device row or a device-list poke (both deleted once delivered). Past a
+    stream token still counts: the per-destination read bounds it."""
+    async with synapse_engine.begin() as conn:
+        await conn.execute(text(
+            "INSERT INTO device_federation_outbox "
+            "(destination, stream_id, queued_ts, messages_json, instance_name) VALUES "
+            "('td.example', 1, 0, '{}', 'master'), ('both.example', 2, 0, '{}', 'master'),"
+            " ('unasked.example', 3, 0, '{}', 'master')"
+        ))
+        await conn.execute(text(
+            "INSERT INTO device_lists_outbound_pokes"
+            " (destination, stream_id, user_id, device_id, sent, ts, opentracing_context)"
+            " VALUES ('dl.example', 7, '@u:example.org', 'D', false, 0, '{}'),"
+            " ('both.example', 8, '@u:example.org', 'D', false, 0, '{}')"
+        ))
+    backend = SynapseBackend(synapse_engine, _syn("example.org"), INSTANCE, FakeClock())
+    names = ["td.example", "dl.example", "both.example", "none.example"]
+
+    async def named(tx):  # type: ignore[no-untyped-def]
+        return await tx.outbox.destinations_with_unsent(names)
+
+    try:
+        assert await backend.run(named) == {"td.example", "dl.example", "both.example"}
+    finally:
+        async with synapse_engine.begin() as conn:
+            for table in ("device_federation_outbox", "device_lists_outbound_pokes"):
+                await conn.execute(text(f"DELETE FROM {table} WHERE destination = ANY(:ds)"),
+                                   {"ds": [*names, "unasked.example"]})
+    assert await backend.run(named) == set()
+
+
 async def test_backend_to_device_bounded_by_the_stream_token_and_deleted_by_id(
     synapse_engine: AsyncEngine,
 ) -> None:
