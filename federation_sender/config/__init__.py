@@ -124,6 +124,12 @@ class QueueSettings:
     coalesce_hold_s: float = 0.5
     """While the intake is behind, a queue about to send a part-filled transaction waits
     up to this long for the intake's next hand-over (``queue/coalesce.py``); 0 never waits."""
+    commit_gather_s: float = 0.025
+    """Transaction results (positions, backoffs, log rows) are written in group commits;
+    each gathers results this long before it begins (``queue/store.py``): at one
+    message a second to 415 servers, a few commits a message instead of one every
+    10-20 results. A crash forgets at most this much more (those PDUs are sent again,
+    as duplicates the receiver drops). 0: commit as soon as the previous one is done."""
     busy_txn_interval_s: float = 2.0
     """Deprecated and ignored (with ``busy_min_pdus``): a destination with nothing in
     flight sends at once (``queue/loop_policy.py``); still accepted so configs load."""

@@ -118,6 +118,9 @@ def validate_settings(s: Settings) -> None:
         raise ConfigError("queue.busy_txn_interval_s", "a number >= 0", q.busy_txn_interval_s)
     if q.busy_min_pdus < 1:
         raise ConfigError("queue.busy_min_pdus", "a positive integer", q.busy_min_pdus)
+    if not 0 <= q.commit_gather_s <= 5:
+        raise ConfigError("queue.commit_gather_s", "a number of seconds from 0 to 5",
+                          q.commit_gather_s)
     if q.coalesce_hold_s < 0:
         raise ConfigError("queue.coalesce_hold_s", "a number >= 0", q.coalesce_hold_s)
     if s.database.connect_retry_s < 0:

@@ -101,7 +101,7 @@ class QueueManager:
         self.shard_filter = shard_filter
         self.leases = leases
         self.observer: QueueObserver = observer or NoopObserver()
-        self.store = QueueStore(storage)
+        self.store = QueueStore(storage, commit_gather_s=settings.commit_gather_s)
         self.policy = BackoffPolicy.from_settings(settings)
         self.limits = Limits.from_settings(settings)
         self.runner_config = RunnerConfig.from_settings(

@@ -137,3 +137,35 @@ async def test_catchup_episode_position_waits_for_its_transactions_writes(hdb: H
     assert h.fake.received_event_ids(D) == [ev.event_id, ev.event_id]  # resent
     assert [r.pdu_event_ids for r in await h.txlog(D)] == [f'["{ev.event_id}"]']
     assert (await h.dest_row(D)).last_successful_stream_ordering == ev.stream_ordering
+
+
+async def test_results_submitted_within_the_gathering_window_share_one_commit(
+    engine: AsyncEngine,
+) -> None:
+    """``queue.commit_gather_s``: results arriving one loop turn apart, as a spread of
+    round trips brings them, wait for the window and commit together; without the
+    window the first goes alone (the flusher starts at once)."""
+    backend = NativeBackend(engine)
+
+    async def commits_for(gather_s: float) -> tuple[int, int]:
+        store = QueueStore(backend, commit_gather_s=gather_s)
+        futs = []
+        for i in range(20):
+            f = store.submit(f"d{i}.test", Effects(last_successful=i + 1, succeeded=True),
+                             None, 0)
+            assert f is not None
+            futs.append(f)
+            await asyncio.sleep(0)  # one loop turn between results
+        await asyncio.gather(*futs)
+        await store.drain()
+        return store.commits, store.committed_results
+
+    alone, carried = await commits_for(0.0)
+    assert carried == 20 and alone >= 2  # the first result went before the others came
+    assert await commits_for(0.2) == (1, 20)
+
+    async def positions(tx):  # type: ignore[no-untyped-def]
+        return await tx.destinations.get_destinations([f"d{i}.test" for i in range(20)])
+
+    rows = await backend.run(positions)
+    assert sorted(r.last_successful_stream_ordering for r in rows.values()) == list(range(1, 21))
