@@ -89,7 +89,7 @@ class AttemptDeadline:
     scheduling and cancelling one each (that was 12 µs of the engine's ~85 µs per
     transaction with a null sender)."""
 
-    __slots__ = ("_armed", "_clock", "_expires", "_handle", "_seconds", "_timeout")
+    __slots__ = ("_armed", "_clock", "_expires", "_fires_at", "_handle", "_seconds", "_timeout")
 
     def __init__(self, clock: Clock, seconds: float) -> None:
         self._clock = clock
@@ -97,18 +97,28 @@ class AttemptDeadline:
         self._timeout: asyncio.Timeout | None = None
         self._expires = 0.0
         self._armed = False
+        self._fires_at = 0.0
         self._handle: asyncio.TimerHandle | asyncio.Future[None] | None = None
 
     @property
     def seconds(self) -> float:
         return self._seconds
 
-    def watch(self, timeout: asyncio.Timeout) -> None:
-        """``timeout`` (entered with no deadline) guards the attempt starting now."""
+    def watch(self, timeout: asyncio.Timeout, within_s: float | None = None) -> None:
+        """``timeout`` (entered with no deadline) guards the attempt starting now, for
+        the deadline's ``seconds`` or ``within_s`` if that is shorter. The timer is
+        moved only if it would fire after this attempt's end (a shorter bound than
+        every earlier one's); otherwise it fires on time or early and re-arms."""
+        now = self._clock.monotonic_s()
+        seconds = self._seconds if within_s is None or within_s > self._seconds else within_s
         self._timeout = timeout
-        self._expires = self._clock.monotonic_s() + self._seconds
+        expires = self._expires = now + seconds
         if not self._armed:
-            self._arm(self._seconds)
+            self._arm(seconds)
+        elif self._fires_at > expires:
+            if self._handle is not None:
+                self._handle.cancel()
+            self._arm(seconds)
 
     def unwatch(self) -> None:
         self._timeout = None
@@ -122,6 +132,7 @@ class AttemptDeadline:
 
     def _arm(self, delay_s: float) -> None:
         self._armed = True
+        self._fires_at = self._clock.monotonic_s() + delay_s
         if type(self._clock) is SystemClock:
             self._handle = asyncio.get_running_loop().call_later(delay_s, self._fire)
         else:

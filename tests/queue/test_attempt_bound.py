@@ -96,3 +96,54 @@ async def test_on_an_injected_clock_the_queue_keeps_its_deadline() -> None:
     result = await asyncio.wait_for(task, 5.0)
     attempts.close()
     assert result.error == "no answer within 30s"
+
+
+async def _guarded(deadline: object, within_s: float | None, started: asyncio.Event) -> str:
+    """One attempt that never ends by itself, under ``deadline``."""
+    from federation_sender.queue.timing import AttemptDeadline
+
+    assert isinstance(deadline, AttemptDeadline)
+    try:
+        async with asyncio.timeout(None) as timeout:
+            deadline.watch(timeout, within_s)
+            try:
+                started.set()
+                await asyncio.Event().wait()
+            finally:
+                deadline.unwatch()
+    except TimeoutError:
+        return "timed out"
+    return "unreachable"
+
+
+async def test_one_timer_bounds_each_attempt_by_its_own_shorter_bound() -> None:
+    """Pacing's requests (``Confirmations._ask``) share one lazily armed timer, each
+    bounded by what its confirmation has left: a bound shorter than the armed timer's
+    moves the timer; a longer one than the deadline's seconds is cut to them."""
+    from federation_sender.queue.timing import AttemptDeadline
+
+    clock = FakeClock()
+    deadline = AttemptDeadline(clock, 30.0)
+
+    async def attempt(within_s: float | None) -> asyncio.Task[str]:
+        started = asyncio.Event()
+        task = asyncio.ensure_future(_guarded(deadline, within_s, started))
+        await started.wait()
+        return task
+
+    # The timer is armed for 30 s; then an attempt with 5 s left must end at 5 s.
+    first = await attempt(None)
+    first.cancel()
+    await asyncio.gather(first, return_exceptions=True)
+    short = await attempt(5.0)
+    await clock.advance_and_settle(4.9)
+    assert not short.done()
+    await clock.advance_and_settle(0.2)
+    assert short.done() and short.result() == "timed out"
+    # A bound past the deadline's seconds is cut to them.
+    long = await attempt(300.0)
+    await clock.advance_and_settle(29.9)
+    assert not long.done()
+    await clock.advance_and_settle(0.2)
+    assert long.done() and long.result() == "timed out"
+    deadline.close()
