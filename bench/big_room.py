@@ -57,7 +57,7 @@ from common import (
 )
 
 from federation_sender.config import FederationSettings, QueueSettings
-from federation_sender.runtime import raise_open_file_limit
+from federation_sender.runtime import loop_factory, raise_open_file_limit
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 _OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
@@ -327,15 +327,18 @@ def main() -> None:
     ap.add_argument("--timeout-s", type=float, default=900)
     ap.add_argument("--event-get", default="held", choices=sorted(_EVENT_ANSWERS),
                     help="what the peers answer to pacing's GET /event")
+    ap.add_argument("--event-loop", default="asyncio", choices=["asyncio", "uvloop"],
+                    help="the worker's --event-loop (uvloop: the uvloop extra)")
     a = ap.parse_args()
     if a.dests > 250 * 254:
         raise SystemExit("at most 63,500 destinations (one 127.0.x.y address each)")
     raise_open_file_limit()
-    with PeerProcesses([address(i) for i in range(a.dests)], a.port, a.peers,
-                       a.event_get) as peers:
-        rows = asyncio.run(run(a, peers))
+    with (PeerProcesses([address(i) for i in range(a.dests)], a.port, a.peers,
+                        a.event_get) as peers,
+          asyncio.Runner(loop_factory=loop_factory(a.event_loop)) as runner):
+        rows = runner.run(run(a, peers))
     report(f"a {a.dests}-server room: {a.events} events, production path ({a.db}, "
-           f"{a.peers} peer processes)", rows)
+           f"{a.peers} peer processes, {a.event_loop})", rows)
 
 
 if __name__ == "__main__":
