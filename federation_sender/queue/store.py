@@ -46,7 +46,7 @@ class QueueStore:
         event loop's: a few milliseconds of batching, not a schedule to test)."""
         self.commits = 0
         self.committed_results = 0
-        """Group commits and the results they carried (for telemetry and benchmarks)."""
+        """Group commits and the results they carried (for tests and benchmarks)."""
         self._reads: list[tuple[str, int, asyncio.Future[Bootstrap]]] = []
         self._reading = False
         self._reader: asyncio.Future[None] | None = None
