@@ -29,4 +29,7 @@ def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
         short_retrying=short,
         in_flight_transactions=in_flight,
         oldest_in_flight_age_s=manager.oldest_in_flight_age_s() or 0.0,
+        group_commits=manager.store.commits,
+        group_commit_results=manager.store.committed_results,
+        first_reads=manager.store.gathered_reads,
     )

@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.gc_collector import GCCollector
 from prometheus_client.platform_collector import PlatformCollector
@@ -44,6 +44,10 @@ class QueueSnapshot:
     short_retrying: int = 0
     in_flight_transactions: int = 0
     oldest_in_flight_age_s: float = 0.0
+    group_commits: int = 0
+    group_commit_results: int = 0
+    first_reads: int = 0
+    """Counters since start (exported as such), read with the gauges."""
 
 
 _SNAPSHOT_GAUGES: tuple[tuple[str, str, str], ...] = (
@@ -61,12 +65,25 @@ _SNAPSHOT_GAUGES: tuple[tuple[str, str, str], ...] = (
 )
 
 
+_SNAPSHOT_COUNTERS: tuple[tuple[str, str, str], ...] = (
+    (n.DB_GROUP_COMMITS, "group_commits",
+     "Database transactions that wrote transaction results (group commits)"),
+    (n.DB_GROUP_COMMIT_RESULTS, "group_commit_results",
+     "Transaction results written by those group commits"),
+    (n.QUEUE_FIRST_READS, "first_reads",
+     "Database transactions that read new queues' rows and outboxes, gathered"),
+)
+
+
 class _SnapshotCollector(Collector):
     def __init__(self) -> None:
         self.source: Callable[[], QueueSnapshot] | None = None
 
     def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(name, doc) for name, _, doc in _SNAPSHOT_GAUGES]
+        return [
+            *(GaugeMetricFamily(name, doc) for name, _, doc in _SNAPSHOT_GAUGES),
+            *(CounterMetricFamily(name, doc) for name, _, doc in _SNAPSHOT_COUNTERS),
+        ]
 
     def collect(self) -> Iterable[Metric]:
         if self.source is None:
@@ -77,11 +94,15 @@ class _SnapshotCollector(Collector):
             # A scrape must not fail because one source did; log and omit.
             log.exception("queue snapshot for metrics failed")
             return []
-        out = []
+        out: list[Metric] = []
         for name, attr, doc in _SNAPSHOT_GAUGES:
             family = GaugeMetricFamily(name, doc)
             family.add_metric([], float(getattr(snap, attr)))
             out.append(family)
+        for name, attr, doc in _SNAPSHOT_COUNTERS:
+            counter = CounterMetricFamily(name, doc)
+            counter.add_metric([], float(getattr(snap, attr)))
+            out.append(counter)
         return out
 
 

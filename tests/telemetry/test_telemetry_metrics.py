@@ -60,6 +60,16 @@ def test_snapshot_gauges_are_read_at_scrape_time() -> None:
     assert value(reg, n.PENDING_PDUS) == 1
 
 
+def test_snapshot_counters_are_exported_as_counters() -> None:
+    reg = CollectorRegistry()
+    m = Metrics(reg)
+    m.set_snapshot_source(lambda: QueueSnapshot(group_commits=3, group_commit_results=45,
+                                                first_reads=2))
+    assert reg.get_sample_value(n.DB_GROUP_COMMITS + "_total") == 3
+    assert reg.get_sample_value(n.DB_GROUP_COMMIT_RESULTS + "_total") == 45
+    assert reg.get_sample_value(n.QUEUE_FIRST_READS + "_total") == 2
+
+
 def test_short_retry_counters() -> None:
     reg = CollectorRegistry()
     m = Metrics(reg)
