@@ -25,7 +25,7 @@ class Confirmations:
     """One queue's pacing state: its rooms' unconfirmed PDUs and when a confirmation
     last failed. Made on the queue's first paced success (most queues never pace)."""
 
-    __slots__ = ("_failed_at", "_pacer", "_request_deadline", "attempt_deadline_s", "clock",
+    __slots__ = ("_failed_at", "_pacer", "_request_deadline", "clock",
                  "destination", "observer", "policy")
 
     def __init__(self, destination: str, policy: PacingPolicy, clock: Clock,
@@ -34,7 +34,6 @@ class Confirmations:
         self.policy = policy
         self.clock = clock
         self.observer = observer
-        self.attempt_deadline_s = attempt_deadline_s
         self._failed_at: float | None = None
         self._pacer = RoomPacer(policy)
         self._request_deadline = AttemptDeadline(

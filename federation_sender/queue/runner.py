@@ -259,8 +259,8 @@ class DestinationRunner:
             boot = await self.store.bootstrap_gathered(self.destination, cfg.outbox_read_limit)
         else:
             async with self.db_slots:
-                boot = await self.store.bootstrap(
-                    self.destination, cfg.server_name, True, cfg.outbox_read_limit,
+                boot = await self.store.bootstrap_catchup(
+                    self.destination, cfg.server_name, cfg.outbox_read_limit,
                     cfg.catchup_rooms_per_batch, cfg.catchup_max_gap_events,
                     time_ms(self.clock),
                 )

@@ -50,6 +50,7 @@ class QueueStore:
         self._reads: list[tuple[str, int, asyncio.Future[Bootstrap]]] = []
         self._reading = False
         self._reader: asyncio.Future[None] | None = None
+        """The running gathered read (held so that the task is not collected)."""
         self._max_gathered_reads = max_gathered_reads
         self.gathered_reads = 0
         """Database transactions of :meth:`bootstrap_gathered` (for tests and benchmarks)."""
@@ -187,25 +188,24 @@ class QueueStore:
             ),
         )
 
-    async def bootstrap(
+    async def bootstrap_catchup(
         self,
         destination: str,
         server_name: str,
-        plan: bool,
         outbox_limit: int,
         rooms_limit: int,
         max_gap_events: int,
         now_ms: int,
     ) -> Bootstrap:
-        """Everything a new queue reads first, in one database transaction: its row,
-        its outbox window and (``plan``: it starts in catch-up) its first catch-up plans,
-        unless it is backing off."""
+        """Everything a new queue that starts in catch-up reads first, in one database
+        transaction: its row, its outbox window and its first catch-up plans, unless it
+        is backing off (other queues: :meth:`bootstrap_gathered`)."""
 
         async def fn(tx: Tx) -> Bootstrap:
             backoff, last = _row_state(await tx.destinations.get_destination(destination))
             td, dl = await tx.outbox.unsent_outbox(destination, -1, -1, outbox_limit)
             plans: list[RoomPlan] | None = None
-            if plan and not backoff.active_at(now_ms):
+            if not backoff.active_at(now_ms):
                 base = -1 if last is None else last
                 plans = await _plan(
                     tx,
@@ -221,7 +221,7 @@ class QueueStore:
         return await self.storage.run(fn)
 
     async def bootstrap_gathered(self, destination: str, outbox_limit: int) -> Bootstrap:
-        """:meth:`bootstrap` without catch-up plans, gathered: the first reads of every
+        """:meth:`bootstrap_catchup` without catch-up plans, gathered: the first reads of every
         queue that starts while the previous read runs share one database transaction
         (at most ``max_gathered_reads`` queues), one statement per kind of row for all
         of them, then the outbox rows of the few that have any. A message in a room of
