@@ -281,6 +281,8 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
             if time.perf_counter() - t0 > a.timeout_s:
                 break
         elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        builder = getattr(bs.sender, "requests", None)
+        shared = getattr(builder, "shared", None)
         GC.end()
         gens.on = False
         await m.stop(5)
@@ -306,6 +308,8 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
          + (f"; over: {len(extra)}" if extra else "")),
         ("transactions", f"{c.ok_txns} ({c.ok_pdus / max(1, c.ok_txns):.1f} PDUs each)"),
         (f"pacing's GET /event (peers answer {a.event_get})", f"{gets}"),
+        ("signatures over another destination's content (RequestBuilder.shared)",
+         "not counted" if shared is None else f"{shared}"),
         ("drain time (target <= 60 s)", f"{elapsed:.1f} s"),
         ("worker CPU (all threads)", f"{cpu:.1f} s ({1000 * cpu / max(1, c.ok_txns):.3f} ms "
                                      f"per txn)"),

@@ -139,10 +139,22 @@ def signing_bytes(
 ) -> bytes:
     """The canonical request object an X-Matrix signature covers, around ready
     canonical ``content`` bytes (``None``: a request without a body)."""
+    tail = request_tail(destination=destination, method=method, origin=origin, uri=uri)
     # One join: the content (the whole body) is copied once.
+    if content is None:
+        return b"{" + tail
+    return b"".join((CONTENT_HEAD, content, b",", tail))
+
+
+CONTENT_HEAD = b'{"content":'
+"""How a signed request object with a body begins: ``content`` sorts first."""
+
+
+def request_tail(*, destination: str, method: str, origin: str, uri: str) -> bytes:
+    """The signed request object after its content and the comma (or after ``{``
+    without one): ``"destination":...,"method":...,"origin":...,"uri":...}``."""
     return b"".join(
         (
-            *((b'{"content":', content, b",") if content is not None else (b"{",)),
             b'"destination":',
             canonical_json(destination),
             b',"method":',
@@ -154,4 +166,3 @@ def signing_bytes(
             b"}",
         )
     )
-

@@ -197,3 +197,75 @@ def test_the_queue_item_of_an_event_carries_its_canonical_json() -> None:
     assert item.encoded == encode_canonical_json(item.pdu)
     # canonical JSON refuses a NaN: the item has no encoding and the sender decides.
     assert pdu_item(row('{"a": NaN}')).encoded is None
+
+
+def _large_pdus(n: int, tag: str = "") -> tuple[list[dict[str, Any]], list[bytes]]:
+    pdus = [{"event_id": f"${tag}{i}", "content": {"body": "é" * 200}} for i in range(n)]
+    return pdus, [canonical_json(p) for p in pdus]
+
+
+def _verified(sent: Any, destination: str) -> dict[str, Any]:
+    """The receiver's check of one prepared request: it must verify as sent."""
+    content: dict[str, Any] = json.loads(sent.body)
+    assert verify_request(
+        authorization=[sent.authorization], method="PUT", uri=sent.path,
+        our_server_name=destination, content=content,
+        lookup_key=verify_key_lookup({"o.test": {_KEY.key_id: _KEY.verify_key}}),
+    ) == "o.test"
+    assert sent.body == encode_canonical_json(content)
+    return content
+
+
+def test_destinations_sending_the_same_large_content_share_body_and_first_hash() -> None:
+    from federation_sender.testing.clock import FakeClock
+    from federation_sender.transport.prepare import SHARED_CONTENT_MAX_AGE_MS, RequestBuilder
+    from federation_sender.transport.result import Transaction
+
+    clock = FakeClock()
+    builder = RequestBuilder(origin="o.test", key=_KEY, clock=clock)
+    pdus, carried = _large_pdus(50)
+    sent = [builder.prepare(Transaction(f"d{i}.test", f"t{i}", pdus, [], pdu_bytes=carried))
+            for i in range(3)]
+    assert (builder.encodes, builder.signatures, builder.shared) == (1, 3, 2)
+    assert sent[0].body is sent[1].body is sent[2].body
+    for i, s in enumerate(sent):
+        assert _verified(s, f"d{i}.test")["pdus"] == pdus
+    assert len({s.authorization for s in sent}) == 3
+    # An EDU makes the content this destination's own.
+    edu = {"edu_type": "m.typing", "content": {}}
+    own = builder.prepare(Transaction("e.test", "te", pdus, [edu], pdu_bytes=carried))
+    assert builder.shared == 2 and own.body is not sent[0].body
+    assert _verified(own, "e.test")["edus"] == [edu]
+    # Past the age bound the content (and its timestamp) is built again.
+    clock.advance(SHARED_CONTENT_MAX_AGE_MS / 1000 + 1)
+    late = builder.prepare(Transaction("f.test", "tf", pdus, [], pdu_bytes=carried))
+    assert builder.shared == 2
+    assert _verified(late, "f.test")["origin_server_ts"] == int(clock.time_s() * 1000)
+    assert json.loads(sent[0].body)["origin_server_ts"] < int(clock.time_s() * 1000)
+
+
+def test_small_or_different_contents_are_not_shared_and_old_ones_are_let_go() -> None:
+    from federation_sender.testing.clock import FakeClock
+    from federation_sender.transport.prepare import SHARED_CONTENTS_MAX, RequestBuilder
+    from federation_sender.transport.result import Transaction
+
+    builder = RequestBuilder(origin="o.test", key=_KEY, clock=FakeClock())
+    small, small_carried = _large_pdus(2)
+    for i in range(2):
+        _verified(builder.prepare(
+            Transaction(f"s{i}.test", "ts", small, [], pdu_bytes=small_carried)), f"s{i}.test")
+    assert builder.shared == 0
+    # The same PDU dicts in another order, or one PDU fewer, are other contents.
+    pdus, carried = _large_pdus(50)
+    builder.prepare(Transaction("a.test", "t1", pdus, [], pdu_bytes=carried))
+    builder.prepare(Transaction("b.test", "t2", pdus[::-1], [], pdu_bytes=carried[::-1]))
+    builder.prepare(Transaction("c.test", "t3", pdus[1:], [], pdu_bytes=carried[1:]))
+    assert builder.shared == 0
+    # Once SHARED_CONTENTS_MAX newer contents were built, the first is built again.
+    for k in range(SHARED_CONTENTS_MAX):
+        more, more_carried = _large_pdus(20, tag=f"{k}.")
+        builder.prepare(Transaction(f"m{k}.test", "tm", more, [], pdu_bytes=more_carried))
+    encodes = builder.encodes
+    again = builder.prepare(Transaction("z.test", "tz", pdus, [], pdu_bytes=carried))
+    assert (builder.shared, builder.encodes) == (0, encodes + 1)
+    assert _verified(again, "z.test")["pdus"] == pdus

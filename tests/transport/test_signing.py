@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from signedjson.key import decode_verify_key_bytes
 from unpaddedbase64 import decode_base64
@@ -241,3 +242,42 @@ def test_sign_bytes_is_the_same_signature_either_side_of_the_signer_switch() -> 
         sig = key.sign_bytes(msg)
         assert sig == key.raw.sign(msg).signature, size  # libsodium's, via signedjson's key
         key.verify_key.verify(msg, sig)
+
+
+@settings(max_examples=150, deadline=None)
+@given(message=st.binary(max_size=20_000), cuts=st.lists(st.integers(0, 20_000), max_size=3))
+def test_sign_split_is_the_whole_messages_signature(message: bytes, cuts: list[int]) -> None:
+    """However a message is cut into a shared head (in parts) and a tail, the split
+    signature is libsodium's signature of the whole, and verifies."""
+    key = parse_key_file(f"ed25519 a_fix {SEED_B64}\n")[0]
+    bounds = sorted({0, len(message), *(min(c, len(message)) for c in cuts)})
+    pieces = [message[a:b] for a, b in itertools.pairwise(bounds)] or [b""]
+    head = key.head(*pieces[:-1])
+    assert head.nbytes == len(message) - len(pieces[-1])
+    sig = key.sign_split(head, pieces[-1])
+    assert sig == key.raw.sign(message).signature
+    key.verify_key.verify(message, sig)
+
+
+def test_one_head_serves_many_tails_and_other_keys_never() -> None:
+    key, other = SigningKey.generate("a_one"), SigningKey.generate("a_two")
+    body = os.urandom(30_000)
+    head = key.head(b'{"content":', body, b",")
+    for dest in ("a.test", "b.test", "c.test"):
+        tail = f'"destination":"{dest}"}}'.encode()
+        message = b'{"content":' + body + b"," + tail
+        assert key.sign_split(head, tail) == key.sign_bytes(message)
+        assert other.sign_split(other.head(message), b"") == other.sign_bytes(message)
+        assert other.sign_bytes(message) != key.sign_bytes(message)
+
+
+def test_sign_split_without_libsodiums_point_functions_signs_the_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import federation_sender.transport.signing as signing
+
+    key = SigningKey.generate("a_min")
+    message = os.urandom(12_000)
+    head = key.head(message[:9_000])
+    monkeypatch.setattr(signing, "SPLIT_SIGNING", False)
+    assert key.sign_split(head, message[9_000:]) == key.raw.sign(message).signature
