@@ -95,11 +95,18 @@ class RoomPacer:
         if not self.policy.enabled:
             return
         rooms = self._rooms
-        for pdu in batch.pdus:
-            if pdu.event_id in refused:
-                continue
-            count, _ = rooms.get(pdu.room_id, (0, ""))
-            rooms[pdu.room_id] = (count + 1, pdu.event_id)
+        pdus = batch.pdus
+        if pdus and not refused and len({p.room_id for p in pdus}) == 1:
+            # One room, nothing refused (a busy room's every transaction): one update.
+            newest = pdus[-1]
+            count, _ = rooms.get(newest.room_id, (0, ""))
+            rooms[newest.room_id] = (count + len(pdus), newest.event_id)
+        else:
+            for pdu in pdus:
+                if pdu.event_id in refused:
+                    continue
+                count, _ = rooms.get(pdu.room_id, (0, ""))
+                rooms[pdu.room_id] = (count + 1, pdu.event_id)
         if len(rooms) > self.max_rooms:
             # Rooms with few unconfirmed PDUs go first: they are no risk.
             for room, _ in sorted(rooms.items(), key=lambda kv: kv[1][0])[

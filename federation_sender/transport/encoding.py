@@ -63,6 +63,11 @@ def orjson_safe(obj: object) -> bool:
 
 def canonical_json(obj: object) -> bytes:
     """``encode_canonical_json(obj)``, byte for byte, by orjson where that is safe."""
+    if type(obj) is str:  # the request object's names and path: no walk needed
+        try:
+            return orjson.dumps(obj)
+        except orjson.JSONEncodeError:
+            return encode_canonical_json(obj)  # a lone surrogate: the library refuses it
     if orjson_safe(obj):
         try:
             return orjson.dumps(obj, option=_SORT)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import itertools
 import json
+from typing import Any
+
+from hypothesis import given
+from hypothesis import strategies as st
 
 from federation_sender.model import EventRow
 from federation_sender.queue.batching import Batch, Limits, take_batch
@@ -117,3 +121,28 @@ def test_a_failed_confirmation_turns_pacing_off_for_a_while() -> None:
     assert not pacing.paced_after(100.0, 699.0)
     assert pacing.paced_after(100.0, 700.0)
     assert not PacingPolicy(deadline_s=0).paced_after(None, 5.0)
+
+
+@given(st.lists(st.tuples(st.lists(st.tuples(st.sampled_from("abc"), st.booleans()),
+                                   min_size=0, max_size=60)), max_size=6))
+def test_what_the_pacer_asks_for_is_a_per_pdu_count(sends: list[tuple[list[Any]]]) -> None:
+    """The one-room shortcut and the general path count alike: after any sequence of
+    batches (rooms mixed or not, some PDUs refused), the room due and its newest
+    accepted event are those of a plain per-PDU count."""
+    pacer = RoomPacer(PacingPolicy())
+    model: dict[str, tuple[int, str]] = {}
+    seq = itertools.count(1)
+    for (spec,) in sends:
+        items = [(pdu_item(events(f"!{room}:l", 1, next(seq))[0]), refused)
+                 for room, refused in spec]
+        refused_ids = {i.event_id for i, r in items if r}
+        pacer.sent(Batch(tuple(i for i, _ in items), ()), refused_ids)
+        for item, refused in items:
+            if not refused:
+                n, _ = model.get(item.room_id, (0, ""))
+                model[item.room_id] = (n + 1, item.event_id)
+        want = next(((room, ev) for room, (n, ev) in model.items() if n >= 40), None)
+        assert pacer.to_confirm() == want
+        if want is not None:
+            pacer.confirmed(want[0])
+            del model[want[0]]
