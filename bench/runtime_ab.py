@@ -28,11 +28,18 @@ cost is lower), OpenSSL above (its SHA-512 is faster). The third figure is
 ``RequestBuilder``'s transactions of one content to many destinations), where only the
 tail is hashed for the nonce.
 
+``shared``: ``RequestBuilder.prepare`` (body, request object, signature, header) for
+one content of 50 PDUs sent to ``--dests`` destinations, as a big room's drain sends
+it, with contents shared (the default) against ``share_contents_ms=0`` (each built and
+signed whole), interleaved; and at 1 and 11 PDUs (light load and the spike's mean),
+which are below the sharing threshold and must not change.
+
 ``loop``: the fan-out engine phase (``fanout.py``, production sender) with the default
 asyncio event loop against uvloop, both for the sender's process (receivers unchanged),
 with a fresh database per run.
 
-    .venv/bin/python bench/runtime_ab.py [encoders] [signing] [signers] [loop] [--rounds 4] \
+    .venv/bin/python bench/runtime_ab.py [encoders] [signing] [signers] [shared] [loop] \
+        [--rounds 4] \
         [--dests 200] [--events 200]
 """
 
@@ -49,7 +56,11 @@ from common import bench_cluster, fresh_db_factory, load_average, receivers, rep
 
 from federation_sender.clock import SystemClock
 from federation_sender.transport.encoding import canonical_json, stdlib_canonical_json
-from federation_sender.transport.prepare import SEND_PATH, RequestBuilder
+from federation_sender.transport.prepare import (
+    SEND_PATH,
+    SHARED_CONTENT_MAX_AGE_MS,
+    RequestBuilder,
+)
 from federation_sender.transport.result import Transaction
 from federation_sender.transport.signing import (
     LIBSODIUM_BELOW_BYTES,
@@ -266,10 +277,36 @@ def signers(rounds: int) -> None:
     report(f"ed25519 signers ({rounds} interleaved rounds)", rows)
 
 
+def shared(rounds: int, dests: int) -> None:
+    """µs per prepared transaction, contents shared against built whole, interleaved."""
+    rows: list[tuple[str, str]] = [("load average (1/5/15 min)", load_average())]
+    for n_pdus in (50, 11, 1):
+        pdus = [synapse_like_pdu(i) for i in range(n_pdus)]
+        encoded = [canonical_json(p) for p in pdus]
+        got: dict[int, list[float]] = {SHARED_CONTENT_MAX_AGE_MS: [], 0: []}
+        sides = list(got)
+        for r in range(rounds):
+            for share in (sides if r % 2 == 0 else sides[::-1]):
+                builder = RequestBuilder(origin="local.bench", key=KEY, clock=SystemClock(),
+                                         share_contents_ms=share)
+                txns = [Transaction(f"d{i}.bench", f"m{r}.{i}", pdus, (), pdu_bytes=encoded)
+                        for i in range(dests)]
+                t0 = time.perf_counter()
+                for t in txns:
+                    builder.prepare(t)
+                got[share].append(1e6 * (time.perf_counter() - t0) / dests)
+        size = len(RequestBuilder(origin="local.bench", key=KEY, clock=SystemClock()).prepare(
+            Transaction("x.bench", "x", pdus, (), pdu_bytes=encoded)).body)
+        on, off = (statistics.median(got[k]) for k in sides)
+        rows.append((f"{n_pdus} PDUs ({size:,} bytes): µs per transaction, shared / whole",
+                     f"{on:.1f} / {off:.1f} ({off / on:.2f}x)"))
+    report(f"one content to {dests} destinations ({rounds} interleaved rounds)", rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("what", nargs="*", default=["encoders", "signing", "loop"],
-                    choices=["encoders", "signing", "signers", "loop"])
+                    choices=["encoders", "signing", "signers", "shared", "loop"])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--dests", type=int, default=200)
     ap.add_argument("--events", type=int, default=200)
@@ -280,6 +317,8 @@ def main() -> None:
         signing(a.rounds)
     if "signers" in a.what:
         signers(a.rounds)
+    if "shared" in a.what:
+        shared(a.rounds, a.dests)
     if "loop" in a.what:
         loop(a.rounds, a.dests, a.events)
 

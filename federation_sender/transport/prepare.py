@@ -29,7 +29,8 @@ signature of a 25 KB body then costs about 51 instead of 86 µs
 (``bench/runtime_ab.py signers``), and its body is joined once, not per destination.
 The bytes the receivers get are those a fresh build would give, but for the timestamp:
 a transaction's ``origin_server_ts`` is when its content was first built, at most that
-long ago (a retry already carries its first attempt's). Synapse only stores it.
+long ago (a retry already carries its first attempt's). Synapse's receiver parses
+it and uses it for nothing.
 """
 
 from __future__ import annotations
@@ -108,7 +109,10 @@ class RequestBuilder:
         clock: Clock,
         pdu_cache_entries: int = 8192,
         kept_bytes: int = DEFAULT_KEPT_BYTES,
+        share_contents_ms: int = SHARED_CONTENT_MAX_AGE_MS,
     ) -> None:
+        """``share_contents_ms``: how long one large content is shared by destinations
+        (0: never, every transaction is built and signed whole; for comparisons)."""
         self._origin = origin
         self._origin_json = canonical_json(origin)
         self._key = key
@@ -119,6 +123,7 @@ class RequestBuilder:
         self._kept: dict[str, PreparedRequest] = {}
         self._kept_bytes = 0
         self._max_kept_bytes = kept_bytes
+        self._share_ms = share_contents_ms
         self._shared: dict[tuple[int, ...], _SharedContent] = {}
         self._shared_bytes = 0
         self.encodes = 0
@@ -163,7 +168,8 @@ class RequestBuilder:
         destination = txn.destination
         shared = (
             self._shared_content(encoded)
-            if not txn.edus and sum(map(len, encoded)) >= LIBSODIUM_BELOW_BYTES
+            if self._share_ms > 0 and not txn.edus
+            and sum(map(len, encoded)) >= LIBSODIUM_BELOW_BYTES
             else None
         )
         if shared is None:
@@ -192,7 +198,7 @@ class RequestBuilder:
         key = tuple(map(id, encoded))
         now = time_ms(self._clock)
         found = self._shared.get(key)
-        if found is not None and 0 <= now - found.ts_ms <= SHARED_CONTENT_MAX_AGE_MS:
+        if found is not None and 0 <= now - found.ts_ms <= self._share_ms:
             self.shared += 1
             return found
         body = transaction_body(self._origin_json, now, encoded, ())

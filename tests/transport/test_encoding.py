@@ -269,3 +269,22 @@ def test_small_or_different_contents_are_not_shared_and_old_ones_are_let_go() ->
     again = builder.prepare(Transaction("z.test", "tz", pdus, [], pdu_bytes=carried))
     assert (builder.shared, builder.encodes) == (0, encodes + 1)
     assert _verified(again, "z.test")["pdus"] == pdus
+
+
+def test_sharing_turned_off_builds_and_signs_every_content_whole() -> None:
+    from federation_sender.testing.clock import FakeClock
+    from federation_sender.transport.prepare import RequestBuilder
+    from federation_sender.transport.result import Transaction
+
+    clock = FakeClock()
+    on = RequestBuilder(origin="o.test", key=_KEY, clock=clock)
+    off = RequestBuilder(origin="o.test", key=_KEY, clock=clock, share_contents_ms=0)
+    pdus, carried = _large_pdus(50)
+    for i in range(3):
+        txn = Transaction(f"d{i}.test", f"t{i}", pdus, [], pdu_bytes=carried)
+        a, b = on.prepare(txn), off.prepare(txn)
+        # Same clock, same content: the very bytes and header either way.
+        assert (a.body, a.authorization) == (b.body, b.authorization)
+        _verified(b, f"d{i}.test")
+    assert (on.shared, on.encodes) == (2, 1)
+    assert (off.shared, off.encodes) == (0, 3)
