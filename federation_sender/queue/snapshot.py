@@ -5,6 +5,7 @@ from __future__ import annotations
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.manager import QueueManager
 from federation_sender.telemetry.metrics import QueueSnapshot
+from federation_sender.transport.result import signature_counts
 
 
 def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
@@ -20,6 +21,7 @@ def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
             catching += 1
         if st.short_retrying:
             short += 1
+    signatures, shared = signature_counts(manager.sender)
     return QueueSnapshot(
         pending_destinations=manager.owed_destinations(),
         pending_pdus=pdus,
@@ -32,4 +34,6 @@ def queue_snapshot(manager: QueueManager) -> QueueSnapshot:
         group_commits=manager.store.commits,
         group_commit_results=manager.store.committed_results,
         first_reads=manager.store.gathered_reads,
+        transaction_signatures=signatures,
+        shared_content_signatures=shared,
     )

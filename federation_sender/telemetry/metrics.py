@@ -47,6 +47,8 @@ class QueueSnapshot:
     group_commits: int = 0
     group_commit_results: int = 0
     first_reads: int = 0
+    transaction_signatures: int = 0
+    shared_content_signatures: int = 0
     """Counters since start (exported as such), read with the gauges."""
 
 
@@ -72,6 +74,11 @@ _SNAPSHOT_COUNTERS: tuple[tuple[str, str, str], ...] = (
      "Transaction results written by those group commits"),
     (n.QUEUE_FIRST_READS, "first_reads",
      "Database transactions that read new queues' rows and outboxes, gathered"),
+    (n.TRANSACTION_SIGNATURES, "transaction_signatures",
+     "Transaction requests signed (a retry that resends the same request is not)"),
+    (n.SHARED_CONTENT_SIGNATURES, "shared_content_signatures",
+     "Of those, signed over a content (body and first hash) another destination's "
+     "transaction had built"),
 )
 
 

@@ -190,6 +190,12 @@ class FederationClient:
         with it, as children of the caller's current span (the transaction attempt)."""
 
     @property
+    def signature_counts(self) -> tuple[int, int]:
+        """(transaction signatures computed, those over another destination's
+        content): ``RequestBuilder.signatures`` and ``.shared``, for the metrics."""
+        return self.requests.signatures, self.requests.shared
+
+    @property
     def attempt_bound_s(self) -> float:
         """Every :meth:`send_transaction` returns within this many seconds of the event
         loop's clock (its own deadline covers all it awaits): a caller whose bound is

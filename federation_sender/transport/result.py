@@ -61,6 +61,16 @@ class TransactionSender(Protocol):
         """
 
 
+def signature_counts(sender: object) -> tuple[int, int]:
+    """(transaction signatures computed, those over another destination's content) by
+    ``sender`` since it started, if it counts them (a ``signature_counts`` attribute:
+    :class:`~federation_sender.transport.client.FederationClient` does); else (0, 0)."""
+    counts = getattr(sender, "signature_counts", None)
+    if isinstance(counts, tuple) and len(counts) == 2:
+        return int(counts[0]), int(counts[1])
+    return 0, 0
+
+
 def attempt_bound_s(sender: object) -> float | None:
     """How long any ``send_transaction`` of ``sender`` can take at most, in seconds of
     the event loop's clock, if the sender says so (an ``attempt_bound_s`` attribute:

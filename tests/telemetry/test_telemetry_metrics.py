@@ -64,10 +64,23 @@ def test_snapshot_counters_are_exported_as_counters() -> None:
     reg = CollectorRegistry()
     m = Metrics(reg)
     m.set_snapshot_source(lambda: QueueSnapshot(group_commits=3, group_commit_results=45,
-                                                first_reads=2))
+                                                first_reads=2, transaction_signatures=9,
+                                                shared_content_signatures=7))
     assert reg.get_sample_value(n.DB_GROUP_COMMITS + "_total") == 3
     assert reg.get_sample_value(n.DB_GROUP_COMMIT_RESULTS + "_total") == 45
     assert reg.get_sample_value(n.QUEUE_FIRST_READS + "_total") == 2
+    assert reg.get_sample_value(n.TRANSACTION_SIGNATURES + "_total") == 9
+    assert reg.get_sample_value(n.SHARED_CONTENT_SIGNATURES + "_total") == 7
+
+
+def test_signature_counts_come_from_a_sender_that_keeps_them() -> None:
+    from federation_sender.transport.result import signature_counts
+
+    class Counting:
+        signature_counts = (5, 3)
+
+    assert signature_counts(Counting()) == (5, 3)
+    assert signature_counts(object()) == (0, 0)  # a test sender counts nothing
 
 
 def test_short_retry_counters() -> None:

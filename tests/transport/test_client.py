@@ -370,6 +370,7 @@ async def test_a_retry_reuses_the_body_and_signature_of_the_same_transaction(
         assert (await client.send_transaction(attempt("t2"))).outcome is Outcome.SUCCESS
         assert (client.requests.encodes, client.requests.signatures) == (2, 2)
         assert client.requests.pdus.encodes == 3
+        assert client.signature_counts == (2, 0)  # what the metrics export
     (r1, body1), (r2, body2), (_r3, body3) = remote.requests
     assert body1 == body2 and body3 != body1
     assert r1.headers["Authorization"] == r2.headers["Authorization"]
