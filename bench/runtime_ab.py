@@ -251,7 +251,7 @@ def signers(rounds: int) -> None:
     rows: list[tuple[str, str]] = [("load average (1/5/15 min)", load_average()),
                                    ("sign_bytes switches at", f"{LIBSODIUM_BELOW_BYTES:,} bytes")]
     n = 2000
-    for size in (150, 1_000, 2_000, 4_000, 8_000, 16_000, 42_000):
+    for size in (150, 1_000, 2_000, 4_000, 8_000, 16_000, 25_000, 42_000):
         msg = os.urandom(size)
 
         def sodium(msg: bytes = msg) -> bytes:

@@ -25,7 +25,7 @@ sorts after the content. So a large transaction without EDUs (at least
 ``origin_server_ts`` and the first of ed25519's two hashes over it
 (:meth:`~federation_sender.transport.signing.SigningKey.sign_split`) -- with every
 later transaction of the same PDU encodings for ``SHARED_CONTENT_MAX_AGE_MS``. The
-signature of a 25 KB body then costs about 51 instead of 86 µs
+signature of a 25 KB body then costs about 60 instead of 95 µs
 (``bench/runtime_ab.py signers``), and its body is joined once, not per destination.
 The bytes the receivers get are those a fresh build would give, but for the timestamp:
 a transaction's ``origin_server_ts`` is when its content was first built, at most that

@@ -90,7 +90,6 @@ class SigningHead:
     never log or persist it."""
 
     parts: tuple[bytes, ...]
-    nbytes: int
     _nonce: Any = field(repr=False)
     """``SHA-512(prefix || parts)``, copied for each signature."""
 
@@ -160,7 +159,7 @@ class SigningKey:
         nonce = self._nonce_prefix.copy()
         for part in parts:
             nonce.update(part)
-        return SigningHead(parts, sum(map(len, parts)), nonce)
+        return SigningHead(parts, nonce)
 
     def sign_split(self, head: SigningHead, tail: bytes) -> bytes:
         """The ed25519 signature of ``b"".join(head.parts) + tail``: the same 64 bytes

@@ -253,7 +253,6 @@ def test_sign_split_is_the_whole_messages_signature(message: bytes, cuts: list[i
     bounds = sorted({0, len(message), *(min(c, len(message)) for c in cuts)})
     pieces = [message[a:b] for a, b in itertools.pairwise(bounds)] or [b""]
     head = key.head(*pieces[:-1])
-    assert head.nbytes == len(message) - len(pieces[-1])
     sig = key.sign_split(head, pieces[-1])
     assert sig == key.raw.sign(message).signature
     key.verify_key.verify(message, sig)
