@@ -1,7 +1,8 @@
 """Pacing's confirmations for one queue, the I/O half of
 :mod:`~federation_sender.queue.pacing` (which decides what to confirm): once a room has
 ``confirm_after`` PDUs the receiver accepted but may not have processed yet, ask it for
-the newest until it holds it, so that its staging queue of the room never fills up.
+the one that leaves ``confirm_after - 1`` of them until it holds it, so that its staging
+queue of the room never fills up, and does not run dry while a backlog lasts.
 Bounded by the policy's deadline; past it, the queue sends on unpaced for a while.
 Moved out of the runner, which only runs (issue #30)."""
 
@@ -93,7 +94,7 @@ class Confirmations:
             if not await self._confirm(probe, event_id, stopping, on_clock):
                 pacer.forget()
                 return
-            pacer.confirmed(room_id)
+            pacer.confirmed(room_id, event_id)
 
     async def _confirm(self, probe: EventProbe, event_id: str,
                        stopping: Callable[[], bool], on_clock: Callable[[bool], None]) -> bool:

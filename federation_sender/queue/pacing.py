@@ -8,14 +8,28 @@ backfills. A backlog of one room sent back to back (a transaction holds at most 
 PDUs) fills that queue faster than it drains: a catch-up replay, and just as much the
 events the intake hands over after a restart.
 
-So the queue counts, per room, the PDUs the receiver accepted that are not yet
-*confirmed*. Once a room reaches ``confirm_after`` (40) of them, the next transaction
-waits until the receiver holds the room's last one: the runner asks for it
-(``GET /_matrix/federation/v1/event/{eventId}``). Synapse answers that from its events
-table (``on_pdu_request``, ``get_persisted_pdu``): a 200 means the event was processed
-and persisted, and since a room's staged events are processed oldest first, so were
-the others; a 404 means not yet. At most ``confirm_after - 1`` + one transaction (50)
-of our events of a room are then staged at once: 89, under 100.
+So the queue keeps, per room, the PDUs the receiver accepted that are not yet
+*confirmed*, oldest first. Once a room has ``confirm_after`` (40) of them, the next
+transaction waits until the receiver holds enough of them that at most
+``confirm_after - 1`` (39) are left: the runner asks for the one whose confirmation
+leaves that many (``GET /_matrix/federation/v1/event/{eventId}``). Synapse answers that
+from its events table (``on_pdu_request``, ``get_persisted_pdu``): a 200 means the
+event was processed and persisted, and since a room's staged events are processed
+oldest first, so were the ones before it; a 404 means not yet. At most
+``confirm_after - 1`` + one transaction (50) of our events of a room are then staged at
+once: 89, under 100.
+
+Asking for the newest would keep the same bound, but the receiver would run dry before
+every transaction: it finishes the room's last event, then idles while the sender
+notices (the polls below), asks, and sends the next 50. Asking for the one 39 events
+older keeps 39 staged for the receiver to work on over that time, so a backlog reaches
+it about as fast as it processes events, with the same one request per transaction.
+
+That reading of a 200 holds only for an event the receiver did not hold before we sent
+it. A catch-up replay may send again what it holds (below), and what it held before
+is the start of the replay, so for a room with replayed PDUs unconfirmed the runner
+asks for the newest of them: for a page of ``confirm_after`` or more, the replay's check
+(``pages_of``) made sure the receiver did not hold it.
 
 Bounded: one confirmation has a deadline (``deadline_s``); past it, or when the
 receiver does not answer the request at all, the queue sends on as it would without
@@ -81,13 +95,16 @@ class PacingPolicy:
 class RoomPacer:
     """The unconfirmed PDUs of one destination, per room (pure, one per queue)."""
 
-    __slots__ = ("_rooms", "max_rooms", "policy")
+    __slots__ = ("_replayed", "_rooms", "max_rooms", "policy")
 
     def __init__(self, policy: PacingPolicy, max_rooms: int = 10_000) -> None:
         self.policy = policy
         self.max_rooms = max_rooms
-        self._rooms: dict[str, tuple[int, str]] = {}
-        """room -> (unconfirmed PDUs, the newest of them)."""
+        self._rooms: dict[str, list[str]] = {}
+        """room -> the event ids of its unconfirmed PDUs, oldest first (at most
+        ``confirm_after - 1`` + one transaction's)."""
+        self._replayed: set[str] = set()
+        """Rooms with PDUs of a catch-up replay among their unconfirmed ones."""
 
     def sent(self, batch: Batch, refused: Collection[str] = ()) -> None:
         """The receiver accepted ``batch`` (``refused``: PDUs its answer refused; they
@@ -96,37 +113,54 @@ class RoomPacer:
             return
         rooms = self._rooms
         pdus = batch.pdus
+        if batch.catchup:
+            self._replayed.update(p.room_id for p in pdus if p.event_id not in refused)
         if pdus and not refused and len({p.room_id for p in pdus}) == 1:
-            # One room, nothing refused (a busy room's every transaction): one update.
-            newest = pdus[-1]
-            count, _ = rooms.get(newest.room_id, (0, ""))
-            rooms[newest.room_id] = (count + len(pdus), newest.event_id)
+            # One room, nothing refused (a busy room's every transaction): one lookup.
+            room_id = pdus[0].room_id
+            ids = rooms.get(room_id)
+            if ids is None:
+                rooms[room_id] = [p.event_id for p in pdus]
+            else:
+                ids.extend([p.event_id for p in pdus])
         else:
             for pdu in pdus:
-                if pdu.event_id in refused:
-                    continue
-                count, _ = rooms.get(pdu.room_id, (0, ""))
-                rooms[pdu.room_id] = (count + 1, pdu.event_id)
+                if pdu.event_id not in refused:
+                    rooms.setdefault(pdu.room_id, []).append(pdu.event_id)
         if len(rooms) > self.max_rooms:
             # Rooms with few unconfirmed PDUs go first: they are no risk.
-            for room, _ in sorted(rooms.items(), key=lambda kv: kv[1][0])[
+            for room, _ in sorted(rooms.items(), key=lambda kv: len(kv[1]))[
                     : len(rooms) - self.max_rooms]:
                 del rooms[room]
+                self._replayed.discard(room)
 
     def to_confirm(self) -> tuple[str, str] | None:
         """(room, event id) the receiver must hold before the next transaction, or
-        None: send on."""
-        for room, (count, event_id) in self._rooms.items():
-            if count >= self.policy.confirm_after:
-                return room, event_id
+        None: send on. Holding it leaves ``confirm_after - 1`` of the room's PDUs
+        unconfirmed; it is the newest for a room with replayed PDUs unconfirmed, or
+        when ``confirm_after`` is 1."""
+        confirm_after = self.policy.confirm_after
+        for room, ids in self._rooms.items():
+            if len(ids) >= confirm_after:
+                if room in self._replayed:
+                    return room, ids[-1]
+                return room, ids[len(ids) - confirm_after]
         return None
 
-    def confirmed(self, room_id: str) -> None:
-        """The receiver holds the room's newest PDU (or the wait was given up)."""
-        self._rooms.pop(room_id, None)
+    def confirmed(self, room_id: str, event_id: str) -> None:
+        """The receiver holds ``event_id``, and so the room's PDUs sent before it."""
+        ids = self._rooms.get(room_id)
+        if ids is None or event_id not in ids:
+            return
+        del ids[: ids.index(event_id) + 1]
+        if not ids:
+            del self._rooms[room_id]
+            self._replayed.discard(room_id)
 
     def forget(self) -> None:
+        """A confirmation was given up: nothing is waited for until sent again."""
         self._rooms.clear()
+        self._replayed.clear()
 
 
 def pages_of(batch: Batch, confirm_after: int) -> list[tuple[str, frozenset[str]]]:

@@ -33,20 +33,31 @@ def staged_peak(batches: list[Batch], pacer: RoomPacer) -> tuple[int, list[str]]
     """Send ``batches`` through ``pacer`` against a receiver that processes only what
     a confirmation waits for: the most events of one room staged at once, and the
     events waited for."""
-    staged: dict[str, int] = {}
+    peak, waited, _ = staged_trace(batches, pacer)
+    return peak, waited
+
+
+def staged_trace(batches: list[Batch],
+                 pacer: RoomPacer) -> tuple[int, list[str], list[int]]:
+    """As :func:`staged_peak`, and the room's staged events as each transaction goes
+    out (before it: what the receiver still has to work on)."""
+    staged: dict[str, list[str]] = {}
     peak = 0
     waited: list[str] = []
+    before: list[int] = []
     for b in batches:
+        before.append(sum(len(ids) for ids in staged.values()))
         for p in b.pdus:
-            staged[p.room_id] = staged.get(p.room_id, 0) + 1
-        peak = max([peak, *staged.values()])
+            staged.setdefault(p.room_id, []).append(p.event_id)
+        peak = max([peak, *map(len, staged.values())])
         pacer.sent(b)
         while (due := pacer.to_confirm()) is not None:
             room, event_id = due
             waited.append(event_id)
-            staged[room] = 0  # the receiver processed the room up to event_id
-            pacer.confirmed(room)
-    return peak, waited
+            ids = staged[room]  # the receiver processed the room up to event_id
+            del ids[: ids.index(event_id) + 1]
+            pacer.confirmed(room, event_id)
+    return peak, waited, before
 
 
 def test_a_catch_up_replay_never_stages_100_events_of_a_room() -> None:
@@ -63,21 +74,65 @@ def test_a_catch_up_replay_never_stages_100_events_of_a_room() -> None:
     assert peak == 50 < 100
 
 
-def test_live_handovers_after_a_restart_are_paced_too() -> None:
-    """The intake hands over 100 events at a time after a restart; the queue sends
-    them 50 a transaction, back to back, as fast as the receiver answers /send."""
-    evs = [pdu_item(e) for e in events(ROOM, 1000)]
+def live_batches(n: int, handover: int = 100) -> tuple[list[Any], list[Batch]]:
+    """The intake hands over ``handover`` events at a time (as after a restart); the
+    queue sends them 50 a transaction."""
+    evs = [pdu_item(e) for e in events(ROOM, n)]
     pending = PendingItems()
     out = []
-    for i in range(0, 1000, 100):
-        for item in evs[i:i + 100]:
+    for i in range(0, n, handover):
+        for item in evs[i:i + handover]:
             pending.add_pdu(item)
         while pending.pdus:
             out.append(take_batch(pending, Limits(max_pdus=50)))
+    return evs, out
+
+
+def test_live_handovers_after_a_restart_are_paced_too() -> None:
+    """The queue sends them back to back, as fast as the receiver answers /send."""
+    _, out = live_batches(1000)
     peak, waited = staged_peak(out, RoomPacer(PacingPolicy()))
     assert peak <= 89 and len(waited) == 20
     unpaced_peak, _ = staged_peak(out, RoomPacer(PacingPolicy(deadline_s=0)))
     assert unpaced_peak == 1000
+
+
+def test_a_live_backlog_keeps_the_receiver_busy() -> None:
+    """Each confirmation asks for the event 39 older than the newest: while the backlog
+    lasts, the receiver still has 39 staged when the next transaction goes out, never
+    more than 89 after it, and one request per transaction as before."""
+    evs, out = live_batches(1000)
+    peak, waited, before = staged_trace(out, RoomPacer(PacingPolicy()))
+    assert peak == 89
+    assert before == [0] + [39] * 19
+    assert waited == [evs[i].event_id for i in range(10, 1000, 50)]
+
+
+def test_a_replayed_room_waits_for_its_newest_then_live_goes_on_pipelined() -> None:
+    """A catch-up replay may send again what the receiver held before, whose 200 says
+    nothing of what is staged: its room waits for its newest. Once that is confirmed,
+    live transactions of the room are confirmed 39 behind again."""
+    evs = events(ROOM, 150)
+    replay = Batch(tuple(pdu_item(e) for e in evs[:50]), (), True)
+    pacer = RoomPacer(PacingPolicy())
+    pacer.sent(replay)
+    assert pacer.to_confirm() == (ROOM, evs[49].event_id)
+    pacer.confirmed(ROOM, evs[49].event_id)
+    assert pacer.to_confirm() is None
+    pacer.sent(Batch(tuple(pdu_item(e) for e in evs[50:100]), ()))
+    assert pacer.to_confirm() == (ROOM, evs[60].event_id)
+    pacer.confirmed(ROOM, evs[60].event_id)
+    pacer.sent(Batch(tuple(pdu_item(e) for e in evs[100:110]), (), True))
+    assert pacer.to_confirm() == (ROOM, evs[109].event_id)  # a replay again: newest
+
+
+def test_a_confirmation_of_an_unknown_event_changes_nothing() -> None:
+    evs = [pdu_item(e) for e in events(ROOM, 45)]
+    pacer = RoomPacer(PacingPolicy())
+    pacer.sent(Batch(tuple(evs), ()))
+    pacer.confirmed(ROOM, "$elsewhere")
+    pacer.confirmed("!other:l", evs[0].event_id)
+    assert pacer.to_confirm() == (ROOM, evs[5].event_id)
 
 
 def test_rooms_are_counted_apart_and_quiet_rooms_never_wait() -> None:
@@ -86,7 +141,7 @@ def test_rooms_are_counted_apart_and_quiet_rooms_never_wait() -> None:
         pacer.sent(Batch(tuple(pdu_item(e) for e in events(f"!r{i}:l", 39, i * 100)), ()))
         assert pacer.to_confirm() is None
     pacer.sent(Batch((pdu_item(events("!r0:l", 1, 5000)[0]),), ()))
-    assert pacer.to_confirm() == ("!r0:l", "$r05000")
+    assert pacer.to_confirm() == ("!r0:l", "$r00")
 
 
 def test_a_refused_event_is_not_waited_for() -> None:
@@ -96,7 +151,9 @@ def test_a_refused_event_is_not_waited_for() -> None:
     pacer.sent(Batch(tuple(evs), ()), {evs[-1].event_id})
     assert pacer.to_confirm() is None
     pacer.sent(Batch((pdu_item(events(ROOM, 1, 41)[0]),), ()))
-    assert pacer.to_confirm() == (ROOM, "$lo41")
+    assert pacer.to_confirm() == (ROOM, "$lo1")
+    pacer.sent(Batch((pdu_item(events(ROOM, 1, 42)[0]),), (), True), {"$lo42"})
+    assert pacer.to_confirm() == (ROOM, "$lo1")  # a refused replay marks nothing
 
 
 def test_the_pacer_is_bounded() -> None:
@@ -104,9 +161,9 @@ def test_the_pacer_is_bounded() -> None:
     busy = events("!busy:l", 39)
     pacer.sent(Batch(tuple(pdu_item(e) for e in busy), ()))
     for i in range(20):
-        pacer.sent(Batch((pdu_item(events(f"!q{i}:l", 1, 1000 + i)[0]),), ()))
+        pacer.sent(Batch((pdu_item(events(f"!q{i}:l", 1, 1000 + i)[0]),), (), True))
     pacer.sent(Batch((pdu_item(events("!busy:l", 1, 99)[0]),), ()))
-    assert pacer.to_confirm() == ("!busy:l", "$bu99")
+    assert pacer.to_confirm() == ("!busy:l", "$bu1")
 
 
 def test_polls_double_up_to_the_cap() -> None:
@@ -124,25 +181,34 @@ def test_a_failed_confirmation_turns_pacing_off_for_a_while() -> None:
 
 
 @given(st.lists(st.tuples(st.lists(st.tuples(st.sampled_from("abc"), st.booleans()),
-                                   min_size=0, max_size=60)), max_size=6))
-def test_what_the_pacer_asks_for_is_a_per_pdu_count(sends: list[tuple[list[Any]]]) -> None:
-    """The one-room shortcut and the general path count alike: after any sequence of
-    batches (rooms mixed or not, some PDUs refused), the room due and its newest
-    accepted event are those of a plain per-PDU count."""
+                                   min_size=0, max_size=60), st.booleans()), max_size=6))
+def test_what_the_pacer_asks_for_is_a_per_pdu_model(
+        sends: list[tuple[list[Any], bool]]) -> None:
+    """The one-room shortcut and the general path agree with a plain per-PDU model:
+    after any sequence of batches (rooms mixed or not, some PDUs refused, some
+    replayed), the room due is the first with 40 accepted and unconfirmed, and the
+    event asked for leaves 39 of them, or is the newest if any was replayed."""
     pacer = RoomPacer(PacingPolicy())
-    model: dict[str, tuple[int, str]] = {}
+    model: dict[str, list[str]] = {}
+    replayed: set[str] = set()
     seq = itertools.count(1)
-    for (spec,) in sends:
+    for spec, catchup in sends:
         items = [(pdu_item(events(f"!{room}:l", 1, next(seq))[0]), refused)
                  for room, refused in spec]
         refused_ids = {i.event_id for i, r in items if r}
-        pacer.sent(Batch(tuple(i for i, _ in items), ()), refused_ids)
+        pacer.sent(Batch(tuple(i for i, _ in items), (), catchup), refused_ids)
         for item, refused in items:
             if not refused:
-                n, _ = model.get(item.room_id, (0, ""))
-                model[item.room_id] = (n + 1, item.event_id)
-        want = next(((room, ev) for room, (n, ev) in model.items() if n >= 40), None)
+                model.setdefault(item.room_id, []).append(item.event_id)
+                if catchup:
+                    replayed.add(item.room_id)
+        want = next(((room, ids[-1] if room in replayed else ids[len(ids) - 40])
+                     for room, ids in model.items() if len(ids) >= 40), None)
         assert pacer.to_confirm() == want
         if want is not None:
-            pacer.confirmed(want[0])
-            del model[want[0]]
+            pacer.confirmed(*want)
+            ids = model[want[0]]
+            del ids[: ids.index(want[1]) + 1]
+            if not ids:
+                del model[want[0]]
+                replayed.discard(want[0])

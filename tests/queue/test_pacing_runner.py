@@ -47,9 +47,10 @@ async def test_the_next_transaction_waits_for_the_confirmation(h: Harness) -> No
     h.poke()
     await h.settle()
     got = h.fake.received_event_ids(D)
-    # One transaction of 50 went out; the queue now asks for its newest and waits.
+    # One transaction of 50 went out; the queue now asks for the one that leaves 39 of
+    # them unconfirmed (the 11th) and waits.
     assert len([e for e in got if e in {x.event_id for x in evs}]) == 50
-    assert probe.asked and set(probe.asked) == {evs[49].event_id}
+    assert probe.asked and set(probe.asked) == {evs[10].event_id}
     probe.answer = EventHeld.YES
     await h.advance(2.0)
     await wait_until(lambda: set(h.fake.received_event_ids(D)) >= {e.event_id for e in evs},
@@ -72,7 +73,7 @@ async def test_a_receiver_that_never_confirms_holds_the_queue_one_deadline(
     assert 5.0 <= waited <= 7.0
     # Once, then unpaced: one give-up, and no question after it.
     assert h.observer.confirmations == [(D, "not_yet")]
-    assert set(probe.asked) == {evs[49].event_id}
+    assert set(probe.asked) == {evs[10].event_id}
 
 
 async def test_a_receiver_without_the_endpoint_is_not_waited_for(h: Harness) -> None:
