@@ -101,8 +101,9 @@ class RoomPacer:
         self.policy = policy
         self.max_rooms = max_rooms
         self._rooms: dict[str, list[str]] = {}
-        """room -> the event ids of its unconfirmed PDUs, oldest first (at most
-        ``confirm_after - 1`` + one transaction's)."""
+        """room -> the event ids of its newest unconfirmed PDUs, oldest first: at most
+        ``confirm_after`` of them, all that :meth:`to_confirm` can ask for (a room
+        with that many is due; the older ones are confirmed with the one asked for)."""
         self._replayed: set[str] = set()
         """Rooms with PDUs of a catch-up replay among their unconfirmed ones."""
 
@@ -113,6 +114,7 @@ class RoomPacer:
             return
         rooms = self._rooms
         pdus = batch.pdus
+        keep = self.policy.confirm_after
         if batch.catchup:
             self._replayed.update(p.room_id for p in pdus if p.event_id not in refused)
         if pdus and not refused and len({p.room_id for p in pdus}) == 1:
@@ -120,13 +122,21 @@ class RoomPacer:
             room_id = pdus[0].room_id
             ids = rooms.get(room_id)
             if ids is None:
-                rooms[room_id] = [p.event_id for p in pdus]
+                ids = rooms[room_id] = [p.event_id for p in pdus[-keep:]]
             else:
-                ids.extend([p.event_id for p in pdus])
+                ids.extend([p.event_id for p in pdus[-keep:]])
+            if len(ids) > keep:
+                del ids[: len(ids) - keep]
         else:
+            touched: set[str] = set()
             for pdu in pdus:
                 if pdu.event_id not in refused:
                     rooms.setdefault(pdu.room_id, []).append(pdu.event_id)
+                    touched.add(pdu.room_id)
+            for room_id in touched:
+                ids = rooms[room_id]
+                if len(ids) > keep:
+                    del ids[: len(ids) - keep]
         if len(rooms) > self.max_rooms:
             # Rooms with few unconfirmed PDUs go first: they are no risk.
             for room, _ in sorted(rooms.items(), key=lambda kv: len(kv[1]))[
@@ -150,9 +160,12 @@ class RoomPacer:
     def confirmed(self, room_id: str, event_id: str) -> None:
         """The receiver holds ``event_id``, and so the room's PDUs sent before it."""
         ids = self._rooms.get(room_id)
-        if ids is None or event_id not in ids:
+        if ids is None:
             return
-        del ids[: ids.index(event_id) + 1]
+        try:
+            del ids[: ids.index(event_id) + 1]
+        except ValueError:
+            return
         if not ids:
             del self._rooms[room_id]
             self._replayed.discard(room_id)
