@@ -100,12 +100,14 @@ class RoomPacer:
     def __init__(self, policy: PacingPolicy, max_rooms: int = 10_000) -> None:
         self.policy = policy
         self.max_rooms = max_rooms
-        self._rooms: dict[str, list[str]] = {}
+        self._rooms: dict[str, tuple[str, ...]] = {}
         """room -> the event ids of its newest unconfirmed PDUs, oldest first: at most
         ``confirm_after`` of them, all that :meth:`to_confirm` can ask for (a room
-        with that many is due; the older ones are confirmed with the one asked for)."""
-        self._replayed: set[str] = set()
-        """Rooms with PDUs of a catch-up replay among their unconfirmed ones."""
+        with that many is due; the older ones are confirmed with the one asked for).
+        Tuples, sized exactly: a 10,000-server room keeps one per destination."""
+        self._replayed: set[str] | None = None
+        """Rooms with PDUs of a catch-up replay among their unconfirmed ones (None:
+        none, the common case, without a set per queue)."""
 
     def sent(self, batch: Batch, refused: Collection[str] = ()) -> None:
         """The receiver accepted ``batch`` (``refused``: PDUs its answer refused; they
@@ -116,33 +118,39 @@ class RoomPacer:
         pdus = batch.pdus
         keep = self.policy.confirm_after
         if batch.catchup:
-            self._replayed.update(p.room_id for p in pdus if p.event_id not in refused)
+            replayed = {p.room_id for p in pdus if p.event_id not in refused}
+            if replayed:
+                self._replayed = replayed | (self._replayed or set())
         if pdus and not refused and len({p.room_id for p in pdus}) == 1:
             # One room, nothing refused (a busy room's every transaction): one lookup.
-            room_id = pdus[0].room_id
-            ids = rooms.get(room_id)
-            if ids is None:
-                ids = rooms[room_id] = [p.event_id for p in pdus[-keep:]]
-            else:
-                ids.extend([p.event_id for p in pdus[-keep:]])
-            if len(ids) > keep:
-                del ids[: len(ids) - keep]
+            self._add(pdus[0].room_id, [p.event_id for p in pdus[-keep:]])
         else:
-            touched: set[str] = set()
+            added: dict[str, list[str]] = {}
             for pdu in pdus:
                 if pdu.event_id not in refused:
-                    rooms.setdefault(pdu.room_id, []).append(pdu.event_id)
-                    touched.add(pdu.room_id)
-            for room_id in touched:
-                ids = rooms[room_id]
-                if len(ids) > keep:
-                    del ids[: len(ids) - keep]
+                    added.setdefault(pdu.room_id, []).append(pdu.event_id)
+            for room_id, ids in added.items():
+                self._add(room_id, ids)
         if len(rooms) > self.max_rooms:
             # Rooms with few unconfirmed PDUs go first: they are no risk.
             for room, _ in sorted(rooms.items(), key=lambda kv: len(kv[1]))[
                     : len(rooms) - self.max_rooms]:
-                del rooms[room]
-                self._replayed.discard(room)
+                self._drop(room)
+
+    def _add(self, room_id: str, ids: list[str]) -> None:
+        keep = self.policy.confirm_after
+        old = self._rooms.get(room_id)
+        if old is not None and len(ids) < keep:
+            self._rooms[room_id] = (old + tuple(ids))[-keep:]
+        else:
+            self._rooms[room_id] = tuple(ids[-keep:])
+
+    def _drop(self, room_id: str) -> None:
+        del self._rooms[room_id]
+        if self._replayed is not None:
+            self._replayed.discard(room_id)
+            if not self._replayed:
+                self._replayed = None
 
     def to_confirm(self) -> tuple[str, str] | None:
         """(room, event id) the receiver must hold before the next transaction, or
@@ -150,9 +158,10 @@ class RoomPacer:
         unconfirmed; it is the newest for a room with replayed PDUs unconfirmed, or
         when ``confirm_after`` is 1."""
         confirm_after = self.policy.confirm_after
+        replayed = self._replayed
         for room, ids in self._rooms.items():
             if len(ids) >= confirm_after:
-                if room in self._replayed:
+                if replayed is not None and room in replayed:
                     return room, ids[-1]
                 return room, ids[len(ids) - confirm_after]
         return None
@@ -160,20 +169,18 @@ class RoomPacer:
     def confirmed(self, room_id: str, event_id: str) -> None:
         """The receiver holds ``event_id``, and so the room's PDUs sent before it."""
         ids = self._rooms.get(room_id)
-        if ids is None:
+        if ids is None or event_id not in ids:
             return
-        try:
-            del ids[: ids.index(event_id) + 1]
-        except ValueError:
-            return
-        if not ids:
-            del self._rooms[room_id]
-            self._replayed.discard(room_id)
+        rest = ids[ids.index(event_id) + 1:]
+        if rest:
+            self._rooms[room_id] = rest
+        else:
+            self._drop(room_id)
 
     def forget(self) -> None:
         """A confirmation was given up: nothing is waited for until sent again."""
         self._rooms.clear()
-        self._replayed.clear()
+        self._replayed = None
 
 
 def pages_of(batch: Batch, confirm_after: int) -> list[tuple[str, frozenset[str]]]:
