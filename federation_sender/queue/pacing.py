@@ -26,10 +26,10 @@ older keeps 39 staged for the receiver to work on over that time, so a backlog r
 it about as fast as it processes events, with the same one request per transaction.
 
 That reading of a 200 holds only for an event the receiver did not hold before we sent
-it. A catch-up replay may send again what it holds (below), and what it held before
-is the start of the replay, so for a room with replayed PDUs unconfirmed the runner
-asks for the newest of them: for a page of ``confirm_after`` or more, the replay's check
-(``pages_of``) made sure the receiver did not hold it.
+it. A catch-up replay may send again what the receiver holds (below), so for a room
+with replayed PDUs unconfirmed the runner asks for the newest of them, as before: for a
+page of ``confirm_after`` or more, the replay's check (``pages_of``) made sure the
+receiver did not hold that one.
 
 Bounded: one confirmation has a deadline (``deadline_s``); past it, or when the
 receiver does not answer the request at all, the queue sends on as it would without
