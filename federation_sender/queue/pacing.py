@@ -170,7 +170,7 @@ class RoomPacer:
         """The receiver holds ``event_id``, and so the room's PDUs sent before it."""
         ids = self._rooms.get(room_id)
         if ids is None or event_id not in ids:
-            return
+            return  # not one of the room's newest unconfirmed: nothing to drop
         rest = ids[ids.index(event_id) + 1:]
         if rest:
             self._rooms[room_id] = rest
