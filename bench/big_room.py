@@ -22,8 +22,14 @@ the engine is poked once, and timed until every destination holds every event. A
 end every destination's count is checked: exactly ``--events`` PDUs each (plus the
 warm-up event).
 
+``--senders N`` runs N worker processes instead, sharded as Synapse's
+``federation_sender_instances`` (its static rule, ``sharding.static_owner``), each the
+same production path for its destinations over the shared database; this process then
+only writes, as the main process does. The drain runs from the first poke to the last
+delivery of any of them; RSS is each process's own.
+
     .venv/bin/python bench/big_room.py [--dests 10000] [--events 1000] [--peers 2] \
-        [--port 35500]
+        [--port 35500] [--senders 1]
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import asyncio
 import gc
 import multiprocessing as mp
 import os
+import random
 import time
 from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
@@ -57,7 +64,11 @@ from common import (
 )
 
 from federation_sender.config import FederationSettings, QueueSettings
+from federation_sender.queue import QueueManager
 from federation_sender.runtime import loop_factory, raise_open_file_limit
+from federation_sender.sharding import static_owner
+from federation_sender.storage.engine import create_engine
+from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 _OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"
@@ -321,6 +332,113 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
     ]
 
 
+def _shard_main(url: str, names: list[str], name: str, a: argparse.Namespace,
+                conn: Any) -> None:
+    """One of ``--senders`` worker processes: instance ``name`` of ``names``, owning the
+    destinations Synapse's static rule gives it (``sharding.static_owner``), over the
+    shared database; it acts on the parent's commands (see :func:`run_sharded`)."""
+    raise_open_file_limit()
+
+    async def main() -> None:
+        engine = create_engine(url, pool_size=20)
+        mine = sum(static_owner(dest_name(i), names) == name for i in range(a.dests))
+        bs = production_sender(a.port)
+        await bs.start()
+        m = QueueManager(NativeBackend(engine), bs.sender, QueueSettings(), ME, name, clock(),
+                         random.Random(1), lambda d: static_owner(d, names) == name,
+                         bs.observer, attempt_deadline_s=60)
+        await m.start()
+        conn.send(mine)
+        _, warm_pos = await asyncio.to_thread(conn.recv)
+        bs.counter.reset(mine)
+        m.notify_new_events(warm_pos)
+        await asyncio.wait_for(bs.counter.done.wait(), 600)
+        conn.send("warm")
+        _, pos = await asyncio.to_thread(conn.recv)
+        bs.counter.reset(a.events * mine)
+        GC.settle()
+        before = peak = rss_mb()
+        t0, c0 = time.monotonic(), time.process_time()
+        m.notify_new_events(pos)
+        while not bs.counter.done.is_set():
+            await asyncio.sleep(0.25)
+            peak = max(peak, rss_mb())
+            if time.monotonic() - t0 > a.timeout_s:
+                break
+        t1, cpu = time.monotonic(), time.process_time() - c0
+        GC.end()
+        await m.stop(5)
+        await bs.close()
+        await engine.dispose()
+        c = bs.counter
+        conn.send({"name": name, "mine": mine, "t0": t0, "t1": t1, "cpu": cpu,
+                   "before": before, "peak": peak, "pdus": c.ok_pdus, "txns": c.ok_txns})
+
+    with asyncio.Runner(loop_factory=loop_factory(a.event_loop)) as runner:
+        runner.run(main())
+
+
+async def run_sharded(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, str]]:
+    """``--senders N``: N worker processes, sharded as Synapse's
+    ``federation_sender_instances`` shards (its static rule), each the production path
+    of :func:`run` for its destinations. This process writes as the main process does;
+    the drain runs from the first process's poke to the last one's last delivery (the
+    system-wide monotonic clock); RSS is per process."""
+    names = [f"fed{k + 1}" for k in range(a.senders)]
+    ctx = mp.get_context("spawn")
+    async with databases(a.db) as fresh_db, fresh_db() as engine:
+        rooms = await build_rooms(engine, a.dests, 1)
+        writer = await HomeserverWriter(engine, ME).init()
+        url = engine.url.render_as_string(hide_password=False)
+        pipes = [ctx.Pipe() for _ in names]
+        procs = [ctx.Process(target=_shard_main, args=(url, names, n, a, child), daemon=True)
+                 for n, (_, child) in zip(names, pipes, strict=True)]
+        for proc in procs:
+            proc.start()
+        try:
+            conns = [parent for parent, _ in pipes]
+            owned = [await asyncio.to_thread(c.recv) for c in conns]
+            await writer.message(rooms[0], f"@alice:{ME}")
+            for c in conns:
+                c.send(("warm", writer.stream_ordering))
+            for c in conns:
+                await asyncio.to_thread(c.recv)
+            await writer.messages(rooms[0], f"@alice:{ME}", a.events)
+            load = load_average()
+            for c in conns:
+                c.send(("go", writer.stream_ordering))
+            done = [await asyncio.to_thread(c.recv) for c in conns]
+        finally:
+            for proc in procs:
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
+    counts = peers.counts()
+    want = a.events + 1
+    short = [d for i in range(a.dests) if counts.get(d := dest_name(i), 0) < want]
+    drain = max(r["t1"] for r in done) - min(r["t0"] for r in done)
+    pdus, txns = sum(r["pdus"] for r in done), sum(r["txns"] for r in done)
+    cpu = sum(r["cpu"] for r in done)
+    return [
+        ("load average at start / end (1/5/15 min)", f"{load} / {load_average()}"),
+        ("worker processes (destinations each)", ", ".join(
+            f"{n}: {k}" for n, k in zip(names, owned, strict=True))),
+        ("PDUs delivered (the workers' count)", f"{pdus} of {a.events * a.dests}"),
+        ("destinations holding all events (peers' count)",
+         f"{a.dests - len(short)} of {a.dests}" + (f"; short: {short[:5]}" if short else "")),
+        ("transactions", f"{txns} ({pdus / max(1, txns):.1f} PDUs each)"),
+        ("drain time, first poke to last delivery (target <= 60 s)", f"{drain:.1f} s"),
+        ("each worker's own drain", ", ".join(
+            f"{r['name']}: {r['t1'] - r['t0']:.1f} s" for r in done)),
+        ("workers' CPU (all processes)", f"{cpu:.1f} s ({1000 * cpu / max(1, txns):.3f} ms "
+                                         f"per txn)"),
+        ("RSS before the poke / peak, per worker (target <= 300 MB)", ", ".join(
+            f"{r['name']}: {r['before']:.0f} / {r['peak']:.0f} MB" for r in done)),
+        ("the peers' CPU, all of the run (both processes)",
+         f"{counts.get('cpu_ms', 0) / 1000:.1f} s"),
+    ]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default="postgres", choices=["postgres", "sqlite"])
@@ -333,6 +451,9 @@ def main() -> None:
                     help="what the peers answer to pacing's GET /event")
     ap.add_argument("--event-loop", default="asyncio", choices=["asyncio", "uvloop"],
                     help="the worker's --event-loop (uvloop: the uvloop extra)")
+    ap.add_argument("--senders", type=int, default=1,
+                    help="worker processes, sharded by Synapse's static rule "
+                         "(federation_sender_instances); 1: the worker in this process")
     a = ap.parse_args()
     if a.dests > 250 * 254:
         raise SystemExit("at most 63,500 destinations (one 127.0.x.y address each)")
@@ -340,9 +461,10 @@ def main() -> None:
     with (PeerProcesses([address(i) for i in range(a.dests)], a.port, a.peers,
                         a.event_get) as peers,
           asyncio.Runner(loop_factory=loop_factory(a.event_loop)) as runner):
-        rows = runner.run(run(a, peers))
+        rows = runner.run(run(a, peers) if a.senders == 1 else run_sharded(a, peers))
+    workers = "" if a.senders == 1 else f"{a.senders} sharded worker processes, "
     report(f"a {a.dests}-server room: {a.events} events, production path ({a.db}, "
-           f"{a.peers} peer processes, {a.event_loop})", rows)
+           f"{workers}{a.peers} peer processes, {a.event_loop})", rows)
 
 
 if __name__ == "__main__":

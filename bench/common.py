@@ -30,6 +30,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import ssl
 import sys
 import tempfile
 import time
@@ -45,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from federation_sender.clock import SystemClock
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
+from federation_sender.testing.certs import CertFiles, LoopbackCA
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.postgres import ephemeral_cluster
@@ -112,10 +114,10 @@ def rss_mb() -> float:
     return 0.0
 
 
-def _serve(port_q: Any, stop_ev: Any) -> None:
+def _serve(port_q: Any, stop_ev: Any, tls: CertFiles | None = None) -> None:
     async def main() -> None:
         fh = FakeHomeserver(record=False)
-        await fh.start()
+        await fh.start(ssl_context=None if tls is None else tls.server_context())
         port_q.put(fh.port)
         while not stop_ev.is_set():  # noqa: ASYNC110 - a multiprocessing event
             await asyncio.sleep(0.2)
@@ -125,15 +127,17 @@ def _serve(port_q: Any, stop_ev: Any) -> None:
 
 
 @contextlib.contextmanager
-def receivers(n: int = 1) -> Iterator[list[str]]:
-    """``n`` receiver processes; yields their base URLs."""
+def receivers(n: int = 1, tls: CertFiles | None = None) -> Iterator[list[str]]:
+    """``n`` receiver processes; yields their base URLs (``https://`` with ``tls``: they
+    serve its leaf certificate)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     stop = ctx.Event()
-    procs = [ctx.Process(target=_serve, args=(q, stop), daemon=True) for _ in range(n)]
+    procs = [ctx.Process(target=_serve, args=(q, stop, tls), daemon=True) for _ in range(n)]
     for p in procs:
         p.start()
-    urls = [f"http://127.0.0.1:{q.get(timeout=60)}" for _ in procs]
+    scheme = "http" if tls is None else "https"
+    urls = [f"{scheme}://127.0.0.1:{q.get(timeout=60)}" for _ in procs]
     try:
         yield urls
     finally:
@@ -216,6 +220,22 @@ async def database(kind: str) -> AsyncIterator[Any]:
 
 def dest_name(i: int) -> str:
     return f"r{i}.bench"
+
+
+def loopback_tls(directory: Path, n_dests: int) -> CertFiles:
+    """A throwaway CA and a leaf for the receivers, valid for 127.0.0.1 (the bare loop's
+    URLs) and the first ``n_dests`` destinations' names (the production client checks
+    the destination's name, as for any server)."""
+    ca = LoopbackCA.create(directory)
+    return ca.issue(directory, ["127.0.0.1", *(dest_name(i) for i in range(n_dests))])
+
+
+def client_tls(tls: CertFiles | None) -> ssl.SSLContext | bool:
+    """The bare loop's TLS: verify against the receivers' CA (``True``: aiohttp's
+    default, for plain HTTP URLs)."""
+    if tls is None:
+        return True
+    return ssl.create_default_context(cafile=str(tls.ca_cert))
 
 
 def url_for(urls: Sequence[str]) -> Any:
@@ -355,7 +375,7 @@ class LoopbackOverrides(Mapping[str, str]):
     100,000 destinations cost nothing here)."""
 
     def __init__(self, urls: Sequence[str]) -> None:
-        self._targets = [u.removeprefix("http://") for u in urls]
+        self._targets = [u.split("://", 1)[-1] for u in urls]
 
     def __getitem__(self, dest: str) -> str:
         return self._targets[hash(dest) % len(self._targets)]
@@ -465,7 +485,10 @@ class BenchSender:
             self.provider.shutdown()
 
 
-def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> BenchSender:
+def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0,
+                tls: CertFiles | None = None) -> BenchSender:
+    """``tls``: the receivers serve TLS; the production client verifies their leaf
+    against its CA (``federation.extra_ca_file``), as over any federation link."""
     counter = Deliveries()
     if kind == "stand-in":
         inner = HttpTransactionSender(url_for(urls), ME, clock(), timeout_s=timeout_s)
@@ -483,7 +506,8 @@ def make_sender(kind: str, urls: Sequence[str], *, timeout_s: float = 60.0) -> B
         max_connections_per_host=0,
         ip_allow_list=("127.0.0.0/8",),
         destination_overrides=LoopbackOverrides(urls),
-        plain_http=True,
+        plain_http=tls is None,
+        tls_extra_ca_file=None if tls is None else str(tls.ca_cert),
         http_client="aiohttp" if kind == "production-aiohttp" else "builtin",
     )
     if kind == "production-no-telemetry":

@@ -28,6 +28,10 @@ Reported per sample:
   last delivery of any of the sample's messages to any destination;
 * ``delay_p50_s`` / ``delay_p99_s``: per (message, destination), persisted to received;
 * ``pdus_per_txn``: the sample's PDUs over the transactions that carried them;
+* ``txn_interval_p50_s``: the median time between one destination's consecutive
+  transactions of the sample (as received). While messages keep coming (the spike) a
+  destination sends its next transaction as soon as the one in flight is answered, so
+  this is the round trip a message waits behind; at light load, the messages' spacing;
 * ``cpu_ms_per_pdu``: user+system CPU of the sender process from the first message
   (backlog: from its start, start-up excluded) to the last delivery, over the PDUs
   delivered (per destination-delivery);
@@ -125,6 +129,7 @@ class Result:
     delay_p50_s: float | None = None
     delay_p99_s: float | None = None
     pdus_per_txn: float | None = None
+    txn_interval_p50_s: float | None = None
     cpu_ms_per_pdu: float | None = None
     db_cpu_ms_per_pdu: float | None = None
     total_cpu_ms_per_pdu: float | None = None
@@ -354,14 +359,19 @@ def paced(d: SynapseDeployment, users: Rooms, rate: float, duration_s: float, ta
 
 def measure(peers: list[FederationPeer], persisted: dict[str, float], r: Result) -> None:
     delays, last = [], 0.0
+    intervals: list[float] = []
     pdus = txns = 0
     for p in peers:
         seen: set[str] = set()
+        previous: float | None = None
         for t in p.transactions:
             mine = [e for e in t.event_ids if e in persisted]
             if mine:
                 txns += 1
                 pdus += len(mine)
+                if previous is not None:
+                    intervals.append(t.received_s - previous)
+                previous = t.received_s
             for eid in mine:
                 if eid in seen:
                     r.duplicates += 1
@@ -375,6 +385,8 @@ def measure(peers: list[FederationPeer], persisted: dict[str, float], r: Result)
         r.delay_p50_s, r.delay_p99_s = round(q[49], 3), round(q[98], 3)
         r.drain_s = round(last - max(persisted.values()), 3)
     r.pdus_per_txn = round(pdus / txns, 2) if txns else None
+    if intervals:
+        r.txn_interval_p50_s = round(statistics.median(intervals), 3)
 
 
 class _Around:
@@ -509,8 +521,8 @@ def run_load(load: str, a: argparse.Namespace, cluster: PostgresCluster, root: P
             d.stop()
 
 
-SUMMARY_KEYS = ("delay_p50_s", "delay_p99_s", "drain_s", "pdus_per_txn", "cpu_ms_per_pdu",
-                "db_cpu_ms_per_pdu", "total_cpu_ms_per_pdu")
+SUMMARY_KEYS = ("delay_p50_s", "delay_p99_s", "drain_s", "pdus_per_txn", "txn_interval_p50_s",
+                "cpu_ms_per_pdu", "db_cpu_ms_per_pdu", "total_cpu_ms_per_pdu")
 
 
 def summarize(results: list[Result]) -> list[dict[str, Any]]:

@@ -12,6 +12,7 @@ benchmarks (``record=False``: counts only). Signatures are not checked unless a
 
 from __future__ import annotations
 
+import ssl
 from typing import Any
 
 from aiohttp import web
@@ -39,6 +40,7 @@ class FakeHomeserver(Receiver):
         super().__init__(record=record, lookup_key=lookup_key)
         self.host = host
         self.port = 0
+        self._scheme = "http"
         self._runner: web.AppRunner | None = None
 
     # --- lifecycle ------------------------------------------------------------------------
@@ -49,12 +51,15 @@ class FakeHomeserver(Receiver):
         app.router.add_get("/_stats", self._stats)
         return app
 
-    async def start(self, port: int = 0) -> None:
+    async def start(self, port: int = 0, ssl_context: ssl.SSLContext | None = None) -> None:
+        """Listen on ``port`` (0: any free one); over TLS with ``ssl_context``."""
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, port, reuse_address=True)
+        site = web.TCPSite(self._runner, self.host, port, reuse_address=True,
+                           ssl_context=ssl_context)
         await site.start()
         self.port = site.port
+        self._scheme = "http" if ssl_context is None else "https"
 
     async def close(self) -> None:
         self.release_all()
@@ -64,7 +69,7 @@ class FakeHomeserver(Receiver):
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{self._scheme}://{self.host}:{self.port}"
 
     # --- what was received ------------------------------------------------------------------
 
