@@ -74,3 +74,31 @@ async def test_seeded_faults_per_destination(session: aiohttp.ClientSession) -> 
         assert hs.accepted("bad.test") == [] and len(hs.accepted("good.test")) == 1
     finally:
         await hs.close()
+
+
+async def test_serves_tls_with_the_leaf_it_is_given(
+    tmp_path: Any, signing_key: SigningKey
+) -> None:
+    """``start(ssl_context=...)`` serves HTTPS (``url`` says so); a client trusting the
+    CA delivers, one that does not is refused at the handshake."""
+    import ssl
+
+    from federation_sender.testing.certs import LoopbackCA
+
+    leaf = LoopbackCA.create(tmp_path).issue(tmp_path, ["127.0.0.1"])
+    hs = FakeHomeserver()
+    await hs.start(ssl_context=leaf.server_context())
+    try:
+        assert hs.url.startswith("https://127.0.0.1:")
+        trusting = aiohttp.TCPConnector(
+            ssl=ssl.create_default_context(cafile=str(leaf.ca_cert)))
+        async with aiohttp.ClientSession(connector=trusting) as s:
+            status, _ = await _put(hs, s, signing_key, host="a.test", signed_for="a.test")
+        assert status == 200
+        assert [t.txn_id for t in hs.accepted("a.test")] == ["t1"]
+        async with aiohttp.ClientSession() as s:
+            with pytest.raises(aiohttp.ClientConnectorCertificateError):
+                await _put(hs, s, signing_key, host="a.test", signed_for="a.test",
+                           txn_id="t2")
+    finally:
+        await hs.close()
