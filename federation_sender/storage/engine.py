@@ -68,6 +68,9 @@ def is_transient_db_error(exc: BaseException) -> bool:
             for s in (
                 "database is locked",
                 "connection refused",
+                # A connect while the server restarts: psycopg's "connection failed:
+                # ... failed: Connection reset by peer" (seen in the chaos beside Synapse).
+                "connection reset by peer",
                 "server closed the connection",
                 "terminating connection",
                 "the database system is starting up",

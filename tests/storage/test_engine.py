@@ -4,7 +4,7 @@ import logging
 
 import pytest
 from sqlalchemy import insert, select, text
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.storage import schema
@@ -15,6 +15,23 @@ from federation_sender.storage.engine import (
     run_in_transaction,
 )
 from federation_sender.testing.postgres import PostgresCluster
+
+
+@pytest.mark.parametrize("message, transient", [
+    ('connection failed: connection to server at "127.0.0.1", port 20169 failed: '
+     "Connection reset by peer\n\tIs the server running on that host and accepting "
+     "TCP/IP connections?", True),
+    ("connection failed: connection refused", True),
+    ("FATAL: the database system is starting up", True),
+    ('FATAL: password authentication failed for user "x"', False),
+])
+def test_connect_errors_while_the_server_restarts_are_transient(
+    message: str, transient: bool
+) -> None:
+    """A connect while PostgreSQL restarts can be reset rather than refused; both are
+    an outage (one line, retried), a refused password is not."""
+    exc = OperationalError("SELECT 1", {}, Exception(message))
+    assert is_transient_db_error(exc) is transient
 
 
 def test_normalise_url_picks_async_drivers() -> None:
