@@ -42,7 +42,8 @@ import os
 import random
 import time
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -253,6 +254,35 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@dataclass(frozen=True)
+class DrainWindow:
+    t0: float
+    t1: float
+    """The poke and the end, on the system-wide monotonic clock (comparable across
+    the ``--senders`` processes)."""
+    cpu_s: float
+    peak_rss: float
+
+
+async def watch_drain(counter: Deliveries, poke: Callable[[], None], timeout_s: float,
+                      every_2s: Callable[[], None] | None = None) -> DrainWindow:
+    """Poke the engine, then sample RSS every 0.25 s (and call ``every_2s`` every eight
+    samples) until ``counter`` is done or ``timeout_s`` has passed."""
+    peak = rss_mb()
+    t0, c0 = time.monotonic(), time.process_time()
+    poke()
+    ticks = 0
+    while not counter.done.is_set():
+        await asyncio.sleep(0.25)
+        peak = max(peak, rss_mb())
+        ticks += 1
+        if every_2s is not None and ticks % 8 == 0:
+            every_2s()
+        if time.monotonic() - t0 > timeout_s:
+            break
+    return DrainWindow(t0, time.monotonic(), time.process_time() - c0, peak)
+
+
 async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, str]]:
     async with databases(a.db) as fresh_db, fresh_db() as engine:
         rooms = await build_rooms(engine, a.dests, 1)
@@ -278,20 +308,16 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
         fds = peak_fds = open_fds()
         gens = GcByGeneration()
         gens.on = True
-        t0, c0 = time.perf_counter(), time.process_time()
-        m.notify_new_events(writer.stream_ordering)
-        ticks = 0
-        while not bs.counter.done.is_set():
-            await asyncio.sleep(0.25)
-            peak = max(peak, rss_mb())
-            ticks += 1
-            if ticks % 8 == 0:
-                # Listing 10,000 descriptors is this bench's own CPU, in the measured
-                # process (2 % of it when done every 0.25 s): every 2 s is enough.
-                peak_fds = max(peak_fds, open_fds())
-            if time.perf_counter() - t0 > a.timeout_s:
-                break
-        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+
+        def fds_tick() -> None:
+            nonlocal peak_fds
+            peak_fds = max(peak_fds, open_fds())
+
+        # Listing 10,000 descriptors is this bench's own CPU, in the measured process
+        # (2 % of it when done every 0.25 s): every 2 s is enough.
+        w = await watch_drain(bs.counter, lambda: m.notify_new_events(writer.stream_ordering),
+                              a.timeout_s, fds_tick)
+        elapsed, cpu, peak = w.t1 - w.t0, w.cpu_s, max(peak, w.peak_rss)
         builder = getattr(bs.sender, "requests", None)
         shared = getattr(builder, "shared", None)
         GC.end()
@@ -357,22 +383,16 @@ def _shard_main(url: str, names: list[str], name: str, a: argparse.Namespace,
         _, pos = await asyncio.to_thread(conn.recv)
         bs.counter.reset(a.events * mine)
         GC.settle()
-        before = peak = rss_mb()
-        t0, c0 = time.monotonic(), time.process_time()
-        m.notify_new_events(pos)
-        while not bs.counter.done.is_set():
-            await asyncio.sleep(0.25)
-            peak = max(peak, rss_mb())
-            if time.monotonic() - t0 > a.timeout_s:
-                break
-        t1, cpu = time.monotonic(), time.process_time() - c0
+        before = rss_mb()
+        w = await watch_drain(bs.counter, lambda: m.notify_new_events(pos), a.timeout_s)
         GC.end()
         await m.stop(5)
         await bs.close()
         await engine.dispose()
         c = bs.counter
-        conn.send({"name": name, "mine": mine, "t0": t0, "t1": t1, "cpu": cpu,
-                   "before": before, "peak": peak, "pdus": c.ok_pdus, "txns": c.ok_txns})
+        conn.send({"name": name, "mine": mine, "t0": w.t0, "t1": w.t1, "cpu": w.cpu_s,
+                   "before": before, "peak": max(before, w.peak_rss), "pdus": c.ok_pdus,
+                   "txns": c.ok_txns})
 
     with asyncio.Runner(loop_factory=loop_factory(a.event_loop)) as runner:
         runner.run(main())
