@@ -1,26 +1,25 @@
-"""Real Synapse replication traffic (``shared/testdata/synapse-replication``), found
-beside the checkout (``../shared``) or through ``FEDERATION_SENDER_CAPTURES``."""
+"""Real Synapse replication traffic, kept in the repository as test data
+(``tests/data/synapse-replication``: what a Synapse 1.163.2 deployment published on its
+Redis channel; that folder's README says how each file was recorded).
+
+Only a checkout has them (they are not in the wheel): the tests and benchmarks that replay
+them run from one.
+"""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[2]
+CAPTURES_DIR = Path(__file__).resolve().parents[2] / "tests" / "data" / "synapse-replication"
 
 
 def captures_dir() -> Path:
-    env = os.environ.get("FEDERATION_SENDER_CAPTURES")
-    candidates = [Path(env)] if env else []
-    candidates.append(_REPO.parent / "shared" / "testdata" / "synapse-replication")
-    for c in candidates:
-        if c.is_dir() and any(c.glob("*.txt")):
-            return c
-    raise FileNotFoundError(
-        "Synapse replication captures not found; looked in "
-        + ", ".join(str(c) for c in candidates)
-        + " (set FEDERATION_SENDER_CAPTURES)"
-    )
+    if not CAPTURES_DIR.is_dir() or not any(CAPTURES_DIR.glob("*.txt")):
+        raise FileNotFoundError(
+            f"Synapse replication captures not found in {CAPTURES_DIR} "
+            "(they come with a checkout of the repository, not with the wheel)"
+        )
+    return CAPTURES_DIR
 
 
 def capture_lines() -> list[str]:
