@@ -5,12 +5,23 @@
 :class:`ContextFilter` copies them onto each record; the formatters render them and
 then pass the whole rendered line, exception text included, through
 :func:`redact`, so a secret cannot leak through a traceback or a ``repr``.
+
+The text format is one line per record, whatever the record holds. A destination
+name, an admin API path or a message argument comes from outside, and a line break in
+one would start a line of its sender's choosing (a forged timestamp and level). So every
+field of a text line, the message with its arguments included, is passed through
+:func:`escape_controls`: CR, LF, ESC and the rest of C0 and C1 (and DEL, U+2028 and
+U+2029) become visible escapes such as ``\\n``. A traceback keeps its lines, but
+each one after the first is indented and escaped the same way, so only a record's first
+line starts at the left margin. JSON lines need none of this: ``json.dumps`` escapes
+control characters itself.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from collections.abc import Iterable, Mapping
 from contextvars import ContextVar, Token
@@ -91,20 +102,50 @@ class _RedactingFormatter(logging.Formatter):
         return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def _control_escapes() -> dict[int, str]:
+    table = {c: f"\\x{c:02x}" for c in (*range(0x20), 0x7F, *range(0x80, 0xA0))}
+    table.update({0x09: "\\t", 0x0A: "\\n", 0x0D: "\\r", 0x1B: "\\x1b"})
+    table.update({0x2028: "\\u2028", 0x2029: "\\u2029"})
+    return table
+
+
+_CONTROL_ESCAPES = _control_escapes()
+_HAS_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every control character (C0, DEL, C1, U+2028/9) as a visible
+    escape: ``"a\\nb"`` becomes ``a\\nb`` on one line. Backslashes are kept as they
+    are, so an escape cannot be told from the same characters typed literally; what
+    matters here is that no line break or terminal sequence gets through."""
+    if _HAS_CONTROL.search(text) is None:
+        return text
+    return text.translate(_CONTROL_ESCAPES)
+
+
+def _indented(text: str) -> str:
+    """A traceback's or stack's lines, each escaped and indented as a continuation."""
+    return "".join("\n    " + escape_controls(line) for line in text.split("\n"))
+
+
 class TextFormatter(_RedactingFormatter):
-    """``2024-01-01T00:00:00.000Z INFO name [destination=d txn_id=t] message``."""
+    """``2024-01-01T00:00:00.000Z INFO name [destination=d txn_id=t] message``, one
+    physical line per record (but for an indented traceback); see the module docstring
+    for why every field is escaped."""
 
     def format(self, record: logging.LogRecord) -> str:
         ctx = self._context_of(record)
-        fields = " ".join(f"{k}={v}" for k, v in _ordered(ctx))
-        line = f"{self._timestamp(record)} {record.levelname} {record.name}"
+        fields = " ".join(f"{escape_controls(str(k))}={escape_controls(str(v))}"
+                          for k, v in _ordered(ctx))
+        line = (f"{self._timestamp(record)} {escape_controls(record.levelname)} "
+                f"{escape_controls(record.name)}")
         if fields:
             line += f" [{fields}]"
-        line += " " + record.getMessage()
+        line += " " + escape_controls(record.getMessage())
         if record.exc_info:
-            line += "\n" + self.formatException(record.exc_info)
+            line += _indented(self.formatException(record.exc_info))
         if record.stack_info:
-            line += "\n" + self.formatStack(record.stack_info)
+            line += _indented(self.formatStack(record.stack_info))
         return redact(line, self.secrets)
 
 

@@ -8,10 +8,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from federation_sender.config import TelemetrySettings
 from federation_sender.redaction import REDACTED, redact, redact_url
-from federation_sender.telemetry.logging import log_context, setup_logging
+from federation_sender.telemetry.logging import (
+    TextFormatter,
+    escape_controls,
+    log_context,
+    setup_logging,
+)
 
 log = logging.getLogger("federation_sender.queue.test")
 
@@ -141,3 +148,62 @@ def test_setup_is_idempotent(restore_root: None) -> None:
     configure("json")
     ours = [h for h in logging.getLogger().handlers if h.get_name() == "federation_sender"]
     assert len(ours) == 1
+
+
+# --- log injection (issue #42.2) ------------------------------------------------------
+
+FORGED = "2026-12-01T00:00:00.000Z ERROR forged.logger X"
+
+
+def test_text_lines_escape_line_breaks_in_message_arguments(restore_root: None) -> None:
+    out = configure("text")
+    log.info("admin request for %s", f"x\n{FORGED}\r\n{FORGED}")
+    (line,) = out.getvalue().splitlines()
+    assert line.endswith(f"admin request for x\\n{FORGED}\\r\\n{FORGED}")
+
+
+def test_text_lines_escape_context_fields_and_logger_names(restore_root: None) -> None:
+    out = configure("text")
+    with log_context(destination=f"evil.org\n{FORGED}", txn_id="t\x1b[31m"):
+        logging.getLogger(f"federation_sender.queue\n{FORGED}").warning("queued")
+    (line,) = out.getvalue().splitlines()
+    assert f"[destination=evil.org\\n{FORGED} txn_id=t\\x1b[31m]" in line
+    assert f"federation_sender.queue\\n{FORGED} " in line
+
+
+def test_text_tracebacks_keep_their_lines_but_only_the_record_starts_at_the_margin(
+    restore_root: None,
+) -> None:
+    out = configure("text")
+    try:
+        raise ValueError(f"bad name\n{FORGED}")
+    except ValueError:
+        log.exception("attempt failed")
+    first, *rest = out.getvalue().splitlines()
+    assert first.endswith("attempt failed")
+    assert rest and all(line.startswith("    ") for line in rest)
+    assert "    ValueError: bad name" in rest
+    assert f"    {FORGED}" in rest  # a continuation, not a record of its own
+
+
+@pytest.mark.parametrize("char", [*map(chr, range(0x20)), "\x7f", *map(chr, range(0x80, 0xA0)),
+                                  "\u2028", "\u2029"])
+def test_every_control_character_is_escaped(restore_root: None, char: str) -> None:
+    out = configure("text")
+    with log_context(destination=f"d{char}"):
+        log.info("m%s", char)
+    text = out.getvalue()
+    assert text.endswith("\n") and len(text.splitlines()) == 1
+    assert char not in text[:-1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(message=st.text(), field=st.text(), name=st.text(min_size=1))
+def test_a_text_record_is_one_line_whatever_it_holds(message: str, field: str,
+                                                      name: str) -> None:
+    formatter = TextFormatter()
+    record = logging.LogRecord(name, logging.INFO, __file__, 1, "%s", (message,), None)
+    record.context = {"destination": field, field or "k": message}
+    rendered = formatter.format(record)
+    assert len(rendered.splitlines()) == 1
+    assert escape_controls(rendered) == rendered
