@@ -90,8 +90,10 @@ def merge_settings(
     """Our settings with the deployment's facts from Synapse's files.
 
     The instance name is the worker file's ``worker_name`` when given, else ours; either
-    way it must be one of ``federation_sender_instances`` (unless ``check_instance`` is
-    off: ``migrate`` creates the same schema whichever instance runs it). Several
+    way it must be one of ``federation_sender_instances``, and what the deployment asks
+    of that instance (the outbound proxy, listeners, no duty of Synapse's) must be
+    something we serve. ``check_instance`` off skips both: ``migrate`` creates the same
+    schema whichever instance runs it, and serves nothing. Several
     instances shard statically by Synapse's rule (sha256 of the destination,
     little-endian, modulo N), which is our ``static`` mode with Synapse's list.
 
@@ -109,9 +111,13 @@ def merge_settings(
             "worker sends federation and events would go out twice",
             list(syn.federation_sender_instances) or None,
         )
-    outbound_proxy_location(syn, instance)  # refuses what we cannot serve
-    refuse_duties(syn, instance)
-    worker_listener_specs(syn, instance)  # refuses listeners we cannot serve
+    if check_instance:
+        # What this instance would serve; `migrate` serves nothing, so a deployment
+        # whose outbound_federation_restricted_to or worker_listeners name fed1 still
+        # migrates with homeserver.yaml alone.
+        outbound_proxy_location(syn, instance)  # refuses what we cannot serve
+        refuse_duties(syn, instance)
+        worker_listener_specs(syn, instance)  # refuses listeners we cannot serve
     merged = dataclasses.replace(
         settings,
         server_name=syn.server_name,

@@ -157,9 +157,12 @@ async def test_not_a_synapse_database(pg_url: str) -> None:
         await engine.dispose()
 
 
+@pytest.mark.parametrize("restricted", [False, True])
 def test_cli_migrate_with_synapse_config(
-    synapse_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    synapse_db_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], restricted: bool
 ) -> None:
+    """``restricted``: homeserver.yaml sends outbound federation through fed1's proxy;
+    migrate, run without the worker file, must not ask which instance it is (#42.6)."""
     u = make_url(synapse_db_url)
     hs = {
         "server_name": "example.org",
@@ -171,8 +174,15 @@ def test_cli_migrate_with_synapse_config(
         "redis": {"enabled": True},
         "federation_sender_instances": ["fed1"],
     }
+    if restricted:
+        hs |= {"outbound_federation_restricted_to": ["fed1"],
+               "worker_replication_secret": "s3cret",
+               "instance_map": {"main": {"host": "127.0.0.1", "port": 1},
+                                "fed1": {"host": "127.0.0.1", "port": 2}}}
     (tmp_path / "hs.yaml").write_text(json.dumps(hs))
-    (tmp_path / "ours.yaml").write_text("instance_name: fed1\n")
+    # The documented command's file names no instance when the deployment restricts
+    # outbound federation (the worker file would).
+    (tmp_path / "ours.yaml").write_text("{}\n" if restricted else "instance_name: fed1\n")
     ours, hs_file = str(tmp_path / "ours.yaml"), str(tmp_path / "hs.yaml")
     argv = ["migrate", "-c", ours, "--synapse-config", hs_file]
     assert main(argv) == 0
