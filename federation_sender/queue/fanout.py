@@ -4,7 +4,8 @@ On a poke (or a poll), read events past the persisted position up to the poked t
 ``batch_size`` at a time. For each event that originates here and is not out-of-band,
 the destinations are the servers the storage backend says must receive it
 (``RoomHostsReader``; natively the servers joined to the room after the event, plus the
-target's server of a leave/ban), minus ourselves, filtered by the shard.
+target's server of a leave/ban), minus ourselves and any name that is no server name
+(:func:`refused_destination`: never reachable, so never queued), filtered by the shard.
 
 Each batch is one database transaction: read the events and the membership they need,
 upsert ``destinations`` and ``destination_rooms`` and save the position; after the
@@ -22,6 +23,7 @@ event.
 from __future__ import annotations
 
 import asyncio
+import functools
 import heapq
 import json
 import logging
@@ -29,6 +31,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from federation_sender.clock import Clock
+from federation_sender.ids import server_name_error
 from federation_sender.model import EVENTS_STREAM, EventRow
 from federation_sender.queue.catchup import is_sendable, parsed_pdu_item
 from federation_sender.queue.coalesce import IntakeGate
@@ -44,15 +47,32 @@ def _everyone(_destination: str) -> bool:
     return True
 
 
+def refused_destination(name: str) -> bool:
+    """Whether nothing can ever be sent to ``name``: it is not a server name (``x'--``,
+    a ``<``, a bad port). Such a name in a room's membership is logged once (per name,
+    while it is remembered) and gets no queue, no ``destination_rooms`` row and no
+    retries: no backoff would ever make it reachable."""
+    error = server_name_error(name)
+    if error is None:
+        return False
+    _log_refused(name, error)
+    return True
+
+
+@functools.lru_cache(maxsize=4096)
+def _log_refused(name: str, error: str) -> None:
+    log.warning("never sending to %s: not a server name (%s)", name, error)
+
+
 def recipients(
     hosts: frozenset[str], server_name: str, shard: Callable[[str], bool]
 ) -> list[str]:
     """An event's destinations from the hosts the backend gave: minus ourselves (and
-    empty names), this shard's only."""
+    empty names, and names that are no server name), this shard's only."""
     dests = set(hosts)
     dests.discard(server_name)
     dests.discard("")
-    return sorted(d for d in dests if shard(d))
+    return sorted(d for d in dests if shard(d) and not refused_destination(d))
 
 
 class _Fanout:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from typing import Protocol
 
 from federation_sender.clock import Clock, time_ms
+from federation_sender.queue.fanout import refused_destination
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.status import DestinationStatus, parked_status
@@ -105,7 +106,7 @@ class QueueRegistry:
         r = self.runners.get(destination)
         if r is not None and not r.finished:
             return r
-        if not create or not self.started:
+        if not create or not self.started or refused_destination(destination):
             return None
         self.parked.pop(destination, None)
         r = self._make_runner(

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 from contextlib import AbstractContextManager
 
+import pytest
 from canonicaljson import encode_canonical_json
 from sqlalchemy import select
 
+from federation_sender.queue import fanout
 from federation_sender.storage import schema as s
 from federation_sender.storage.positions import EVENTS_STREAM
 from federation_sender.testing.queue_harness import (
@@ -256,3 +258,29 @@ async def test_one_batch_across_rooms_and_membership_changes(h: Harness) -> None
         rows = (await conn.execute(select(s.destination_rooms))).all()
     last = {(d, r): so for d, evs in want.items() for r, _, so in evs}
     assert sorted(tuple(r) for r in rows) == sorted((d, r, so) for (d, r), so in last.items())
+
+
+async def test_a_name_that_is_no_server_name_gets_no_queue_and_no_retries(
+    h: Harness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``x'--`` or a name with ``<`` in a room's membership can never be reached: it
+    used to get a queue and a 600 s backoff for ever (issue #42.6). Now it is left out of
+    the fan-out, logged once, and no queue is ever made for it."""
+    fanout._log_refused.cache_clear()  # once per name and process: this test's own
+    await room_with(h, "!a:l", "r1.test", "x'--", "evil<b>.test", "r2.test:0")
+    await h.start()
+    e1 = await h.writer.message("!a:l", ALICE)
+    await h.writer.message("!a:l", ALICE)
+    h.poke()
+    await h.settle()
+    assert set(h.fake.attempts) == {"r1.test"}
+    assert h.fake.received_event_ids("r1.test")[0] == e1.event_id
+    async with h.engine.connect() as conn:
+        rows = (await conn.execute(select(s.destination_rooms.c.destination))).scalars()
+        assert set(rows) == {"r1.test"}
+    for name in ("x'--", "evil<b>.test", "r2.test:0"):
+        assert h.manager.queues.get(name) is None
+        assert not h.manager.wake(name)
+        refused = [r for r in caplog.records if r.getMessage().startswith(
+            f"never sending to {name}: not a server name")]
+        assert len(refused) == 1
