@@ -10,6 +10,7 @@ ignore it.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
@@ -146,8 +147,24 @@ async def destination_transactions(request: web.Request) -> web.Response:
         _paged({"transactions": items, "total": total}, start, limit, len(items), total))
 
 
+async def _empty_object_body(request: web.Request) -> None:
+    """A write's body is ``{}`` as Synapse documents it, or absent (``curl -X POST``).
+    Anything else is refused as Synapse's JSON parser refuses it, before anything is
+    done: a caller that sent something else meant something else."""
+    raw = await request.read()
+    if not raw.strip():
+        return
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise AdminError(400, Codes.NOT_JSON, "Content not JSON.") from None
+    if not isinstance(body, dict):
+        raise AdminError(400, Codes.BAD_JSON, "Content must be a JSON object.")
+
+
 async def reset_connection(request: web.Request) -> web.Response:
     destination = request.match_info["destination"]
+    await _empty_object_body(request)
     await _known(request, destination)
     if not await request.app[QUEUES].reset_connection(destination):
         raise AdminError(400, Codes.UNKNOWN,

@@ -252,3 +252,22 @@ async def test_every_admin_action_leaves_an_audit_line(
     assert [line.split(": ", 1)[1] for line in lines] == [
         f"POST {path} -> 200 ok", f"POST {path} -> 400 refused", f"POST {path} -> 401 refused"]
     assert not any(TOKEN in line or "wrong" in line for line in lines)
+
+
+@pytest.mark.parametrize(("body", "errcode"), [
+    (b"not json", "M_NOT_JSON"), (b"{", "M_NOT_JSON"), (b"\xff\xfe", "M_NOT_JSON"),
+    (b"[]", "M_BAD_JSON"), (b'"x"', "M_BAD_JSON"), (b"1", "M_BAD_JSON"),
+])
+async def test_reset_connection_refuses_a_body_that_is_not_a_json_object(
+        client: TestClient[Any, Any], five: None, queues: FakeQueueControl,
+        body: bytes, errcode: str) -> None:
+    """Issue #42.6: a non-JSON body used to answer 200 (and reset the destination)."""
+    queues.set_state("alpha.org", "backing_off", pending_pdus=3)
+    url = LIST + "/alpha.org/reset_connection"
+    resp = await client.post(url, headers={**AUTH, "Content-Type": "application/json"},
+                             data=body)
+    assert resp.status == 400
+    assert (await resp.json())["errcode"] == errcode
+    assert queues.resets == []
+    resp = await client.post(url, headers=AUTH, data=b" \r\n")  # blank: like none
+    assert resp.status == 200 and queues.resets == ["alpha.org"]
