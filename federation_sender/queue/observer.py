@@ -111,6 +111,12 @@ class NoopObserver(QueueObserver):
     """Observes nothing: every hook is the Protocol's default."""
 
 
+def _retries(total: int, long: int) -> str:
+    """``23 retries (13 short, 10 long)``: the probe window's retries, seconds apart,
+    and the long schedule's, up to a minute apart, are told apart."""
+    return f"{total} {'retry' if total == 1 else 'retries'} ({total - long} short, {long} long)"
+
+
 def report(
     observer: QueueObserver, d: str, eff: Effects, result: SendResult, was_failing: bool
 ) -> None:
@@ -138,12 +144,12 @@ def report(
     if eff.short_retry_attempt:
         observer.short_retry(d, eff.short_retry_ended is not None)
     if eff.short_retry_ended is not None:
-        log.info("destination %s answers again after %d short retries",
-                 d, eff.short_retry_ended)
+        log.info("destination %s answers again after %s", d,
+                 _retries(eff.short_retry_ended, eff.short_retry_long))
         observer.short_retry_phase_ended(d, True)
     if eff.short_retry_gave_up is not None:
-        log.info("destination %s did not answer %d short retries; backing off",
-                 d, eff.short_retry_gave_up)
+        log.info("destination %s did not answer %s; backing off", d,
+                 _retries(eff.short_retry_gave_up, eff.short_retry_long))
         observer.short_retry_phase_ended(d, False)
     if eff.rate_limited_ms is not None:
         # Once per run of 429s (the next line is at its end): a peer answering 429 to

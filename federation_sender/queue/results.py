@@ -75,6 +75,7 @@ class ResultRules:
             eff.short_retry_attempt = True
             if not _unanswered(result):
                 # Any answer but a 5xx: the destination is up again.
+                eff.short_retry_long = phase.long_retries
                 eff.short_retry_ended = phase.reset()
         if result.outcome is Outcome.SUCCESS:
             if batch:
@@ -142,7 +143,7 @@ class ResultRules:
         phase = self.short_retry
         if _unanswered(result) and not self.backoff.backing_off:
             first = not phase.in_phase
-            retries = phase.attempts
+            retries, long_retries = phase.attempts, phase.long_retries
             delay = phase.on_failure(now_ms, self.rng)
             if delay is not None:
                 eff.short_retry_ms = delay
@@ -150,7 +151,9 @@ class ResultRules:
                 return
             if not first:
                 eff.short_retry_gave_up = retries
+                eff.short_retry_long = long_retries
         elif phase.in_phase:
+            eff.short_retry_long = phase.long_retries
             eff.short_retry_gave_up = phase.reset()
         self.backoff = self.policy.on_failure(
             self.backoff, now_ms, self.rng, result.retry_after_s

@@ -84,6 +84,9 @@ class Effects:
     short_retry_gave_up: int | None = None
     """The phase ended after this many retries without an answer: ``backoff`` holds
     the persisted backoff."""
+    short_retry_long: int = 0
+    """Of the retries of a phase that ended, those on the long schedule (4 s, 16 s,
+    then up to ``max_long_retry_delay_s`` apart) rather than the probe window's."""
 
 
 def outbox_keys(items: Iterable[PduItem | EduItem], eff: Effects) -> None:

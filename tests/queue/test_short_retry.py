@@ -5,7 +5,10 @@ timings, REMOTE_SERVER_UP) cuts its wait short."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
+
+import pytest
 
 from federation_sender.queue.destination import DestinationState
 from federation_sender.queue.snapshot import queue_snapshot
@@ -49,7 +52,20 @@ async def test_a_short_outage_is_over_within_2_s_of_the_return_and_nothing_persi
     assert not (await h.dest_row(D)).retry_interval
 
 
-async def test_a_destination_that_stays_down_reaches_the_persisted_backoff(h: Harness) -> None:
+def phase_end_line(caplog: pytest.LogCaptureFixture) -> tuple[str, int, int, int]:
+    """The phase's last line: (how it ended, retries, short ones, long ones)."""
+    (line,) = [r.getMessage() for r in caplog.records
+               if re.search(r" (answers again|did not answer) ", r.getMessage())]
+    m = re.fullmatch(rf"destination {D} (answers again after|did not answer) (\d+) retries "
+                     r"\((\d+) short, (\d+) long\)(; backing off)?", line)
+    assert m is not None, line
+    return m[1], int(m[2]), int(m[3]), int(m[4])
+
+
+async def test_a_destination_that_stays_down_reaches_the_persisted_backoff(
+    h: Harness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="federation_sender.queue")
     await start_down(h)
     waited = await h.advance_until(
         lambda: h.m.status(D).retry_interval_ms > 0,  # type: ignore[union-attr]
@@ -58,6 +74,10 @@ async def test_a_destination_that_stays_down_reaches_the_persisted_backoff(h: Ha
     assert 30 + (4 + 16 + 480) * 0.8 <= waited <= 30 + (4 + 16 + 480) * 1.4 + 4
     attempts = len(h.fake.attempts[D])
     assert 1 + 15 + 10 <= attempts <= 1 + 60 + 10
+    # The line tells the probe window's retries from the long schedule's (#42.6: it
+    # called all of them short).
+    ended, retries, short, long = phase_end_line(caplog)
+    assert (ended, retries, short, long) == ("did not answer", attempts - 1, retries - 10, 10)
     row = await h.dest_row(D)
     assert row.retry_interval == 600_000  # then the schedule as before: no second phase
     st = h.m.status(D)
@@ -65,6 +85,21 @@ async def test_a_destination_that_stays_down_reaches_the_persisted_backoff(h: Ha
     await h.advance(600)
     assert len(h.fake.attempts[D]) == attempts + 1
     assert (await h.dest_row(D)).retry_interval >= 600_000 * 2 * 0.8
+
+
+async def test_a_return_during_the_long_retries_says_how_many_were_long(
+    h: Harness, caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level("INFO", logger="federation_sender.queue")
+    await start_down(h)
+    # 30 s of probes, then long retries 4 s and 16 s (x 0.8-1.4) apart, the third 60 s.
+    for _ in range(int(30 + 4 * 1.4 + 16 * 1.4 + 1)):
+        await h.advance(1)
+    h.fake.behave(D)  # back
+    await h.advance_until(lambda: bool(h.fake.accepted(D)), step_s=1, max_s=200)
+    ended, retries, short, long = phase_end_line(caplog)
+    assert (ended, retries) == ("answers again after", len(h.fake.attempts[D]) - 1)
+    assert long == 3 and short == retries - long and short >= 15
 
 
 async def test_main_s_invalidation_and_remote_server_up_cut_a_long_retry_short(
