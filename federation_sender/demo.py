@@ -52,6 +52,7 @@ from federation_sender.sim.expected import Oracle
 from federation_sender.sim.fleet import RemoteFleet
 from federation_sender.sim.publish import WriterPublisher, serve_replication
 from federation_sender.sim.remotes import RemoteRecord
+from federation_sender.sim.store import DuplicateEventError
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.telemetry.logging import setup_logging
@@ -381,6 +382,9 @@ def run_demo(settings: Settings, args: argparse.Namespace) -> int:
     except PortTaken as e:
         print(f"federation-sender demo: {e}", file=sys.stderr)
         return EXIT_PORT_TAKEN
+    except DuplicateEventError as e:
+        print(f"federation-sender demo: {e}", file=sys.stderr)
+        return 1
     except (OSError, StartupError) as e:
         # Taken between the check and the bind (another process was quicker).
         if not port_base or not _address_in_use(e):

@@ -19,6 +19,7 @@ from federation_sender.config.loading import load_settings
 from federation_sender.errors import ConfigError
 from federation_sender.sim.driver import Driver, Scenario
 from federation_sender.sim.publish import WriterPublisher, serve_replication
+from federation_sender.sim.store import DuplicateEventError
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import check_schema
 
@@ -59,6 +60,8 @@ async def _main(args: argparse.Namespace) -> int:
         run.cancel()
         stopper.cancel()
         log.info("simulator finished: %s", driver.progress.describe())
+        if run.done() and not run.cancelled():
+            run.result()  # the run's error, if it failed
     await engine.dispose()
     return 0
 
@@ -81,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"simulator: configuration error: {e}", file=sys.stderr)
         return 2
+    except DuplicateEventError as e:
+        print(f"simulator: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ row in one transaction with bulk inserts, then completes the ids through the
 :class:`~.publish.Publisher` so readers hear of them only once they are committed. If
 the transaction fails, the ids are completed with no rows (the stream must not stall)
 and the error propagates; the world model has then moved ahead of the database, so a
-caller should treat the run as failed rather than continue.
+caller should treat the run as failed rather than continue. An event id that is already
+stored, or twice in the batch, is a bug in the world (a real main process never makes
+the same event twice): it fails as :class:`DuplicateEventError`, one line naming the
+id, rather than as the database's unique violation with every row of the batch.
 
 Rows written:
 
@@ -25,7 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import delete, insert
+from sqlalchemy import delete, insert, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.clock import Clock, time_ms
@@ -34,6 +38,17 @@ from federation_sender.sim.publish import DEVICE_LISTS, EVENTS, TO_DEVICE, JsonR
 from federation_sender.storage import schema
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.testing import main_writes as w
+
+
+class DuplicateEventError(Exception):
+    """The simulator tried to persist an event it had already made (a bug in the world)."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(
+            f"simulator made event {event_id} twice (duplicate event id): a bug in "
+            "federation_sender.sim.world, not in the worker"
+        )
+        self.event_id = event_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,11 +120,33 @@ class SimStore:
         )
         try:
             await run_in_transaction(self.engine, lambda conn: self._write(conn, batch, out))
-        except BaseException:
+        except BaseException as e:
             await self._complete(ev_ids, td_ids, dl_ids, None)
+            if isinstance(e, IntegrityError) and (duplicate := await self._duplicate_event(batch)):
+                raise DuplicateEventError(duplicate) from None
             raise
         await self._complete(ev_ids, td_ids, dl_ids, out)
         return out
+
+    async def _duplicate_event(self, batch: Batch) -> str | None:
+        """After a unique violation: the first of the batch's event ids that is in it
+        twice or was already stored (``None`` if none is, or if the lookup fails)."""
+        seen: set[str] = set()
+        for e in batch.events:
+            if e.event_id in seen:
+                return e.event_id
+            seen.add(e.event_id)
+        ids = [e.event_id for e in batch.events]
+        events = schema.events
+        try:
+            async with self.engine.connect() as conn:
+                stored: set[str] = set()
+                for chunk in w.chunks(ids):
+                    query = select(events.c.event_id).where(events.c.event_id.in_(chunk))
+                    stored.update((await conn.execute(query)).scalars())
+        except Exception:
+            return None  # the original error says more than a failed lookup
+        return next((i for i in ids if i in stored), None)
 
     async def _complete(
         self,

@@ -28,6 +28,22 @@ What is modelled, because the worker's rules depend on it:
 Invariants: a user is in at most one membership state per room; a banned user never
 rejoins; our own server is never a destination; every room keeps at least one local
 member (our users never leave), so every room stays relevant to the worker.
+
+Every event is new, as on a real homeserver, which never creates the same event twice
+(the ``events`` table's unique event id relies on it). An event id is the hash of the
+redacted event, which keeps ``origin_server_ts``, ``prev_events``, ``depth`` and the
+``hashes`` of the full content, but not ``unsigned`` (so a transaction id or nonce
+there would not help). Many events can share a room, a sender and a millisecond, so
+the timestamp separates nothing; what does:
+
+* an event that extends the room's DAG cites its newest event (the last of the room's
+  extremities), so no event made before that one can be it;
+* a fork (citing the extremities before the newest event) or an outlier (which no
+  event cites) could match another in every other field, so each carries in its
+  content, as a client's action on a real server carries its own text, the world's
+  sequence number, which the content hash folds into the id.
+
+A room id is drawn again if it is taken, so create events are new too.
 """
 
 from __future__ import annotations
@@ -124,8 +140,11 @@ class World:
     # --- rooms -----------------------------------------------------------------
 
     def _new_room_id(self, server: str) -> str:
-        letters = "".join(self.rng.choices(string.ascii_letters, k=18))
-        return f"!{letters}:{server}"
+        while True:
+            letters = "".join(self.rng.choices(string.ascii_letters, k=18))
+            room_id = f"!{letters}:{server}"
+            if room_id not in self.rooms:
+                return room_id
 
     def _add_room(self, room: Room) -> None:
         self.rooms[room.room_id] = room
@@ -292,10 +311,17 @@ class World:
         return Batch(events=[ev])
 
     def local_outlier(self, room_id: str) -> Batch:
-        """A local event stored as an outlier (e.g. an out-of-band membership): never sent."""
+        """A local event stored as an outlier (e.g. an out-of-band membership): never sent.
+
+        An outlier does not move the room's tip, so two of them in the same room, from
+        the same sender in the same millisecond, share prev_events, depth and
+        timestamp: only their content tells them apart (see "Every event is new").
+        """
         room = self.rooms[room_id]
         sender = self._local_member(room)
-        ev = self._event(room, sender, "m.room.message", {"msgtype": "m.notice"}, outlier=True)
+        n = next(self._seq)
+        content = {"msgtype": "m.notice", "body": f"outlier {n}"}
+        ev = self._event(room, sender, "m.room.message", content, outlier=True)
         return Batch(events=[ev])
 
     # --- EDU outboxes ----------------------------------------------------------

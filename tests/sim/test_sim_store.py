@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import select
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.replication import commands as c
@@ -22,6 +21,7 @@ from federation_sender.sim.publish import (
     WriterPublisher,
     stream_positions,
 )
+from federation_sender.sim.store import DuplicateEventError
 from federation_sender.storage import schema
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
@@ -220,7 +220,7 @@ async def test_writer_publisher_emits_rdata_and_positions_for_failures(
     room = driver.world.room_ids[0]
     message = driver.world.send_message(room)
     duplicate = Batch(events=message.events * 2)  # same event id twice: unique violation
-    with pytest.raises(IntegrityError):
+    with pytest.raises(DuplicateEventError):
         await driver.store.persist(duplicate)
     assert not [x for x in seen if isinstance(x, c.RdataCommand)]
     updates = [x for x in seen if isinstance(x, c.PositionCommand)]
