@@ -201,7 +201,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     if cmd == "check-config":
         import json
 
-        print(json.dumps(_displayable(settings), indent=2, sort_keys=True))
+        shown = _displayable(settings)
+        if args.synapse_config:
+            shown["outbound_federation_proxy"] = _outbound_proxy_shown(settings, args)
+        print(json.dumps(shown, indent=2, sort_keys=True))
         return 0
     if cmd == "migrate":
         if args.synapse_config:
@@ -280,6 +283,25 @@ def _displayable(settings: Settings) -> dict[str, Any]:
         if data["federation"].get(key):
             data["federation"][key] = redact_proxy(data["federation"][key])
     return data
+
+
+def _outbound_proxy_shown(settings: Settings, args: argparse.Namespace) -> dict[str, Any] | None:
+    """Where this instance serves Synapse's ``outbound_federation_restricted_to`` proxy
+    (the address callers use and the addresses bound), or None when the deployment does
+    not restrict outbound federation. Its shared secret is never shown."""
+    from federation_sender.synapse.config import load_synapse_config
+    from federation_sender.synapse.deployment import (
+        outbound_proxy_location,
+        proxy_bind_addresses,
+    )
+
+    syn = load_synapse_config(args.synapse_config)
+    location = outbound_proxy_location(syn, settings.instance_name)
+    if location is None:
+        return None
+    bind = proxy_bind_addresses(syn, location)
+    return {"listen": location.describe(),
+            "bind": bind if bind is not None else [location.host or location.describe()]}
 
 
 async def _reachable(settings: Settings, engine: AsyncEngine) -> None:

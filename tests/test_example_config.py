@@ -68,10 +68,8 @@ def test_check_config_accepts_the_example(tmp_path: Path) -> None:
     assert '"server_name": "localhost:8448"' in proc.stdout
 
 
-def test_the_worker_on_the_example_says_where_it_listens(tmp_path: Path) -> None:
-    admin, metrics = free_port(), free_port()
-    env = _env(tmp_path, FEDERATION_SENDER__ADMIN__PORT=str(admin),
-               FEDERATION_SENDER__TELEMETRY__METRICS_PORT=str(metrics))
+def _worker_log_until_started(tmp_path: Path, env: dict[str, str]) -> str:
+    """Run the worker on the example until its start line, stop it; its log."""
     log = tmp_path / "worker.log"
     with log.open("w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "federation_sender", "worker", "-c",
@@ -87,7 +85,15 @@ def test_the_worker_on_the_example_says_where_it_listens(tmp_path: Path) -> None
     finally:
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, log.read_text()
-    (line,) = [ln for ln in log.read_text().splitlines() if " started for " in ln]
+    return log.read_text()
+
+
+def test_the_worker_on_the_example_says_where_it_listens(tmp_path: Path) -> None:
+    admin, metrics = free_port(), free_port()
+    env = _env(tmp_path, FEDERATION_SENDER__ADMIN__PORT=str(admin),
+               FEDERATION_SENDER__TELEMETRY__METRICS_PORT=str(metrics))
+    text = _worker_log_until_started(tmp_path, env)
+    (line,) = [ln for ln in text.splitlines() if " started for " in ln]
     base = f"http://127.0.0.1:{admin}"
     assert f"admin API {base}/_synapse/admin/v1/federation/destinations" in line, line
     assert f"dashboard {base}/dashboard" in line
@@ -95,3 +101,17 @@ def test_the_worker_on_the_example_says_where_it_listens(tmp_path: Path) -> None
     # The example's defaults put everything under ./data.
     assert (tmp_path / "data" / "signing.key").exists()
     assert (tmp_path / "data" / "admin.token").exists()
+    assert "forward proxy" not in text
+
+
+def test_the_worker_says_when_federation_goes_through_a_forward_proxy(tmp_path: Path) -> None:
+    """Issue #42.6: nothing in the log said so; the credentials stay out of it."""
+    env = _env(tmp_path, FEDERATION_SENDER__ADMIN__PORT=str(free_port()),
+               FEDERATION_SENDER__TELEMETRY__METRICS_PORT=str(free_port()),
+               FEDERATION_SENDER__FEDERATION__HTTPS_PROXY="ops:hunter2@127.0.0.1:3128",
+               FEDERATION_SENDER__FEDERATION__NO_PROXY='["internal.example"]')
+    text = _worker_log_until_started(tmp_path, env)
+    (line,) = [ln for ln in text.splitlines() if "forward proxy in use" in ln]
+    assert line.endswith("forward proxy in use: TLS federation through "
+                         "http://127.0.0.1:3128 (CONNECT); not for internal.example (no_proxy)")
+    assert "hunter2" not in text

@@ -52,6 +52,7 @@ from federation_sender.synapse.egress import build_outbound_proxy, worker_listen
 from federation_sender.synapse.wiring import synapse_edus
 from federation_sender.telemetry.metrics import Metrics
 from federation_sender.transport.client import FederationClient
+from federation_sender.transport.forward_proxy import forward_proxy_line
 from federation_sender.transport.outbound_proxy import OutboundProxyServer
 from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey
@@ -233,6 +234,10 @@ class Worker:
             self.listening_description(),
         )
         log.info("%s", catchup_at_start_line(self.manager.catchup_at_start))
+        f = s.federation
+        proxied = forward_proxy_line(f.http_proxy, f.https_proxy, f.no_proxy)
+        if proxied is not None and self.own_client is not None:
+            log.info("%s", proxied)
 
     def listening_description(self) -> str:
         """Where the listeners answer, for the start-up line: ``admin API

@@ -162,3 +162,23 @@ class ClientProxies:
             logger.error("%s: check the credentials in https_proxy (every destination "
                          "backs off until they are accepted)", exc)
         return exc
+
+
+def forward_proxy_line(http_proxy: str | None, https_proxy: str | None,
+                       no_proxy: list[str]) -> str | None:
+    """The start-up line that says federation goes through a forward proxy (an
+    operator reading why a destination is unreachable needs to know), without its
+    credentials; None without one."""
+    if not http_proxy and not https_proxy:
+        return None
+    parts = []
+    if https_proxy:
+        parts.append(f"TLS federation through {parse_proxy('https_proxy', https_proxy).url} "
+                     "(CONNECT)")
+    if http_proxy:
+        parts.append(f"plain-HTTP targets through {parse_proxy('http_proxy', http_proxy).url}")
+    line = "forward proxy in use: " + "; ".join(parts)
+    if no_proxy:
+        line += f"; not for {', '.join(no_proxy)} (no_proxy)"
+    return line
+
