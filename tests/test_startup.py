@@ -44,12 +44,24 @@ async def test_an_unreachable_database_is_retried_then_one_line(
     assert "attempt 1 of 2" in caplog.text and "s3cret" not in caplog.text
 
 
-async def test_a_reachable_database_returns_at_once(sqlite_url: str) -> None:
+async def test_a_reachable_database_returns_at_once(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """At once: no retry line, and no wait on the clock (a fake clock nobody advances,
+    so a wait would never end; the outer timeout turns that into a failure)."""
     engine = create_engine(sqlite_url)
+    clock = FakeClock()
     try:
-        await wait_for_database(engine, attempts=1, interval_s=5.0, clock=FakeClock())
+        with caplog.at_level(logging.WARNING, "federation_sender.startup"):
+            wait = asyncio.create_task(
+                wait_for_database(engine, attempts=3, interval_s=5.0, clock=clock))
+            done, _ = await asyncio.wait({wait}, timeout=30)
+            assert done == {wait}, f"still waiting ({clock.pending_sleepers} on the clock)"
+            wait.result()
     finally:
         await engine.dispose()
+    assert clock.pending_sleepers == 0
+    assert caplog.records == []
 
 
 async def test_a_taken_port_is_one_line() -> None:
