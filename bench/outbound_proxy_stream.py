@@ -64,7 +64,8 @@ async def run(mib: int) -> None:
             started = time.perf_counter()
             reader, writer = await asyncio.open_connection("127.0.0.1", proxy.port)
             writer.write(f"GET matrix-federation://localhost:{port}/_matrix/media/v3/download/"
-                         f"x/y HTTP/1.1\r\nProxy-Authorization: Bearer s\r\nConnection: close"
+                         f"x/y HTTP/1.1\r\nHost: localhost:{port}\r\n"
+                         "Proxy-Authorization: Bearer s\r\nConnection: close"
                          "\r\n\r\n".encode())
             received = 0
             while data := await reader.read(256 * 1024):

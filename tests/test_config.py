@@ -275,3 +275,52 @@ def test_migrate_with_the_database_down_is_one_line() -> None:
     assert lines[-1].startswith(
         f"federation-sender: database postgresql 127.0.0.1:{port}/fs unreachable after 2")
     assert "pw" not in proc.stderr
+
+
+def test_outbound_proxy_max_connections_is_a_count_or_derived(tmp_path: Path) -> None:
+    """``federation.outbound_proxy_max_connections``: from the file or the environment,
+    positive, and what the proxy built for a restricted deployment is capped at; unset,
+    the cap derived from the open-file limit."""
+    from dataclasses import replace
+
+    from prometheus_client import CollectorRegistry
+
+    from federation_sender.builders import build_federation_client
+    from federation_sender.clock import SystemClock
+    from federation_sender.synapse.config import parse_synapse_config
+    from federation_sender.synapse.egress import build_outbound_proxy
+    from federation_sender.synapse.merge import merge_settings
+    from federation_sender.transport.outbound_proxy import default_max_connections
+    from federation_sender.transport.signing import SigningKey
+
+    key = "federation.outbound_proxy_max_connections"
+    env_name = "FEDERATION_SENDER__FEDERATION__OUTBOUND_PROXY_MAX_CONNECTIONS"
+    assert load_settings(None, environ={}).federation.outbound_proxy_max_connections is None
+    f = tmp_path / "c.yaml"
+    f.write_text("federation: {outbound_proxy_max_connections: 300}\n")
+    ours = load_settings(f, environ={})
+    assert ours.federation.outbound_proxy_max_connections == 300
+    assert load_settings(None, environ={env_name: "40"}
+                         ).federation.outbound_proxy_max_connections == 40
+    for bad in ("0", "-3", "many", "1.5"):
+        with pytest.raises(ConfigError) as ei:
+            load_settings(None, environ={env_name: bad})
+        assert ei.value.key == key
+
+    synapse = parse_synapse_config({
+        "server_name": "a.example", "signing_key_path": "/etc/synapse/a.key",
+        "worker_name": "fed1", "redis": {"enabled": True},
+        "federation_sender_instances": ["fed1"],
+        "database": {"name": "psycopg2", "args": {"dbname": "synapse", "host": "db"}},
+        "outbound_federation_restricted_to": ["fed1"], "worker_replication_secret": "s",
+        "instance_map": {"main": {"host": "127.0.0.1", "port": 1},
+                         "fed1": {"host": "127.0.0.1", "port": 2}},
+    })  # fmt: skip
+    for settings, cap in ((ours, 300), (Settings(), default_max_connections())):
+        merged = merge_settings(settings, synapse)
+        client = build_federation_client(merged, SigningKey.generate("a_k"), SystemClock())
+        proxy = build_outbound_proxy(merged, synapse, client, SystemClock(),
+                                     CollectorRegistry())
+        assert proxy is not None and proxy.max_connections == cap
+    assert replace(ours.federation, outbound_proxy_max_connections=None
+                   ) == Settings().federation

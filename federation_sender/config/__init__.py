@@ -92,6 +92,10 @@ class FederationSettings:
     """Forward proxy (``CONNECT``) for every TLS target: federation itself."""
     no_proxy: list[str] = field(default_factory=list)
     """Hosts, IP addresses or CIDRs reached directly; ``*``: all."""
+    outbound_proxy_max_connections: int | None = None
+    """Connections the outbound federation proxy (``outbound_federation_restricted_to``)
+    serves at once; one more is refused at once. None: an eighth of the open-file limit,
+    from 16 to 1,024 (``transport/outbound_proxy.py``)."""
     metrics_domains: list[str] = field(default_factory=list)
     """Destinations whose transactions get per-destination metrics."""
 

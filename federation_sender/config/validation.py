@@ -60,6 +60,10 @@ def _validate_egress(f: FederationSettings) -> None:
     for key, proxy in (("https_proxy", f.https_proxy), ("http_proxy", f.http_proxy)):
         if proxy:
             parse_proxy(key, proxy)  # ConfigError if bad
+    if f.outbound_proxy_max_connections is not None and f.outbound_proxy_max_connections < 1:
+        raise ConfigError("federation.outbound_proxy_max_connections",
+                          "a positive number of connections, or null (derived from the "
+                          "open-file limit)", f.outbound_proxy_max_connections)
 
 
 def _validate_queue(q: QueueSettings) -> None:

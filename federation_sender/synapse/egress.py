@@ -5,7 +5,9 @@ Our worker serves ``matrix-federation://`` requests
 ``outbound_federation_restricted_to`` names it, at its ``instance_map`` address: TLS
 with ``tls_certificate_path``/``tls_private_key_path`` when the entry says ``tls: true``
 (as a Synapse worker's TLS listener), bound to the ``worker_listeners`` entry's
-addresses on that port when there is one, else to the ``instance_map`` host.
+addresses on that port when there is one, else to the ``instance_map`` host. It serves
+at most ``federation.outbound_proxy_max_connections`` connections at once (unset: derived
+from the open-file limit by ``outbound_proxy.default_max_connections``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ def build_outbound_proxy(
         registry=registry,
         tls=tls,
         bind=proxy_bind_addresses(synapse, location),
+        max_connections=settings.federation.outbound_proxy_max_connections,
     )
 
 
