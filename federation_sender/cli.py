@@ -229,8 +229,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_demo(settings, args)
     if cmd == "batch":
         from federation_sender.batch.cli import run_batch
+        from federation_sender.builders import running_federation_client
 
-        return int(run_batch(args, settings))
+        beside_synapse = bool(getattr(args, "synapse_config", None))
+        return int(run_batch(args, settings, receivers=lambda clock: running_federation_client(
+            settings, clock, synapse_key=beside_synapse)))
     raise AssertionError(cmd)  # pragma: no cover
 
 
@@ -300,8 +303,12 @@ def _outbound_proxy_shown(settings: Settings, args: argparse.Namespace) -> dict[
     if location is None:
         return None
     bind = proxy_bind_addresses(syn, location)
+    from federation_sender.transport.outbound_proxy import default_max_connections
+
+    cap = settings.federation.outbound_proxy_max_connections
     return {"listen": location.describe(),
-            "bind": bind if bind is not None else [location.host or location.describe()]}
+            "bind": bind if bind is not None else [location.host or location.describe()],
+            "max_connections": cap if cap is not None else default_max_connections()}
 
 
 async def _reachable(settings: Settings, engine: AsyncEngine) -> None:

@@ -52,6 +52,8 @@ def test_check_config_shows_the_outbound_proxy_listener(
     assert SECRET not in out
     shown = json.loads(out)["outbound_federation_proxy"]
     if restricted:
+        cap = shown.pop("max_connections")
         assert shown == {"listen": "http://10.0.0.5:8034", "bind": ["0.0.0.0"]}
+        assert isinstance(cap, int) and 16 <= cap <= 1024
     else:
         assert shown is None

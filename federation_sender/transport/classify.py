@@ -189,6 +189,12 @@ def classify_exception(exc: BaseException) -> SendResult:
         return SendResult(Outcome.TRANSIENT, error="server disconnected")
     if isinstance(exc, aiohttp.ClientResponseError):
         return SendResult(Outcome.TRANSIENT, error=f"invalid HTTP response: {exc.message}")
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        # Its own text carries the TLS context's repr ("ssl:<ssl.SSLContext object at
+        # 0x…>"): the address and the system's reason are what an operator needs.
+        reason = exc.os_error.strerror or type(exc.os_error).__name__
+        return SendResult(Outcome.TRANSIENT, error=sanitise(
+            f"connection failed: cannot connect to {exc.host}:{exc.port}: {reason}"))
     if isinstance(exc, aiohttp.ClientError | OSError):
         return SendResult(
             Outcome.TRANSIENT, error=sanitise(f"connection failed: {type(exc).__name__}: {exc}")

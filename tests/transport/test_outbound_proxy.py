@@ -234,9 +234,16 @@ async def test_large_body_streams_through_without_being_held_whole(
     assert proxy.registry.get_sample_value(BYTES_METRIC + "_total") == 16 * len(part)
 
 
+@pytest.mark.parametrize("by_name", [False, True])
 async def test_refused_address_is_502_and_not_contacted(
-    certs: CertFiles, our_key: SigningKey, remote: FakeRemote
+    certs: CertFiles, our_key: SigningKey, remote: FakeRemote, by_name: bool,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """``by_name``: the destination is a name that resolves to the refused address
+    (``localhost``); its 502 and log line said ``Cannot connect to host localhost:…
+    ssl:<ssl.SSLContext object at 0x…> [None]`` (issue #42.6), where an IP literal's
+    said why."""
+    destination = f"localhost:{remote.port}" if by_name else remote.name
     async with make_client(certs, our_key, ip_allow_list=()) as client:
         server = OutboundProxyServer(client, secret=SECRET, clock=SystemClock(),
                                      location=ProxyLocation(host="127.0.0.1", port=0))
@@ -244,11 +251,13 @@ async def test_refused_address_is_502_and_not_contacted(
         try:
             assert server.port is not None
             status, _, body = await _request(server.port, _head(
-                f"matrix-federation://{remote.name}/_matrix/key/v2/server",
+                f"matrix-federation://{destination}/_matrix/key/v2/server",
                 f"Proxy-Authorization: Bearer {SECRET}"))  # fmt: skip
         finally:
             await server.close()
-    assert status == 502 and "refused" in json.loads(body)["err"]
+    error = json.loads(body)["err"]
+    assert status == 502 and "refused by the outbound policy" in error, error
+    assert "SSLContext" not in error and "SSLContext" not in caplog.text
     assert remote.requests == []
 
 
