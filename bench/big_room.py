@@ -65,7 +65,7 @@ from common import (
 )
 
 from federation_sender.config import FederationSettings, QueueSettings
-from federation_sender.queue import QueueManager
+from federation_sender.queue.manager import QueueManager
 from federation_sender.runtime import loop_factory, raise_open_file_limit
 from federation_sender.sharding import static_owner
 from federation_sender.storage.engine import create_engine

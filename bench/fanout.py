@@ -52,7 +52,7 @@ from common import (
 )
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue import QueueManager
+from federation_sender.queue.manager import QueueManager
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 PROFILE: Any = None

@@ -14,7 +14,7 @@ import random
 import tracemalloc
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue import QueueManager
+from federation_sender.queue.manager import QueueManager
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.clock import FakeClock

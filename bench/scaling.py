@@ -44,7 +44,7 @@ from typing import Any
 from common import ME, RecordingSender, build_rooms, clock, receivers, rss_mb, url_for
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue import QueueManager
+from federation_sender.queue.manager import QueueManager
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.storage.native import NativeBackend

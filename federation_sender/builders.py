@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from federation_sender.clock import Clock
 from federation_sender.config import Settings
-from federation_sender.queue import QueueManager
+from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.replication.transport import Transport
 from federation_sender.sharding import ShardCoordinator

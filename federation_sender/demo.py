@@ -45,7 +45,7 @@ from federation_sender.builders import load_or_create_signing_key, signing_key_p
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import DEMO_SERVER_NAME, Settings
 from federation_sender.errors import StartupError
-from federation_sender.queue import DestinationStatus
+from federation_sender.queue.core.status import DestinationStatus
 from federation_sender.sim.check import DeliveryReport, check_delivery
 from federation_sender.sim.driver import Driver, Scenario
 from federation_sender.sim.expected import Oracle

@@ -6,7 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from federation_sender.admin.protocols import LiveState
-from federation_sender.queue import DestinationState, DestinationStatus, QueueManager
+from federation_sender.queue.core.states import DestinationState
+from federation_sender.queue.core.status import DestinationStatus
+from federation_sender.queue.manager import QueueManager
 
 _ADMIN_STATE: dict[DestinationState, str] = {
     DestinationState.IDLE: "idle",

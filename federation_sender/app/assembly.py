@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.builders import load_or_create_signing_key, signing_key_path
 from federation_sender.clock import Clock
 from federation_sender.config import Settings
-from federation_sender.queue import QueueManager
+from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.startup import wait_for_database

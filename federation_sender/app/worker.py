@@ -33,7 +33,7 @@ from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
 from federation_sender.intake import DbPositionStore, ReplicationIntake
-from federation_sender.queue import QueueManager
+from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.snapshot import queue_snapshot
 from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.replication.client import ReplicationClient
@@ -156,7 +156,6 @@ class Worker:
             await resources.aclose()
             raise
 
-    @classmethod
     @classmethod
     async def _build(
         cls,

@@ -116,12 +116,12 @@ class QueueSettings:
     catchup_rooms_per_batch: int = 50
     catchup_max_gap_events: int = 10_000
     """Per room, catch-up replays up to this many missed events in order, a page of 50
-    at a time (``queue/catchup.py``); beyond, extremities. The default was 50 before
+    at a time (``queue/core/catchup.py``); beyond, extremities. The default was 50 before
     catch-up paged: a real Synapse receiver then lacked most of a longer gap."""
     pacing_confirm_deadline_s: float = 30.0
     """Once 40 PDUs of one room were accepted by a destination but not yet confirmed
     processed, the next transaction waits until it holds the newest, at most this long
-    (``queue/pacing.py``); 0 never waits."""
+    (``queue/core/pacing.py``); 0 never waits."""
     wakeup_interval_s: float = 60.0
     wakeup_rate_per_s: float = 100.0
     event_batch_size: int = 100
@@ -136,13 +136,13 @@ class QueueSettings:
     as duplicates the receiver drops). 0: commit as soon as the previous one is done."""
     busy_txn_interval_s: float = 2.0
     """Deprecated and ignored (with ``busy_min_pdus``): a destination with nothing in
-    flight sends at once (``queue/loop_policy.py``); still accepted so configs load."""
+    flight sends at once (``queue/core/loop_policy.py``); still accepted so configs load."""
     busy_min_pdus: int = 20
     idle_queue_ttl_s: float = 60.0
     max_item_failures: int = 3
     """Times one item may be isolated as the cause of a refusal before it is dropped."""
     max_long_retries: int = 10
-    """Short-retry phase (``queue/backoff.py``): after the probe window, retries on
+    """Short-retry phase (``queue/core/backoff.py``): after the probe window, retries on
     Synapse's long-retry schedule (4 s, 16 s, then ``max_long_retry_delay_s``, jitter 0.8
     to 1.4) before the persisted backoff. Beside Synapse: ``federation.max_long_retries``."""
     max_long_retry_delay_s: float = 60.0

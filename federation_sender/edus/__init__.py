@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Protocol
 
-from federation_sender.queue.items import JsonDict
+from federation_sender.queue.core.items import JsonDict
 from federation_sender.storage.edu_reads import EventMeta, RoomHosts
 
 __all__ = ["EduSink", "EventMeta", "RoomHosts"]

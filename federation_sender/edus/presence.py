@@ -11,7 +11,7 @@ streams, as Synapse's federation sender sends them (``handlers/presence.py``).
 
 The states seen start from the backend's non-offline states at start (Synapse:
 ``presence_stream``), as Synapse's worker starts from ``take_presence_startup_info``.
-The queue packs at most 50 states per EDU (:mod:`federation_sender.queue.batching`),
+The queue packs at most 50 states per EDU (:mod:`federation_sender.queue.core.batching`),
 one entry per user, the latest winning.
 
 Difference: Synapse computes ``last_active_ago`` when the transaction is built; here it
@@ -27,7 +27,7 @@ from typing import Protocol
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.ids import server_of
-from federation_sender.queue.items import JsonDict
+from federation_sender.queue.core.items import JsonDict
 from federation_sender.replication.rows import PresenceFederationRow, PresenceRow, PresenceState
 from federation_sender.storage.edu_reads import PresenceSource
 

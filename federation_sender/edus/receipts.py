@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from federation_sender.clock import Clock, time_ms
 from federation_sender.edus import EduSink, RoomHosts
 from federation_sender.ids import server_of
-from federation_sender.queue.items import JsonDict
+from federation_sender.queue.core.items import JsonDict
 from federation_sender.replication.rows import ReceiptsRow
 
 log = logging.getLogger(__name__)

@@ -12,7 +12,8 @@ from federation_sender.edus.presence import PresenceFanout, presence_json
 from federation_sender.edus.receipts import DEFAULT_MAX_DELAY_S, ReceiptFanout
 from federation_sender.edus.room_hosts import StorageRoomHosts
 from federation_sender.edus.typing_edus import TypingFanout
-from federation_sender.queue import FederationEdu, QueueManager
+from federation_sender.queue.federation_stream import FederationEdu
+from federation_sender.queue.manager import QueueManager
 from federation_sender.replication.frontier import WritersFrontier
 from federation_sender.replication.positions import PositionStore
 from federation_sender.replication.rows import (

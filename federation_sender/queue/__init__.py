@@ -9,20 +9,24 @@ of each of our events, records them durably in ``destination_rooms`` together wi
 new position, then hands the PDUs to per-destination queues.
 
 Each destination has a queue only while it has something to do. A queue is a pure,
-sans-I/O :class:`~federation_sender.queue.core.DestinationCore` (state machine, pending
-items, frozen in-flight transaction, backoff state, catch-up mode, item isolation)
-driven by a thin asyncio :class:`~federation_sender.queue.runner.DestinationRunner`.
+sans-I/O :class:`~federation_sender.queue.core.destination.DestinationCore` (state
+machine, pending items, frozen in-flight transaction, backoff state, catch-up mode,
+item isolation) driven by a thin asyncio
+:class:`~federation_sender.queue.runner.DestinationRunner`. Everything pure lives in
+the folder ``queue/core/`` (its ``__init__`` says what is there); an import-linter
+contract keeps asyncio, aiohttp, SQLAlchemy, storage, the clock and telemetry out of it,
+indirect imports included. The rest of ``queue/`` is the asyncio shell around it.
 Exactly one transaction is in flight per destination, and a global semaphore bounds
-them all. Transactions are built by :mod:`~federation_sender.queue.batching` (limits,
+them all. Transactions are built by :mod:`~federation_sender.queue.core.batching` (limits,
 byte budget, EDU order) and retried with the same txn id until a 200. Failures back off
-per :class:`~federation_sender.queue.backoff.BackoffPolicy`; past one hour the queue
+per :class:`~federation_sender.queue.core.backoff.BackoffPolicy`; past one hour the queue
 drops its volatile items and catches up from ``destination_rooms``
-(:mod:`~federation_sender.queue.catchup`), which is also how every queue starts.
+(:mod:`~federation_sender.queue.core.catchup`), which is also how every queue starts.
 
 All database access goes through the storage boundary
 (:mod:`federation_sender.storage.protocols`): ``queue/store.py`` and the intake speak
-its Protocols, and the pure cores (``core.py``, ``catchup.py``) import no storage module,
-only the neutral rows of :mod:`federation_sender.model`. The same engine therefore runs
+its Protocols, and the pure core (``queue/core/``) imports no storage module, only the
+neutral rows of :mod:`federation_sender.model`. The same engine therefore runs
 on any backend (the native schema today; Synapse's tables next).
 
 Failure modes: a crash at any point loses nothing that was persisted as an event -
@@ -30,13 +34,16 @@ positions only advance past what was recorded or delivered, and catch-up replays
 rest (duplicates are possible and harmless: receivers deduplicate by event id). A
 destination that hangs costs one attempt deadline. A poison item is isolated by
 splitting and dropped after ``max_item_failures`` refusals, only if other transactions
-got through meanwhile (:mod:`~federation_sender.queue.isolation`).
+got through meanwhile (:mod:`~federation_sender.queue.core.isolation`).
 
 Public API (called by the composition root)
 -------------------------------------------
-``QueueManager(storage, sender, settings.queue, server_name, instance_name, clock, rng,
-shard_filter, observer=None, *, attempt_deadline_s=120.0, poll_interval_s=None,
-db_concurrency=16)``
+This package's ``__init__`` imports nothing, so ``import federation_sender.queue.core``
+loads only the pure core.
+
+``federation_sender.queue.manager.QueueManager(storage, sender, settings.queue,
+server_name, instance_name, clock, rng, shard_filter, observer=None, *,
+attempt_deadline_s=120.0, poll_interval_s=None, db_concurrency=16)``
 
 * ``await start()`` / ``await stop(deadline_s)``
 * ``notify_new_events(max_stream_ordering)``: poke from the events stream (with
@@ -59,19 +66,3 @@ is :class:`~federation_sender.queue.telemetry_observer.TelemetryObserver` (metri
 and logs), and :func:`~federation_sender.queue.snapshot.queue_snapshot` gives the
 whole-queue gauges at scrape time.
 """
-
-from federation_sender.queue.destination import DestinationState, IllegalTransition
-from federation_sender.queue.federation_stream import FederationEdu
-from federation_sender.queue.manager import QueueManager
-from federation_sender.queue.observer import NoopObserver, QueueObserver
-from federation_sender.queue.status import DestinationStatus
-
-__all__ = [
-    "DestinationState",
-    "DestinationStatus",
-    "FederationEdu",
-    "IllegalTransition",
-    "NoopObserver",
-    "QueueManager",
-    "QueueObserver",
-]

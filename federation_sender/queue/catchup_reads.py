@@ -1,4 +1,4 @@
-"""Catch-up's reads: the inputs of :mod:`federation_sender.queue.catchup`'s pure plans,
+"""Catch-up's reads: the inputs of :mod:`federation_sender.queue.core.catchup`'s pure plans,
 loaded through the storage boundary inside one transaction of the queue's store.
 
 :func:`plan_rows` takes the next ``destination_rooms`` rows past the episode's cursor,
@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from federation_sender.model import EventRow, MembershipRow
-from federation_sender.queue.catchup import (
+from federation_sender.queue.core.catchup import (
     GAP_PAGE_EVENTS,
     RoomInput,
     RoomPlan,
@@ -49,7 +49,7 @@ async def plan_rows(
     episode's base), or from its floor (``floors``: the last event read of a room this
     episode already paged through), one page (``page_events``) at a time: a gap longer
     than a page and at most ``max_gap_events`` long ends the read with a ``more``
-    plan of its first page holding something to send (``queue/catchup.py``)."""
+    plan of its first page holding something to send (``queue/core/catchup.py``)."""
     rows = await tx.catchup.catchup_rows(destination, cursor[0], rooms_limit, cursor[1])
     if not rows:
         return []

@@ -19,7 +19,7 @@ caught up (the common case on a quiet server, where this costs nothing).
 
 A caught-up intake holds nothing here, and nothing else holds a queue: with nothing in
 flight it sends at once, and what arrives while a transaction is in flight goes in the
-next (:mod:`~federation_sender.queue.loop_policy`). Once the intake keeps up, the round
+next (:mod:`~federation_sender.queue.core.loop_policy`). Once the intake keeps up, the round
 trip alone sets the transactions' size at a high rate.
 
 Waiting for one hand-over only (the first version) was not enough against a real

@@ -1,5 +1,5 @@
 """Pacing's confirmations for one queue, the I/O half of
-:mod:`~federation_sender.queue.pacing` (which decides what to confirm): once a room has
+:mod:`~federation_sender.queue.core.pacing` (which decides what to confirm): once a room has
 ``confirm_after`` PDUs the receiver accepted but may not have processed yet, ask it for
 the one that leaves ``confirm_after - 1`` of them until it holds it, so that its staging
 queue of the room never fills up, and does not run dry while a backlog lasts.
@@ -13,9 +13,9 @@ import logging
 from collections.abc import Callable
 
 from federation_sender.clock import Clock
-from federation_sender.queue.batching import Batch
+from federation_sender.queue.core.batching import Batch
+from federation_sender.queue.core.pacing import PacingPolicy, RoomPacer, pages_of
 from federation_sender.queue.observer import QueueObserver
-from federation_sender.queue.pacing import PacingPolicy, RoomPacer, pages_of
 from federation_sender.queue.timing import AttemptDeadline
 from federation_sender.transport.result import EventHeld, EventProbe, SendResult
 
@@ -66,7 +66,7 @@ class Confirmations:
 
     async def held_already(self, probe: EventProbe, batch: Batch) -> frozenset[str]:
         """The PDUs of ``batch``'s catch-up pages whose newest PDU the receiver already
-        holds: not sent again (``queue/pacing.py``, ``pages_of``); asked page by page
+        holds: not sent again (``queue/core/pacing.py``, ``pages_of``); asked page by page
         until one is not held (or pacing is off after a failure)."""
         if not self.paced():
             return frozenset()

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 from federation_sender.clock import Clock
 from federation_sender.ids import server_name_error
 from federation_sender.model import EVENTS_STREAM, EventRow
-from federation_sender.queue.catchup import is_sendable, parsed_pdu_item
 from federation_sender.queue.coalesce import IntakeGate
-from federation_sender.queue.items import PduItem
+from federation_sender.queue.core.catchup import is_sendable, parsed_pdu_item
+from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.timing import wait_or_timeout
 from federation_sender.storage.protocols import Backend, Tx

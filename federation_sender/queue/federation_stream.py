@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from federation_sender.model import FEDERATION_STREAM
-from federation_sender.queue.items import JsonDict
+from federation_sender.queue.core.items import JsonDict
 from federation_sender.queue.store import QueueStore
 
 

@@ -6,7 +6,7 @@
   concurrent database work of queues (catch-up planning, outbox reads, persisting).
 * The wake-up sweep and idle eviction are :mod:`~federation_sender.queue.housekeeping`;
   the federation stream is :mod:`~federation_sender.queue.federation_stream`; status
-  building is :mod:`~federation_sender.queue.status`. Runners own their state: the
+  building is :mod:`~federation_sender.queue.core.status`. Runners own their state: the
   manager only calls their methods.
 """
 
@@ -21,23 +21,23 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
-from federation_sender.queue.backoff import RESET, BackoffPolicy
-from federation_sender.queue.batching import Limits
-from federation_sender.queue.catchup import PduCache
 from federation_sender.queue.coalesce import IntakeGate
-from federation_sender.queue.core import DestinationCore
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.backoff import RESET, BackoffPolicy
+from federation_sender.queue.core.batching import Limits
+from federation_sender.queue.core.catchup import PduCache
+from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.items import JsonDict, PduItem
+from federation_sender.queue.core.states import DestinationState
+from federation_sender.queue.core.status import DestinationStatus, oldest_age_s
+from federation_sender.queue.core.steps import Effects
 from federation_sender.queue.fanout import EventFanout
 from federation_sender.queue.federation_stream import FederationEdu, FederationStream
 from federation_sender.queue.housekeeping import Housekeeping
-from federation_sender.queue.items import JsonDict, PduItem
 from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.registry import LeaseGuard, QueueRegistry
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.runner_config import RunnerConfig
 from federation_sender.queue.slots import Slots
-from federation_sender.queue.status import DestinationStatus, oldest_age_s
-from federation_sender.queue.steps import Effects
 from federation_sender.queue.store import QueueStore
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage.protocols import Backend, db_outage
@@ -65,7 +65,7 @@ def _txn_id_base(now_ms: int, instance_name: str) -> str:
 
 
 def _warn_deprecated(settings: QueueSettings) -> None:
-    """The steady-stream hold is gone (``queue/loop_policy.py``): its keys still load."""
+    """The steady-stream hold is gone (``queue/core/loop_policy.py``): its keys still load."""
     default = QueueSettings()
     for key in ("busy_txn_interval_s", "busy_min_pdus"):
         if getattr(settings, key) != getattr(default, key):

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
-from federation_sender.queue.destination import DestinationState
-from federation_sender.queue.isolation import describe
-from federation_sender.queue.items import PduItem
-from federation_sender.queue.steps import Effects
+from federation_sender.queue.core.isolation import describe
+from federation_sender.queue.core.items import PduItem
+from federation_sender.queue.core.states import DestinationState
+from federation_sender.queue.core.steps import Effects
 from federation_sender.transport.result import Outcome, SendResult
 
 log = logging.getLogger("federation_sender.queue.runner")  # the name these lines always had
@@ -90,7 +90,7 @@ class QueueObserver(Protocol):
         return None
 
     def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
-        """A pacing wait (``queue/pacing.py``): ``confirmed`` (the receiver holds the
+        """A pacing wait (``queue/core/pacing.py``): ``confirmed`` (the receiver holds the
         event), ``not_yet`` or ``no_answer`` (the deadline passed), ``unsupported``
         (the receiver does not serve the request); the last three send on unpaced."""
         return None

@@ -6,7 +6,7 @@ the manager and the registry call its methods only, never the core's.
 The loop reads the database, sends (:mod:`~federation_sender.queue.attempt`), sleeps
 and persists; it decides nothing. The core says what to do next (with nothing in
 flight, send what is pending at once) and when the loop exits
-(:mod:`~federation_sender.queue.loop_policy`): empty for ``idle_ttl_s``, or about to
+(:mod:`~federation_sender.queue.core.loop_policy`): empty for ``idle_ttl_s``, or about to
 back off for longer than that with nothing in memory (the wake-up sweep recreates it
 from the database). Every added item sets ``wake``, which cuts any wait short.
 """
@@ -21,17 +21,14 @@ from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.attempt import TimedAttempts
-from federation_sender.queue.batching import Batch
 from federation_sender.queue.coalesce import IntakeGate
 from federation_sender.queue.confirm import Confirmations
-from federation_sender.queue.core import DestinationCore
-from federation_sender.queue.destination import DestinationState
-from federation_sender.queue.items import JsonDict, PduItem
-from federation_sender.queue.observer import QueueObserver, report
-from federation_sender.queue.runner_config import RunnerConfig
-from federation_sender.queue.slots import Held, Slots
-from federation_sender.queue.status import DestinationStatus, live_status
-from federation_sender.queue.steps import (
+from federation_sender.queue.core.batching import Batch
+from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.items import JsonDict, PduItem
+from federation_sender.queue.core.states import DestinationState
+from federation_sender.queue.core.status import DestinationStatus, live_status
+from federation_sender.queue.core.steps import (
     FrozenTxn,
     Idle,
     NeedCatchup,
@@ -39,6 +36,9 @@ from federation_sender.queue.steps import (
     Send,
     Wait,
 )
+from federation_sender.queue.observer import QueueObserver, report
+from federation_sender.queue.runner_config import RunnerConfig
+from federation_sender.queue.slots import Held, Slots
 from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context

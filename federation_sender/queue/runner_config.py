@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue.pacing import PacingPolicy
+from federation_sender.queue.core.pacing import PacingPolicy
 
 NO_PACING = PacingPolicy(deadline_s=0)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
 from federation_sender.queue.manager import QueueManager
 from federation_sender.telemetry.metrics import QueueSnapshot
 from federation_sender.transport.result import signature_counts

@@ -22,10 +22,10 @@ from federation_sender.model import (
     ToDeviceRow,
     TxnLogRow,
 )
-from federation_sender.queue.backoff import BackoffState
-from federation_sender.queue.catchup import RoomPlan
 from federation_sender.queue.catchup_reads import plan_rows as _plan
-from federation_sender.queue.steps import Effects, FrozenTxn
+from federation_sender.queue.core.backoff import BackoffState
+from federation_sender.queue.core.catchup import RoomPlan
+from federation_sender.queue.core.steps import Effects, FrozenTxn
 from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.transport.result import SendResult
 

@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import Status, StatusCode
 
 from federation_sender.clock import Clock
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
 from federation_sender.telemetry import names as n
 from federation_sender.telemetry.metrics import Metrics
 from federation_sender.telemetry.tracing import Tracing, TransactionSpan, child_span_dropped

@@ -15,8 +15,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue import QueueManager
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
+from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.observer import NoopObserver
 from federation_sender.storage import schema as s
 from federation_sender.storage.native import NativeBackend

@@ -366,7 +366,7 @@ class FederationClient:
     async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
         """Whether ``destination`` holds ``event_id``: ``GET /_matrix/federation/v1/
         event/{eventId}``, signed (see :func:`event_held`). Never raises for what the
-        remote does; the caller bounds the wait (``queue/pacing.py``)."""
+        remote does; the caller bounds the wait (``queue/core/pacing.py``)."""
         path = EVENT_PATH + quote(event_id, safe="")
         # The request object's canonical bytes, signed directly (no JSON round trip).
         auth = sign_request_bytes(

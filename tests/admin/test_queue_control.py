@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from federation_sender.admin.queue_control import live_state
-from federation_sender.queue.destination import DestinationState
-from federation_sender.queue.status import parked_status
+from federation_sender.queue.core.states import DestinationState
+from federation_sender.queue.core.status import parked_status
 
 
 def test_the_admin_states_of_a_parked_and_a_stopped_queue() -> None:

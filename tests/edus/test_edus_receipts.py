@@ -10,8 +10,8 @@ from typing import Any
 from federation_sender.edus import EventMeta
 from federation_sender.edus.receipts import MAX_TIME_IN_QUEUE_S, ReceiptFanout
 from federation_sender.intake import ReplicationIntake
-from federation_sender.queue.batching import Limits, take_batch
-from federation_sender.queue.items import PendingItems
+from federation_sender.queue.core.batching import Limits, take_batch
+from federation_sender.queue.core.items import PendingItems
 from federation_sender.replication.rows import ReceiptsRow
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.clock import FakeClock

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue.backoff import (
+from federation_sender.queue.core.backoff import (
     NO_SHORT_RETRY,
     RESET,
     BackoffPolicy,

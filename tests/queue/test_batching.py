@@ -3,8 +3,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from federation_sender.queue.batching import TXN_OVERHEAD_BYTES, Batch, Limits, take_batch
-from federation_sender.queue.items import EduKind, PduItem, PendingItems, json_size
+from federation_sender.queue.core.batching import TXN_OVERHEAD_BYTES, Batch, Limits, take_batch
+from federation_sender.queue.core.items import EduKind, PduItem, PendingItems, json_size
 
 
 def pdu(i: int, size: int = 100) -> PduItem:
@@ -50,7 +50,7 @@ def test_edu_order_and_clobbering() -> None:
     p.add_receipt("!a", "m.read", "@v:l", {"event_ids": ["$2"]})
     p.add_presence([{"user_id": "@u:l", "presence": "online"}])
     p.add_presence([{"user_id": "@u:l", "presence": "offline"}])
-    from federation_sender.queue.items import make_edu
+    from federation_sender.queue.core.items import make_edu
     p.device_lists.append(make_edu(EduKind.DEVICE_LIST, "m.device_list_update", {}, (1, "u", "d")))
     p.to_device.append(make_edu(EduKind.TO_DEVICE, "m.direct_to_device", {}, (1, "", "")))
     b = take_batch(p, Limits())
@@ -65,7 +65,7 @@ def test_edu_order_and_clobbering() -> None:
 
 
 def test_to_device_leaves_slots_for_device_lists() -> None:
-    from federation_sender.queue.items import make_edu
+    from federation_sender.queue.core.items import make_edu
     p = PendingItems()
     for i in range(200):
         p.to_device.append(make_edu(EduKind.TO_DEVICE, "m.direct_to_device", {"i": i}, (i, "", "")))
@@ -117,7 +117,7 @@ def test_json_size_matches_compact_encoding() -> None:
 def test_pdu_runs_behave_as_one_list(ops: list[tuple[str, int]]) -> None:
     """The pending PDUs are held as the hand-over's runs, by reference (issue #32's
     memory): taking from the front across runs gives what one flat list would."""
-    from federation_sender.queue.items import PduRuns
+    from federation_sender.queue.core.items import PduRuns
 
     runs, model, next_so = PduRuns(), list[PduItem](), 0
     for op, n in ops:

@@ -15,11 +15,11 @@ import json
 import random
 
 from federation_sender.model import EventRow
-from federation_sender.queue.backoff import RESET, BackoffPolicy
-from federation_sender.queue.batching import Limits
-from federation_sender.queue.catchup import RoomPlan, pdu_item
-from federation_sender.queue.core import DestinationCore
-from federation_sender.queue.steps import NeedCatchup, Send
+from federation_sender.queue.core.backoff import RESET, BackoffPolicy
+from federation_sender.queue.core.batching import Limits
+from federation_sender.queue.core.catchup import RoomPlan, pdu_item
+from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.steps import NeedCatchup, Send
 from federation_sender.transport.result import Outcome, SendResult
 
 ROOM = "!r:l"

@@ -1,4 +1,4 @@
-"""A room's long gap is replayed whole, a page at a time (queue/catchup.py, issue 33
+"""A room's long gap is replayed whole, a page at a time (queue/core/catchup.py, issue 33
 item 2), with the default settings, and a crash in the middle of it loses nothing.
 
 The receiver is the fake homeserver over real HTTP (it does not serve GET /event, so
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from federation_sender.queue.catchup import GAP_PAGE_EVENTS
+from federation_sender.queue.core.catchup import GAP_PAGE_EVENTS
 from federation_sender.storage import destinations as dst
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 from federation_sender.testing.waiting import wait_until

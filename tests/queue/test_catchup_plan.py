@@ -3,9 +3,9 @@ from __future__ import annotations
 import json
 
 from federation_sender.model import EventRow, MembershipRow
-from federation_sender.queue.batching import Limits
-from federation_sender.queue.catchup import RoomInput, RoomPlan, pack_next, plan_room
-from federation_sender.queue.episode import CatchupEpisode
+from federation_sender.queue.core.batching import Limits
+from federation_sender.queue.core.catchup import RoomInput, RoomPlan, pack_next, plan_room
+from federation_sender.queue.core.episode import CatchupEpisode
 
 ME = "local.test"
 D = "remote.test"

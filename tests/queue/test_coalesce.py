@@ -1,6 +1,6 @@
 """Fuller transactions while the intake is behind (``queue/coalesce.py``), and none
 held otherwise: with nothing in flight a destination sends at once, and what queues
-behind a transaction in flight goes in the next (``queue/loop_policy.py``)."""
+behind a transaction in flight goes in the next (``queue/core/loop_policy.py``)."""
 
 from __future__ import annotations
 

@@ -46,12 +46,12 @@ from hypothesis.stateful import (
     rule,
 )
 
-from federation_sender.queue.backoff import RATE_LIMIT_BASE_MS, RESET, BackoffPolicy
-from federation_sender.queue.batching import TXN_OVERHEAD_BYTES, Limits
-from federation_sender.queue.catchup import RoomPlan
-from federation_sender.queue.core import DestinationCore
-from federation_sender.queue.items import PduItem
-from federation_sender.queue.steps import Effects, Idle, NeedCatchup, NeedOutbox, Send, Wait
+from federation_sender.queue.core.backoff import RATE_LIMIT_BASE_MS, RESET, BackoffPolicy
+from federation_sender.queue.core.batching import TXN_OVERHEAD_BYTES, Limits
+from federation_sender.queue.core.catchup import RoomPlan
+from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.items import PduItem
+from federation_sender.queue.core.steps import Effects, Idle, NeedCatchup, NeedOutbox, Send, Wait
 from federation_sender.storage.events import EventRow
 from federation_sender.transport.result import Outcome, SendResult
 
@@ -343,7 +343,7 @@ class CoreMachine(RuleBasedStateMachine):
 
     @invariant()
     def state_matches_backoff(self) -> None:
-        from federation_sender.queue.destination import DestinationState as S
+        from federation_sender.queue.core.states import DestinationState as S
         if self.core.sm.state is S.BACKING_OFF and not self.woken:  # a backoff, a pause
             assert (self.core.backoff.backing_off or self.core.rate_limit.until_ms
                     or self.core.short_retry.until_ms)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from federation_sender.queue.destination import (
+from federation_sender.queue.core.states import (
     TRANSITIONS,
     DestinationState,
     DestinationStateMachine,

@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from federation_sender.queue.backoff import RESET, BackoffPolicy
-from federation_sender.queue.batching import Limits
-from federation_sender.queue.core import DestinationCore
-from federation_sender.queue.isolation import RETRY_BASE_MS, describe, retry_delay_ms
-from federation_sender.queue.items import EduItem, PduItem
-from federation_sender.queue.steps import FrozenTxn, Idle, NeedCatchup, NeedOutbox, Send, Wait
+from federation_sender.queue.core.backoff import RESET, BackoffPolicy
+from federation_sender.queue.core.batching import Limits
+from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.isolation import RETRY_BASE_MS, describe, retry_delay_ms
+from federation_sender.queue.core.items import EduItem, PduItem
+from federation_sender.queue.core.steps import FrozenTxn, Idle, NeedCatchup, NeedOutbox, Send, Wait
 from federation_sender.transport.result import Outcome, SendResult
 
 OK = SendResult(Outcome.SUCCESS, status=200, duration_s=0.05)
@@ -242,8 +242,8 @@ def test_every_real_success_asks_for_the_persisted_backoff_to_be_reset() -> None
 def test_dropping_an_item_ends_the_run_of_refusals() -> None:
     """The policy alone: a drop proves something got through, so the refusals before it
     no longer count towards asking whether the destination is up."""
-    from federation_sender.queue.batching import Batch
-    from federation_sender.queue.isolation import (
+    from federation_sender.queue.core.batching import Batch
+    from federation_sender.queue.core.isolation import (
         MAX_REFUSALS_WITHOUT_SUCCESS,
         ItemIsolation,
         Verdict,

@@ -1,4 +1,4 @@
-"""The runner's loop policy (``queue/loop_policy.py``), sans-I/O through the core: with
+"""The runner's loop policy (``queue/core/loop_policy.py``), sans-I/O through the core: with
 nothing in flight a PDU goes at once, what queues behind a transaction in flight goes in
 the next; idle eviction and parking. End to end in ``test_coalesce.py``."""
 
@@ -9,12 +9,12 @@ import random
 
 import pytest
 
-from federation_sender.queue.backoff import RESET, BackoffPolicy
-from federation_sender.queue.batching import Limits
-from federation_sender.queue.core import DestinationCore
-from federation_sender.queue.items import PduItem
-from federation_sender.queue.loop_policy import LoopPolicy
-from federation_sender.queue.steps import FrozenTxn, Send
+from federation_sender.queue.core.backoff import RESET, BackoffPolicy
+from federation_sender.queue.core.batching import Limits
+from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.items import PduItem
+from federation_sender.queue.core.loop_policy import LoopPolicy
+from federation_sender.queue.core.steps import FrozenTxn, Send
 from federation_sender.transport.result import Outcome, SendResult
 
 NOW_MS = 1_000_000

@@ -7,9 +7,9 @@ from __future__ import annotations
 import itertools
 import random
 
-from federation_sender.queue.backoff import RESET, BackoffPolicy
-from federation_sender.queue.batching import Limits
-from federation_sender.queue.core import DestinationCore, Idle, NeedOutbox
+from federation_sender.queue.core.backoff import RESET, BackoffPolicy
+from federation_sender.queue.core.batching import Limits
+from federation_sender.queue.core.destination import DestinationCore, Idle, NeedOutbox
 
 
 def test_poke_during_a_read_brings_another_read() -> None:

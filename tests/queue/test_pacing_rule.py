@@ -12,10 +12,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from federation_sender.model import EventRow
-from federation_sender.queue.batching import Batch, Limits, take_batch
-from federation_sender.queue.catchup import RoomPlan, pack_next, pdu_item
-from federation_sender.queue.items import PendingItems
-from federation_sender.queue.pacing import PacingPolicy, RoomPacer
+from federation_sender.queue.core.batching import Batch, Limits, take_batch
+from federation_sender.queue.core.catchup import RoomPlan, pack_next, pdu_item
+from federation_sender.queue.core.items import PendingItems
+from federation_sender.queue.core.pacing import PacingPolicy, RoomPacer
 
 ROOM = "!long:l"
 

@@ -1,4 +1,4 @@
-"""Pacing in the queue (``queue/pacing.py``) over real HTTP to the fake homeserver,
+"""Pacing in the queue (``queue/core/pacing.py``) over real HTTP to the fake homeserver,
 with a receiver that answers ``GET /event`` as told: the next transaction waits for a
 room's 40 unconfirmed PDUs to be confirmed, and a receiver that never confirms holds
 the queue up for one deadline only."""

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
 from federation_sender.queue.federation_stream import FederationEdu
 from federation_sender.storage import destinations as dst
 from federation_sender.storage import schema as s

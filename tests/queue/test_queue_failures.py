@@ -6,8 +6,8 @@ import logging
 
 import pytest
 
-from federation_sender.queue.destination import DestinationState
-from federation_sender.queue.isolation import SERVER_ERROR_FACTOR
+from federation_sender.queue.core.isolation import SERVER_ERROR_FACTOR
+from federation_sender.queue.core.states import DestinationState
 from federation_sender.storage import destinations as dst
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 from federation_sender.testing.waiting import wait_until

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from federation_sender.app.worker import catchup_at_start_line
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage import destinations as dst
 from federation_sender.telemetry.logging import ContextFilter

@@ -14,10 +14,10 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue.backoff import BackoffPolicy
-from federation_sender.queue.batching import Limits
-from federation_sender.queue.core import DestinationCore
-from federation_sender.queue.items import PduItem
+from federation_sender.queue.core.backoff import BackoffPolicy
+from federation_sender.queue.core.batching import Limits
+from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.observer import NoopObserver
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
 from federation_sender.queue.slots import Slots

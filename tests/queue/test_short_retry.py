@@ -10,7 +10,7 @@ from dataclasses import replace
 
 import pytest
 
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
 from federation_sender.queue.snapshot import queue_snapshot
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from federation_sender.queue.destination import DestinationState
-from federation_sender.queue.status import oldest_age_s, parked_status
+from federation_sender.queue.core.states import DestinationState
+from federation_sender.queue.core.status import oldest_age_s, parked_status
 
 
 def test_a_parked_destination_is_backing_off_in_catch_up_with_nothing_in_memory() -> None:

@@ -13,7 +13,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.model import TxnLogRow
-from federation_sender.queue.steps import Effects
+from federation_sender.queue.core.steps import Effects
 from federation_sender.queue.store import QueueStore
 from federation_sender.storage import destinations as dst
 from federation_sender.storage.native import NativeBackend

@@ -35,7 +35,7 @@ from federation_sender.config import (
     Settings,
     TelemetrySettings,
 )
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
 from federation_sender.storage import schema
 from federation_sender.storage.engine import create_engine
 from federation_sender.testing.certs import CertFiles, make_certs

@@ -14,7 +14,7 @@ from collections import defaultdict
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.model import EventRow
-from federation_sender.queue.catchup import is_sendable
+from federation_sender.queue.core.catchup import is_sendable
 from federation_sender.queue.fanout import recipients
 from federation_sender.sim.driver import Driver, OperationMix, Scenario
 from federation_sender.sim.publish import RecordingPublisher

@@ -4,7 +4,7 @@ import random
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.queue.catchup import server_joined_at
+from federation_sender.queue.core.catchup import server_joined_at
 from federation_sender.storage import events as ev
 from federation_sender.storage import rooms as rm
 from federation_sender.testing.queue_writer import HomeserverWriter

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import pytest
 
 from federation_sender.clock import SystemClock
-from federation_sender.queue.catchup import is_sendable
+from federation_sender.queue.core.catchup import is_sendable
 from federation_sender.storage.synapse import events as ev
 from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.synapse_client import User

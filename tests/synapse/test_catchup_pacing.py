@@ -8,8 +8,8 @@ of what it never got, ``get_missing_events`` fetches at most 10. Our worker (the
 deployment's federation sender, its default configuration) is stopped, or killed
 (SIGKILL) mid-burst, while 150 messages are sent into a room a receiving Synapse 1.163
 (SQLite, its default settings) has a user in; it is then started again and catches
-up: the room's gap is read and sent a page of 50 at a time (``queue/catchup.py``), each
-page confirmed processed by the receiver before the next (``queue/pacing.py``). Every
+up: the room's gap is read and sent a page of 50 at a time (``queue/core/catchup.py``), each
+page confirmed processed by the receiver before the next (``queue/core/pacing.py``). Every
 event must then be live at the receiver (neither an outlier nor backfilled, in the
 room's timeline as its user reads it through /messages), its staging queue of the room
 empty, and its log without a ``Pruning`` line. A second SIGKILL, in the middle of
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from federation_sender.queue.catchup import GAP_PAGE_EVENTS
+from federation_sender.queue.core.catchup import GAP_PAGE_EVENTS
 from federation_sender.testing.backlog import (
     receiver_state,
     send_burst,

@@ -186,7 +186,7 @@ def test_transaction_ids_in_the_path_are_quoted_unless_unreserved() -> None:
 
 def test_the_queue_item_of_an_event_carries_its_canonical_json() -> None:
     from federation_sender.model import EventRow
-    from federation_sender.queue.catchup import pdu_item
+    from federation_sender.queue.core.catchup import pdu_item
 
     def row(text: str) -> EventRow:
         return EventRow(stream_ordering=7, event_id="$e", room_id="!r", type="m.room.message",

@@ -1,5 +1,5 @@
 """``FederationClient.event_persisted``: the signed ``GET /event`` pacing asks with, and
-how a receiver's answers are read (``queue/pacing.py``)."""
+how a receiver's answers are read (``queue/core/pacing.py``)."""
 
 from __future__ import annotations
 

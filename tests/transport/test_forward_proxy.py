@@ -15,7 +15,7 @@ from aiohttp import web
 from federation_sender.config import QueueSettings
 from federation_sender.errors import ConfigError
 from federation_sender.proxy_url import parse_proxy
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.certs import CertFiles

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.ids import server_of
 from federation_sender.model import EventRow
-from federation_sender.queue.catchup import is_sendable
+from federation_sender.queue.core.catchup import is_sendable
 from federation_sender.queue.store import QueueStore
 from federation_sender.replication import commands as c
 from federation_sender.storage.synapse.backend import SynapseBackend

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import text
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue import QueueManager
+from federation_sender.queue.manager import QueueManager
 from federation_sender.storage.synapse.backend import SynapseBackend
 from federation_sender.storage.synapse.database import create_synapse_engine, upgrade_own_schema
 from federation_sender.synapse.config import SynapseConfig

@@ -17,7 +17,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue.items import (
+from federation_sender.queue.core.items import (
     EduItem,
     EduKind,
     JsonDict,

@@ -3,7 +3,7 @@
 The asyncio shell (:mod:`federation_sender.queue.runner`) repeatedly asks
 :meth:`DestinationCore.next_step` what to do, performs it (sleep, read the database,
 send a transaction) and feeds the outcome back. Everything that decides anything lives
-here (the rules for a transaction's result in :mod:`~federation_sender.queue.results`,
+here (the rules for a transaction's result in :mod:`~federation_sender.queue.core.results`,
 a base class of the core), so it is tested synchronously, including by a Hypothesis
 state machine.
 
@@ -15,22 +15,22 @@ Invariants:
 * ``last_successful_stream_ordering`` only advances to a position below every PDU
   still held in memory (pending, queued halves, quarantine), so a crash never skips a
   PDU that was not delivered: catch-up resumes from there.
-* In catch-up mode (:class:`~federation_sender.queue.episode.CatchupEpisode`) no PDU
+* In catch-up mode (:class:`~federation_sender.queue.core.episode.CatchupEpisode`) no PDU
   is held in memory, and the position moves only when an episode ends.
-* Refusals are judged by :class:`~federation_sender.queue.isolation.ItemIsolation`
+* Refusals are judged by :class:`~federation_sender.queue.core.isolation.ItemIsolation`
   (split, quarantine with spaced retries, probe, drop only with successes in between,
   or blame the destination).
-* A 429 pauses the queue briefly (:class:`~federation_sender.queue.backoff.RateLimit`),
+* A 429 pauses the queue briefly (:class:`~federation_sender.queue.core.backoff.RateLimit`),
   longer at each 429 in a row whatever the peer's hint; past a bound 429s are failures.
   Every real success reports ``succeeded`` (the store resets the persisted backoff,
   whoever wrote it).
 * A destination that does not answer (no connection, a timeout, a 5xx) is first retried
-  in memory (:class:`~federation_sender.queue.backoff.ShortRetry`: every 2 s or sooner
+  in memory (:class:`~federation_sender.queue.core.backoff.ShortRetry`: every 2 s or sooner
   for 30 s, then Synapse's in-request schedule) with the same frozen transaction; only
   when that phase is over is the backoff persisted. An answer of any kind ends the
   phase; a wake-up (``clear_backoff``) cuts its wait short without resetting its count.
 * The runner's loop policy is decided here too
-  (:class:`~federation_sender.queue.loop_policy.LoopPolicy`): with nothing in flight and
+  (:class:`~federation_sender.queue.core.loop_policy.LoopPolicy`): with nothing in flight and
   nothing paused, :meth:`DestinationCore.next_step` sends what is pending at once,
   however little (no hold of its own); what arrives while a transaction is in flight
   goes, all of it within the limits, in the next one. It also says when the runner
@@ -43,28 +43,28 @@ import random
 from collections.abc import Callable, Hashable, Iterable, Sequence
 
 from federation_sender.model import EventRow
-from federation_sender.queue.backoff import (
+from federation_sender.queue.core.backoff import (
     RESET,
     BackoffPolicy,
     BackoffState,
     RateLimit,
     ShortRetry,
 )
-from federation_sender.queue.batching import Batch, Limits, fill_edus, take_batch
-from federation_sender.queue.catchup import RoomPlan, pdu_item
-from federation_sender.queue.destination import DestinationState, DestinationStateMachine
-from federation_sender.queue.episode import CatchupEpisode
-from federation_sender.queue.isolation import ItemIsolation
-from federation_sender.queue.items import (
+from federation_sender.queue.core.batching import Batch, Limits, fill_edus, take_batch
+from federation_sender.queue.core.catchup import RoomPlan, pdu_item
+from federation_sender.queue.core.episode import CatchupEpisode
+from federation_sender.queue.core.isolation import ItemIsolation
+from federation_sender.queue.core.items import (
     EduKind,
     JsonDict,
     PduItem,
     PendingItems,
     make_edu,
 )
-from federation_sender.queue.loop_policy import LoopPolicy
-from federation_sender.queue.results import ResultRules
-from federation_sender.queue.steps import (
+from federation_sender.queue.core.loop_policy import LoopPolicy
+from federation_sender.queue.core.results import ResultRules
+from federation_sender.queue.core.states import DestinationState, DestinationStateMachine
+from federation_sender.queue.core.steps import (
     Effects,
     FrozenTxn,
     Idle,

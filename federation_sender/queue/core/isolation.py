@@ -25,8 +25,8 @@ import enum
 from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 
-from federation_sender.queue.batching import Batch
-from federation_sender.queue.items import EduItem, PduItem
+from federation_sender.queue.core.batching import Batch
+from federation_sender.queue.core.items import EduItem, PduItem
 
 REFUSAL_STATUSES = frozenset({400, 500})
 MAX_REFUSALS_WITHOUT_SUCCESS = 16

@@ -55,7 +55,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 
-from federation_sender.queue.batching import Batch
+from federation_sender.queue.core.batching import Batch
 
 __all__ = ["PacingPolicy", "RoomPacer", "pages_of"]
 

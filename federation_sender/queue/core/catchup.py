@@ -11,7 +11,7 @@ For each row (room R, stream ordering S) past the destination's
   its page says ``more``, the episode's cursor stays before R's row, and the next read
   takes R's next page from where this one ended (``room_floor``), so memory holds one
   page, not the gap. Each page goes out in one transaction, and the queue's pacing
-  (:mod:`federation_sender.queue.pacing`) confirms the receiver processed it before
+  (:mod:`federation_sender.queue.core.pacing`) confirms the receiver processed it before
   the next (bounded by its deadline: a receiver that does not confirm is sent on
   unpaced). ``max_gap_events`` still bounds how long a gap is replayed;
 * a longer gap sends R's forward extremities the destination was in the room for, so it
@@ -39,8 +39,8 @@ from dataclasses import dataclass, replace
 
 from federation_sender.ids import server_of
 from federation_sender.model import EventRow, MembershipRow
-from federation_sender.queue.batching import Batch, Limits
-from federation_sender.queue.items import JsonDict, PduItem
+from federation_sender.queue.core.batching import Batch, Limits
+from federation_sender.queue.core.items import JsonDict, PduItem
 from federation_sender.transport.encoding import canonical_json
 
 __all__ = [

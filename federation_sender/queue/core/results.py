@@ -1,4 +1,4 @@
-"""How :class:`~federation_sender.queue.core.DestinationCore` takes a transaction's
+"""How :class:`~federation_sender.queue.core.destination.DestinationCore` takes a transaction's
 result: success, a refusal (judged by the isolation), a 429, a failure (the short-retry
 phase, then the persisted backoff, then catch-up), a drop; and how the position moves.
 A part of the core (a base class of it), sans-I/O like the rest, kept in its own module
@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import random
 
-from federation_sender.queue.backoff import (
+from federation_sender.queue.core.backoff import (
     RESET,
     BackoffPolicy,
     BackoffState,
     RateLimit,
     ShortRetry,
 )
-from federation_sender.queue.batching import Batch
-from federation_sender.queue.episode import CatchupEpisode
-from federation_sender.queue.isolation import ItemIsolation, Verdict
-from federation_sender.queue.items import EduItem, PduItem, PendingItems
-from federation_sender.queue.steps import Effects, FrozenTxn, outbox_keys
+from federation_sender.queue.core.batching import Batch
+from federation_sender.queue.core.episode import CatchupEpisode
+from federation_sender.queue.core.isolation import ItemIsolation, Verdict
+from federation_sender.queue.core.items import EduItem, PduItem, PendingItems
+from federation_sender.queue.core.steps import Effects, FrozenTxn, outbox_keys
 from federation_sender.transport.result import Outcome, SendResult
 
 

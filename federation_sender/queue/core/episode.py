@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from federation_sender.model import EventRow
-from federation_sender.queue.batching import Batch, Limits
-from federation_sender.queue.catchup import RoomPlan, pack_next
-from federation_sender.queue.items import PduItem
+from federation_sender.queue.core.batching import Batch, Limits
+from federation_sender.queue.core.catchup import RoomPlan, pack_next
+from federation_sender.queue.core.items import PduItem
 
 
 class CatchupEpisode:

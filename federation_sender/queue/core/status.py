@@ -7,10 +7,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from federation_sender.queue.destination import DestinationState
+from federation_sender.queue.core.states import DestinationState
 
 if TYPE_CHECKING:
-    from federation_sender.queue.core import DestinationCore
+    from federation_sender.queue.core.destination import DestinationCore
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""What a :class:`~federation_sender.queue.core.DestinationCore` asks its shell to do
+"""What a :class:`~federation_sender.queue.core.destination.DestinationCore` asks its shell to do
 (the steps) and what a result implies that the shell must persist and report
 (:class:`Effects`)."""
 
@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from federation_sender.queue.backoff import BackoffState
-from federation_sender.queue.batching import Batch
-from federation_sender.queue.items import EduItem, EduKind, PduItem
+from federation_sender.queue.core.backoff import BackoffState
+from federation_sender.queue.core.batching import Batch
+from federation_sender.queue.core.items import EduItem, EduKind, PduItem
 
 
 @dataclass(frozen=True, slots=True)
