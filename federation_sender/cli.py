@@ -229,11 +229,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_demo(settings, args)
     if cmd == "batch":
         from federation_sender.batch.cli import run_batch
-        from federation_sender.builders import running_federation_client
 
-        beside_synapse = bool(getattr(args, "synapse_config", None))
-        return int(run_batch(args, settings, receivers=lambda clock: running_federation_client(
-            settings, clock, synapse_key=beside_synapse)))
+        return int(run_batch(args, settings))
     raise AssertionError(cmd)  # pragma: no cover
 
 
