@@ -374,3 +374,15 @@ CoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
 )
 TestCoreMachine = CoreMachine.TestCase
+
+
+def test_the_docs_list_the_next_step_table_in_order() -> None:
+    """docs/queue-engine.md's list is :data:`NEXT_STEP`'s rows, in their order."""
+    from pathlib import Path
+
+    from federation_sender.queue.core.destination import NEXT_STEP
+
+    doc = (Path(__file__).parents[2] / "docs" / "queue-engine.md").read_text()
+    block = doc.split("<!-- NEXT_STEP -->\n", 1)[1].split("<!-- /NEXT_STEP -->", 1)[0]
+    listed = [line.split(". ", 1)[1] for line in block.strip().splitlines()]
+    assert listed == [rule.name for rule in NEXT_STEP]

@@ -3,7 +3,8 @@
 Nothing here awaits, reads the clock, talks to a database or a socket, or reports
 metrics: time comes in as ``now_ms``, randomness as a ``random.Random``, results as
 :class:`~federation_sender.transport.result.SendResult` values, and decisions go out as
-return values (:class:`~.steps.Effects`, :class:`~.steps.Step`). The asyncio shell in
+return values (:class:`~.steps.Effects` and the steps ``Send``, ``Wait``, ``NeedOutbox``,
+``NeedCatchup``, ``Idle``). The asyncio shell in
 ``queue/`` (``runner.py``, ``manager.py``, ``store.py``) feeds it and carries its
 decisions out. An import-linter contract (pyproject.toml, "The queue's core is pure")
 forbids asyncio, aiohttp, SQLAlchemy, storage, the clock and telemetry here, indirect
@@ -11,7 +12,8 @@ imports included, so a Hypothesis model can drive it step by step
 (tests/queue/test_core_statemachine.py).
 
 * :mod:`.destination`: :class:`~.destination.DestinationCore`, one destination's queue:
-  pending items, the frozen in-flight transaction, the next step, what a result implies;
+  pending items, the frozen in-flight transaction, the next step (``NEXT_STEP``, a
+  table), what a result implies;
 * :mod:`.states`: the destination's states and their transition table;
 * :mod:`.items`, :mod:`.batching`: the items and how a transaction is filled (50 PDUs,
   100 EDUs, a byte budget, EDU order);
@@ -21,6 +23,6 @@ imports included, so a Hypothesis model can drive it step by step
   episode of it;
 * :mod:`.pacing`: pacing a backlog to what the receiver has confirmed;
 * :mod:`.loop_policy`: when an idle queue ends and how long it waits;
-* :mod:`.steps`, :mod:`.results`, :mod:`.status`: the step and effect values, the result
-  rules, and the read model the admin API and metrics show.
+* :mod:`.steps`, :mod:`.status`: the step and effect values, and the read model the
+  admin API and metrics show.
 """

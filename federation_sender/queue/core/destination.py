@@ -3,9 +3,9 @@
 The asyncio shell (:mod:`federation_sender.queue.runner`) repeatedly asks
 :meth:`DestinationCore.next_step` what to do, performs it (sleep, read the database,
 send a transaction) and feeds the outcome back. Everything that decides anything lives
-here (the rules for a transaction's result in :mod:`~federation_sender.queue.core.results`,
-a base class of the core), so it is tested synchronously, including by a Hypothesis
-state machine.
+here: what to do next (:data:`NEXT_STEP`, a table) and what a transaction's result
+implies (:meth:`DestinationCore.on_result`), so it is tested synchronously, including by
+a Hypothesis state machine.
 
 Invariants:
 
@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from dataclasses import dataclass
 
 from federation_sender.model import EventRow
 from federation_sender.queue.core.backoff import (
@@ -53,8 +54,9 @@ from federation_sender.queue.core.backoff import (
 from federation_sender.queue.core.batching import Batch, Limits, fill_edus, take_batch
 from federation_sender.queue.core.catchup import RoomPlan, pdu_item
 from federation_sender.queue.core.episode import CatchupEpisode
-from federation_sender.queue.core.isolation import ItemIsolation
+from federation_sender.queue.core.isolation import ItemIsolation, Verdict
 from federation_sender.queue.core.items import (
+    EduItem,
     EduKind,
     JsonDict,
     PduItem,
@@ -62,7 +64,6 @@ from federation_sender.queue.core.items import (
     make_edu,
 )
 from federation_sender.queue.core.loop_policy import LoopPolicy
-from federation_sender.queue.core.results import ResultRules
 from federation_sender.queue.core.states import DestinationState, DestinationStateMachine
 from federation_sender.queue.core.steps import (
     Effects,
@@ -73,15 +74,19 @@ from federation_sender.queue.core.steps import (
     Send,
     Step,
     Wait,
+    outbox_keys,
 )
+from federation_sender.transport.result import Outcome, SendResult
 
 
-class DestinationCore(ResultRules):
+class DestinationCore:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        # (and those of ResultRules, the state the result rules use)
-        "_next_txn_id", "destination", "device_list_cursor", "limits", "loop_policy",
-        "outbox_dirty", "parse_pdu", "sm", "stopped", "to_device_cursor",
+        "_next_txn_id", "backoff", "current", "destination", "device_list_cursor",
+        "episode", "isolation", "last_error", "last_success_ms", "last_successful",
+        "limits", "loop_policy", "max_done", "outbox_dirty", "parse_pdu", "pending",
+        "policy", "rate_limit", "rng", "short_retry", "sm", "stopped", "to_device_cursor",
+        "work",
     )
 
     def __init__(
@@ -237,39 +242,58 @@ class DestinationCore(ResultRules):
         )
 
     def next_step(self, now_ms: int) -> Step:
-        if self.stopped:
-            return Idle()
-        if (
-            self.rate_limit.active_at(now_ms)
-            or self.backoff.active_at(now_ms)
-            or self.short_retry.active_at(now_ms)
-        ):
-            retry_at = self.retry_at_ms()
-            assert retry_at is not None
-            self.sm.to(DestinationState.BACKING_OFF)
-            return Wait(retry_at)
-        if self.current is not None:
-            return self._send(self.current)
-        outbox_low = (
-            len(self.pending.to_device) + len(self.pending.device_lists) < self.limits.max_edus
-        )
-        if self.outbox_dirty and outbox_low:
-            self._to_sending()
-            self.outbox_read_started()
-            return NeedOutbox(self.to_device_cursor, self.device_list_cursor)
+        """The first rule of :data:`NEXT_STEP` whose condition holds and that gives a
+        step decides (a rule may find nothing to do and pass to the next)."""
+        for rule in NEXT_STEP:
+            if rule.when(self, now_ms):
+                step = rule.then(self, now_ms)
+                if step is not None:
+                    return step
+        raise AssertionError("the last rule always gives a step")  # pragma: no cover
+
+    def _paused(self, now_ms: int) -> bool:
+        return (self.rate_limit.active_at(now_ms) or self.backoff.active_at(now_ms)
+                or self.short_retry.active_at(now_ms))
+
+    def _wait_out_pause(self, _now_ms: int) -> Step:
+        retry_at = self.retry_at_ms()
+        assert retry_at is not None
+        self.sm.to(DestinationState.BACKING_OFF)
+        return Wait(retry_at)
+
+    def _outbox_to_read(self, _now_ms: int) -> bool:
+        low = len(self.pending.to_device) + len(self.pending.device_lists) < self.limits.max_edus
+        return self.outbox_dirty and low
+
+    def _read_outbox(self, _now_ms: int) -> Step:
+        self._to_sending()
+        self.outbox_read_started()
+        return NeedOutbox(self.to_device_cursor, self.device_list_cursor)
+
+    def _catchup_rows_to_read(self, _now_ms: int) -> bool:
+        return not self.work and self.episode.active and not self.episode.plans
+
+    def _read_catchup_rows(self, _now_ms: int) -> Step:
+        self.sm.to(DestinationState.CATCHING_UP)
         ep = self.episode
-        if not self.work and ep.active and not ep.plans:
-            self.sm.to(DestinationState.CATCHING_UP)
-            return NeedCatchup(self.last_successful, ep.cursor, ep.exhausted)
+        return NeedCatchup(self.last_successful, ep.cursor, ep.exhausted)
+
+    def _send_next_batch(self, now_ms: int) -> Step | None:
         batch = self._next_batch(now_ms)
         if batch is not None and (batch or batch.catchup_position is not None):
             # An empty catch-up batch still carries a position to advance.
             return self._send(FrozenTxn(self._next_txn_id(), batch))
+        return None
+
+    def _wait_for_quarantine(self, _now_ms: int) -> Step | None:
         ready_at = self.isolation.next_ready_ms()
-        if ready_at is not None:
-            # Only quarantined items are left: their next retry is due then.
-            self._to_sending()
-            return Wait(ready_at)
+        if ready_at is None:
+            return None
+        # Only quarantined items are left: their next retry is due then.
+        self._to_sending()
+        return Wait(ready_at)
+
+    def _go_idle(self, _now_ms: int) -> Step:
         self.sm.to(DestinationState.IDLE)
         return Idle()
 
@@ -297,6 +321,143 @@ class DestinationCore(ResultRules):
         self.sm.to(
             DestinationState.CATCHING_UP if self.episode.active else DestinationState.SENDING
         )
+
+    # --- a transaction's result (success, refusal, 429, failure, drop; the position) --
+
+    def _min_held_stream_ordering(self) -> int | None:
+        m = self.pending.min_stream_ordering()
+        if not self.work and not self.isolation:
+            return m
+        sos = [
+            p.stream_ordering
+            for b in (*self.work, *self.isolation.batches())
+            for p in b.pdus
+        ]
+        if m is not None:
+            sos.append(m)
+        return min(sos, default=None)
+
+    def on_result(self, txn: FrozenTxn, result: SendResult, now_ms: int) -> Effects:
+        if self.current is not txn:
+            raise RuntimeError("result for a transaction that is not in flight")
+        eff = Effects()
+        batch = txn.batch
+        phase = self.short_retry
+        if phase.in_phase and batch:
+            phase.attempts += 1
+            eff.short_retry_attempt = True
+            if not _unanswered(result):
+                # Any answer but a 5xx: the destination is up again.
+                eff.short_retry_long = phase.long_retries
+                eff.short_retry_ended = phase.reset()
+        if result.outcome is Outcome.SUCCESS:
+            if batch:
+                self.last_success_ms = now_ms
+            self._on_success(batch, result, eff)
+            return eff
+        self.last_error = result.error or result.outcome.value
+        if result.outcome is Outcome.TOO_LARGE:
+            self.current = None
+            if batch.item_count >= 2:
+                self.work[:0] = batch.split()
+            else:
+                self._drop(batch, "too_large", eff)
+            return eff
+        if result.status == 429:
+            first = self.rate_limit.in_a_row == 0
+            if self.rate_limit.on_429(result.retry_after_s, now_ms):
+                # Overloaded, not failed: resend the same transaction after a pause.
+                if first:
+                    eff.rate_limited_ms = self.rate_limit.until_ms - now_ms
+                self.current = FrozenTxn(txn.txn_id, batch, txn.attempts + 1)
+                return eff
+        if self.isolation.is_refusal(result.status, batch):
+            verdict = self.isolation.on_refusal(batch, result.status, now_ms)
+            if verdict is not Verdict.DESTINATION:
+                self.current = None
+                if batch.item_count >= 2:  # SPLIT, or PROBE after many refusals
+                    self.work[:0] = batch.split()
+                if verdict is Verdict.PROBE:
+                    self.work.insert(0, Batch((), (), probe=True))
+                elif verdict is Verdict.DROP:
+                    self._drop(batch, "refused", eff)
+                return eff
+        self._fail(txn, result, now_ms, eff)
+        return eff
+
+    def _on_success(self, batch: Batch, result: SendResult, eff: Effects) -> None:
+        self.current = None
+        if batch:
+            # Only an answer clears it: an empty catch-up step advancing locally says
+            # nothing about the destination.
+            self.last_error = None
+        if self.rate_limit.in_a_row:
+            eff.rate_limit_ended = self.rate_limit.in_a_row
+            self.rate_limit.on_success()
+        self.isolation.on_success(batch)
+        eff.succeeded = bool(batch)
+        if self.backoff != RESET:
+            self.backoff = RESET
+            eff.backoff = RESET
+        outbox_keys(batch.edus, eff)
+        eff.prune.extend(batch.catchup_prune)
+        if batch.catchup:
+            self.episode.answered(result.duration_s)
+        if not self.episode.active:
+            # Catch-up moves the position only when the episode ends: until then
+            # rooms not yet handled may hold missed events below any row handled.
+            self._advance(batch, eff)
+
+    def _fail(self, txn: FrozenTxn, result: SendResult, now_ms: int, eff: Effects) -> None:
+        """The destination is down (or refuses everything): retry soon (the short-retry
+        phase) or back off, keeping the frozen transaction for an identical retry."""
+        self.isolation.on_destination_failure()
+        self.current = FrozenTxn(txn.txn_id, txn.batch, txn.attempts + 1)
+        phase = self.short_retry
+        if _unanswered(result) and not self.backoff.backing_off:
+            first = not phase.in_phase
+            retries, long_retries = phase.attempts, phase.long_retries
+            delay = phase.on_failure(now_ms, self.rng)
+            if delay is not None:
+                eff.short_retry_ms = delay
+                eff.short_retry_started = first
+                return
+            if not first:
+                eff.short_retry_gave_up = retries
+                eff.short_retry_long = long_retries
+        elif phase.in_phase:
+            eff.short_retry_long = phase.long_retries
+            eff.short_retry_gave_up = phase.reset()
+        self.backoff = self.policy.on_failure(
+            self.backoff, now_ms, self.rng, result.retry_after_s
+        )
+        eff.backoff = self.backoff
+        if self.policy.should_catch_up(self.backoff):
+            self._enter_catchup(eff)
+
+    def _drop(self, batch: Batch, reason: str, eff: Effects) -> None:
+        items: list[PduItem | EduItem] = [*batch.pdus, *batch.edus]
+        eff.dropped.extend((item, reason) for item in items)
+        self.isolation.forget(batch)
+        # A dropped outbox row is marked sent so it cannot poison the queue again.
+        outbox_keys(batch.edus, eff)
+        eff.prune.extend(batch.catchup_prune)
+        if not self.episode.active:
+            self._advance(batch, eff)
+
+    def _advance(self, batch: Batch, eff: Effects) -> None:
+        """Move the position up to the highest PDU done (sent or dropped), but below any
+        PDU still held in memory."""
+        top = batch.max_stream_ordering
+        if top is not None:
+            self.max_done = max(self.max_done, top)
+        target = self.max_done
+        held = self._min_held_stream_ordering()
+        if held is not None:
+            target = min(target, held - 1)
+        if target > self.last_successful:
+            self.last_successful = target
+            eff.last_successful = target
 
     # --- catch-up -------------------------------------------------------------------------
 
@@ -394,3 +555,48 @@ class DestinationCore(ResultRules):
             and not self.episode.active
             and not self.outbox_dirty
         )
+
+
+def _unanswered(result: SendResult) -> bool:
+    """A failure the short-retry phase retries: no answer (refused or broken connection,
+    timeout) or a 5xx, as Synapse's sender retries inside the request; not a 429 (the
+    rate limit's) nor a refusal."""
+    if result.outcome is not Outcome.TRANSIENT:
+        return False
+    return result.status is None or result.status >= 500
+
+
+def _always(_core: DestinationCore, _now_ms: int) -> bool:
+    return True
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One row of :data:`NEXT_STEP`: a name (the docs list them), a condition, and the
+    step it gives (``None``: nothing to do after all, the next row decides)."""
+
+    name: str
+    when: Callable[[DestinationCore, int], bool]
+    then: Callable[[DestinationCore, int], Step | None]
+
+
+NEXT_STEP: tuple[Rule, ...] = (
+    Rule("stopped: nothing more", lambda c, _now: c.stopped, lambda _c, _now: Idle()),
+    Rule("paused (backoff, 429, short retry): wait until it ends",
+         DestinationCore._paused, DestinationCore._wait_out_pause),
+    Rule("a transaction in flight: send it again, same id",
+         lambda c, _now: c.current is not None,
+         lambda c, _now: c._send(c.current) if c.current is not None else None),
+    Rule("outbox rows may be waiting (to-device, device lists): read them",
+         DestinationCore._outbox_to_read, DestinationCore._read_outbox),
+    Rule("catching up with no rooms planned: read destination_rooms",
+         DestinationCore._catchup_rows_to_read, DestinationCore._read_catchup_rows),
+    Rule("anything to send (work, catch-up page, quarantine due, pending): send it",
+         _always, DestinationCore._send_next_batch),
+    Rule("only quarantined items: wait for the next retry",
+         _always, DestinationCore._wait_for_quarantine),
+    Rule("nothing: idle", _always, DestinationCore._go_idle),
+)
+"""What a queue does next, in order: the first row whose condition holds and that
+gives a step decides. docs/queue-engine.md lists the rows (checked by
+tests/queue/test_core_statemachine.py)."""

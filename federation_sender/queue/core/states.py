@@ -1,7 +1,9 @@
 """The explicit state machine of one destination.
 
-:data:`TRANSITIONS` lists the legal transitions and nothing else; the diagram in
-``docs/queue-engine.md`` is checked against it (``tests/queue/test_destination_state.py``).
+:data:`TRANSITIONS` lists the legal transitions, each with what causes it, and nothing
+else; the diagram in ``docs/queue-engine.md`` is drawn from it (:func:`mermaid`, printed
+by ``python -m federation_sender.queue.core.states``), and
+``tests/queue/test_destination_state.py`` fails when the page's copy differs.
 
 * ``IDLE -> SENDING | CATCHING_UP``: work arrives (a queue created in catch-up mode
   starts catching up); ``IDLE -> BACKING_OFF``: it loads a persisted backoff.
@@ -35,13 +37,43 @@ class DestinationState(enum.Enum):
 
 S = DestinationState
 
-TRANSITIONS: dict[DestinationState, frozenset[DestinationState]] = {
-    S.IDLE: frozenset({S.SENDING, S.CATCHING_UP, S.BACKING_OFF, S.STOPPED}),
-    S.SENDING: frozenset({S.IDLE, S.BACKING_OFF, S.CATCHING_UP, S.STOPPED}),
-    S.BACKING_OFF: frozenset({S.SENDING, S.CATCHING_UP, S.STOPPED}),
-    S.CATCHING_UP: frozenset({S.SENDING, S.IDLE, S.BACKING_OFF, S.STOPPED}),
-    S.STOPPED: frozenset(),
+TRANSITIONS: dict[DestinationState, dict[DestinationState, str]] = {
+    S.IDLE: {
+        S.SENDING: "work",
+        S.CATCHING_UP: "work, in catch-up mode",
+        S.BACKING_OFF: "a persisted backoff loaded",
+        S.STOPPED: "",
+    },
+    S.SENDING: {
+        S.IDLE: "200, nothing left",
+        S.BACKING_OFF: "failure, or 429",
+        S.CATCHING_UP: "failure into catch-up, woken at once",
+        S.STOPPED: "",
+    },
+    S.BACKING_OFF: {
+        S.SENDING: "backoff over or cleared",
+        S.CATCHING_UP: "backoff over, in catch-up mode",
+        S.STOPPED: "",
+    },
+    S.CATCHING_UP: {
+        S.SENDING: "episode over, items pending",
+        S.IDLE: "episode over, nothing outstanding",
+        S.BACKING_OFF: "failure",
+        S.STOPPED: "",
+    },
+    S.STOPPED: {},
 }
+"""From each state, the states it may move to and what moves it (empty: shutdown or
+idle eviction, from anywhere)."""
+
+
+def mermaid() -> str:
+    """:data:`TRANSITIONS` as the Mermaid state diagram of ``docs/queue-engine.md``: the
+    labelled transitions first, in the table's order, then the unlabelled ones."""
+    edges = [(a, b, why) for a, row in TRANSITIONS.items() for b, why in row.items()]
+    lines = [f"    {a.name} --> {b.name}: {why}" for a, b, why in edges if why]
+    lines += [f"    {a.name} --> {b.name}" for a, b, why in edges if not why]
+    return "stateDiagram-v2\n" + "\n".join(lines) + "\n"
 
 
 class IllegalTransition(RuntimeError):
@@ -79,3 +111,7 @@ class DestinationStateMachine:
         self._state = new
         if self._on_change is not None:
             self._on_change(old, new)
+
+
+if __name__ == "__main__":
+    print(mermaid(), end="")
