@@ -103,7 +103,7 @@ class Window:
             m = self.manager
             if m is None:
                 continue
-            start = m.intake.position if start is None else start
+            start = m.fanout.position if start is None else start
             runners = list(m.queues.runners.values())
             self.rows.append((
                 round(1000 * (t1 - self.t0)),

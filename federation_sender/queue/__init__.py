@@ -24,7 +24,7 @@ drops its volatile items and catches up from ``destination_rooms``
 (:mod:`~federation_sender.queue.core.catchup`), which is also how every queue starts.
 
 All database access goes through the storage boundary
-(:mod:`federation_sender.storage.protocols`): ``queue/store.py`` and the intake speak
+(:mod:`federation_sender.storage.protocols`): ``queue/store.py`` and the fan-out speak
 its Protocols, and the pure core (``queue/core/``) imports no storage module, only the
 neutral rows of :mod:`federation_sender.model`. The same engine therefore runs
 on any backend (the native schema today; Synapse's tables next).
@@ -47,7 +47,7 @@ attempt_deadline_s=120.0, poll_interval_s=None, db_concurrency=16)``
 
 * ``await start()`` / ``await stop(deadline_s)``
 * ``notify_new_events(max_stream_ordering)``: poke from the events stream (with
-  ``poll_interval_s`` set, the intake also polls the database)
+  ``poll_interval_s`` set, the fan-out also polls the database)
 * ``enqueue_edu(destination, edu_type, content, key=None)``,
   ``enqueue_presence(destination, states)``,
   ``enqueue_receipt(destination, room_id, receipt_type, user_id, data)``,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from federation_sender.clock import Clock
 from federation_sender.ids import server_name_error
 from federation_sender.model import EVENTS_STREAM, EventRow
-from federation_sender.queue.coalesce import IntakeGate
+from federation_sender.queue.coalesce import HandOverGate
 from federation_sender.queue.core.catchup import is_sendable, parsed_pdu_item
 from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.observer import QueueObserver
@@ -125,7 +125,7 @@ class EventFanout:
         observer: QueueObserver,
         clock: Clock,
         poll_interval_s: float | None = None,
-        gate: IntakeGate | None = None,
+        gate: HandOverGate | None = None,
     ) -> None:
         self.storage = storage
         self.gate = gate

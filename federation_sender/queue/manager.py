@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
-from federation_sender.queue.coalesce import IntakeGate
+from federation_sender.queue.coalesce import HandOverGate
 from federation_sender.queue.core.backoff import RESET, BackoffPolicy
 from federation_sender.queue.core.batching import Limits
 from federation_sender.queue.core.catchup import PduCache
@@ -118,9 +118,9 @@ class QueueManager:
         _warn_deprecated(settings)
         self._txn_counter = itertools.count(1)
         self.gate = (
-            IntakeGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
+            HandOverGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
         )
-        self.intake = EventFanout(
+        self.fanout = EventFanout(
             storage, server_name, instance_name, settings.event_batch_size, shard_filter,
             self._enqueue_pdus, self.observer, clock, poll_interval_s, self.gate,
         )
@@ -137,14 +137,14 @@ class QueueManager:
     # --- lifecycle -----------------------------------------------------------------------
 
     async def start(self) -> None:
-        await self.intake.load()
+        await self.fanout.load()
         await self.federation.load()
         behind = sorted(d for d in await self.store.destinations_behind()
                         if self.shard_filter(d))
         self.queues.start(behind)
         self.catchup_at_start = behind
         self._background = [
-            asyncio.create_task(self._supervise("intake", self.intake.run)),
+            asyncio.create_task(self._supervise("fan-out", self.fanout.run)),
             asyncio.create_task(self._supervise("wakeups", self.housekeeping.wakeup_loop)),
             asyncio.create_task(
                 self._supervise("housekeeping", self.housekeeping.eviction_loop)
@@ -152,10 +152,10 @@ class QueueManager:
         ]
 
     async def stop(self, deadline_s: float) -> None:
-        """Stop intake and wake-ups, let in-flight transactions finish within
+        """Stop the fan-out and wake-ups, let in-flight transactions finish within
         ``deadline_s``, then cancel what is left. Positions are persisted as they
         advance, so nothing more needs saving."""
-        self.intake.stop()
+        self.fanout.stop()
         for t in self._background:
             t.cancel()
         await asyncio.gather(*self._background, return_exceptions=True)
@@ -216,11 +216,11 @@ class QueueManager:
             self.gate,
         )
 
-    # --- intake --------------------------------------------------------------------------
+    # --- fan-out ----------------------------------------------------------------------------
 
     def notify_new_events(self, max_stream_ordering: int) -> None:
         """Poke from the events stream: events up to this position are persisted."""
-        self.intake.notify(max_stream_ordering)
+        self.fanout.notify(max_stream_ordering)
 
     def _enqueue_pdus(self, destination: str, items: Sequence[PduItem]) -> None:
         if self.queues.is_parked(destination):
@@ -412,11 +412,11 @@ class QueueManager:
         )
 
     def quiescent(self) -> bool:
-        """Nothing is happening until a wake-up or the clock: the intake is caught up,
+        """Nothing is happening until a wake-up or the clock: the fan-out is caught up,
         no write is pending, and every queue waits (none bootstrapping, reading,
         sending or persisting). For tests and benchmarks."""
         return (
-            self.intake.position >= self.intake.target
+            self.fanout.position >= self.fanout.target
             and self.store.idle
             and all(r.quiescent for r in self.queues.runners.values())
         )
@@ -427,4 +427,4 @@ class QueueManager:
 
     @property
     def events_position(self) -> int:
-        return self.intake.position
+        return self.fanout.position

@@ -97,7 +97,7 @@ class QueueObserver(Protocol):
 
     def events_processed(self, count: int, position: int, fanned_out: int, *,
                          pdus: int = 0, rooms: int = 0, duration_s: float = 0.0) -> None:
-        """The intake finished a batch: events read, new position, (PDU, destination)
+        """The fan-out finished a batch: events read, new position, (PDU, destination)
         pairs enqueued, PDUs enqueued for at least one destination, rooms of the
         batch's sendable events, and how long the batch took (read to hand-over)."""
         return None

@@ -21,7 +21,7 @@ from types import MappingProxyType
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.attempt import TimedAttempts
-from federation_sender.queue.coalesce import IntakeGate
+from federation_sender.queue.coalesce import HandOverGate
 from federation_sender.queue.confirm import Confirmations
 from federation_sender.queue.core.batching import Batch
 from federation_sender.queue.core.destination import DestinationCore
@@ -76,7 +76,7 @@ class DestinationRunner:
         clock: Clock,
         observer: QueueObserver,
         config: RunnerConfig,
-        gate: IntakeGate | None = None,
+        gate: HandOverGate | None = None,
     ) -> None:
         self.core = core
         self.gate = gate
@@ -287,7 +287,7 @@ class DestinationRunner:
             now = time_ms(self.clock)
             gate = self.gate
             if gate is not None and gate.behind and c.would_send_partial_pdus(now):
-                # The intake is behind: a fuller transaction (coalesce.py).
+                # The fan-out is behind: a fuller transaction (coalesce.py).
                 await gate.hold(lambda: c.would_send_partial_pdus(time_ms(self.clock)))
                 now = time_ms(self.clock)
             step = c.next_step(now)

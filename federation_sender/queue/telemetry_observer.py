@@ -155,7 +155,7 @@ class TelemetryObserver:
         while self._pokes and self._pokes[0][0] <= position:
             announced = self._pokes.popleft()[1]
         # Lag: from the replication announcement of the newest event now fanned out to
-        # the end of its fan-out (0 once the intake is caught up and idle).
+        # the end of its fan-out (0 once the fan-out is caught up and idle).
         lag = 0.0 if announced is None else self._clock.monotonic_s() - announced
         self._metrics.event_processing_lag(
             lag, position=position, last_ts_ms=int(self._clock.time_s() * 1000)

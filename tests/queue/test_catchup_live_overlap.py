@@ -1,8 +1,8 @@
-"""An event caught up before the intake hands it over live is not sent again
+"""An event caught up before the fan-out hands it over live is not sent again
 (sans-I/O core).
 
 Seen beside Synapse with two senders (tests/synapse/test_sharded_senders.py, 2 runs in
-9): the intake commits an event's ``destination_rooms`` row, then hands the PDU to the
+9): the fan-out commits an event's ``destination_rooms`` row, then hands the PDU to the
 destination's queue. In between, a queue in catch-up read the row, sent the event and
 ended its episode; the live PDU then arrived in a queue no longer catching up and went
 out again in the next transaction (our log: ``...10 catchup=t``, ``...17 catchup=f``,
@@ -49,7 +49,7 @@ def test_a_live_pdu_the_catch_up_already_sent_is_dropped() -> None:
     assert isinstance(core.next_step(now), NeedCatchup)
     core.catchup_finished()
     assert not core.catching_up
-    # The intake hands over what it committed before the catch-up read it, and more.
+    # The fan-out hands over what it committed before the catch-up read it, and more.
     core.add_pdus([pdu_item(event(110)), pdu_item(event(111))])
     live = core.next_step(now)
     assert isinstance(live, Send)

@@ -1,4 +1,4 @@
-"""Fuller transactions while the intake is behind (``queue/coalesce.py``), and none
+"""Fuller transactions while the fan-out is behind (``queue/coalesce.py``), and none
 held otherwise: with nothing in flight a destination sends at once, and what queues
 behind a transaction in flight goes in the next (``queue/core/loop_policy.py``)."""
 
@@ -8,14 +8,14 @@ import asyncio
 from dataclasses import replace
 
 from federation_sender.config import QueueSettings
-from federation_sender.queue.coalesce import IntakeGate
+from federation_sender.queue.coalesce import HandOverGate
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 from federation_sender.testing.waiting import wait_until
 
 
 async def test_a_hand_over_releases_every_waiting_queue_once() -> None:
-    gate = IntakeGate(FakeClock(), max_hold_s=0.5)
+    gate = HandOverGate(FakeClock(), max_hold_s=0.5)
     gate.behind = True
     waiters = [asyncio.ensure_future(gate.wait_for_hand_over()) for _ in range(3)]
     await asyncio.sleep(0)
@@ -32,7 +32,7 @@ async def test_a_hand_over_releases_every_waiting_queue_once() -> None:
 
 async def test_a_stalled_intake_holds_a_queue_only_max_hold_s() -> None:
     clock = FakeClock()
-    gate = IntakeGate(clock, max_hold_s=0.5)
+    gate = HandOverGate(clock, max_hold_s=0.5)
     gate.behind = True
     w = asyncio.ensure_future(gate.wait_for_hand_over())
     for _ in range(3):
@@ -45,8 +45,8 @@ async def test_a_stalled_intake_holds_a_queue_only_max_hold_s() -> None:
 
 
 async def test_queues_wait_for_the_intake_and_send_fuller_transactions(h: Harness) -> None:
-    # One event per intake batch: without the gate, every event would leave alone as
-    # soon as it was handed over while the intake reads the next.
+    # One event per fan-out batch: without the gate, every event would leave alone as
+    # soon as it was handed over while the fan-out reads the next.
     h.settings = replace(QueueSettings(), event_batch_size=1, wakeup_interval_s=60.0)
     await room_with(h, "!a:l", "r1.test")
     await h.start()
@@ -77,9 +77,9 @@ async def test_without_the_gate_nothing_waits(h: Harness) -> None:
 
 async def test_a_hold_lasts_over_hand_overs_until_full_or_max_hold_s() -> None:
     """Hand-overs that leave the batch part-filled keep the queue waiting, up to
-    ``max_hold_s`` from its first wait; a full batch or a caught-up intake ends it."""
+    ``max_hold_s`` from its first wait; a full batch or a caught-up fan-out ends it."""
     clock = FakeClock()
-    gate = IntakeGate(clock, max_hold_s=0.5)
+    gate = HandOverGate(clock, max_hold_s=0.5)
     gate.behind = True
     full = False
     held = asyncio.ensure_future(gate.hold(lambda: not full))

@@ -75,7 +75,7 @@ def test_a_catch_up_replay_never_stages_100_events_of_a_room() -> None:
 
 
 def live_batches(n: int, handover: int = 100) -> tuple[list[Any], list[Batch]]:
-    """The intake hands over ``handover`` events at a time (as after a restart); the
+    """The fan-out hands over ``handover`` events at a time (as after a restart); the
     queue sends them 50 a transaction."""
     evs = [pdu_item(e) for e in events(ROOM, n)]
     pending = PendingItems()

@@ -279,7 +279,7 @@ async def test_idle_queues_are_dropped(h: Harness) -> None:
 async def test_catchup_while_the_intake_commit_is_held_back_loses_nothing(
     hdb: Harness, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A queue catches up (after REMOTE_SERVER_UP) while the intake's transaction for a
+    """A queue catches up (after REMOTE_SERVER_UP) while the fan-out's transaction for a
     new event has not committed: catch-up finds no row and ends, and the event, handed
     over only after the commit, is still delivered, and the position lands on it."""
     h = hdb

@@ -68,7 +68,7 @@ async def test_413_splits_instead_of_retrying_forever(h: Harness) -> None:
                      accept=lambda n: n == 1, timeout_s=10)
     evs = await h.writer.messages("!a:l", ALICE, 40, pad=1_000)
     h.poke()
-    await wait_until(lambda: h.m.intake.position, "the intake caught up",
+    await wait_until(lambda: h.m.fanout.position, "the fan-out caught up",
                      accept=lambda p: p == h.writer.stream_ordering, timeout_s=10)
     h.fake.behave(D, max_body_bytes=12_000)
     h.fake.release()
@@ -109,7 +109,7 @@ async def test_poison_item_is_isolated_and_dropped_while_the_rest_is_delivered(
     h.m.enqueue_edu(D, "m.bad", {})
     h.m.enqueue_edu(D, "m.good", {})
     h.poke()
-    await wait_until(lambda: h.m.intake.position, "the intake caught up",
+    await wait_until(lambda: h.m.fanout.position, "the fan-out caught up",
                      accept=lambda p: p == h.writer.stream_ordering, timeout_s=10)
     h.fake.behave(D, reject_event_ids={poison.event_id}, reject_edu_types={"m.bad"},
                   reject_status=500)
@@ -396,7 +396,7 @@ async def test_a_queue_stopped_by_the_database_going_away_is_one_line(
 
 async def test_a_loop_stopped_by_the_database_going_away_is_one_line(
         h: Harness, caplog: pytest.LogCaptureFixture) -> None:
-    """The intake, wake-up and housekeeping loops restart after a failure; a database
+    """The fan-out, wake-up and housekeeping loops restart after a failure; a database
     restart (the second long chaos run beside Synapse) is one warning, no traceback."""
     import asyncio
 
@@ -412,14 +412,14 @@ async def test_a_loop_stopped_by_the_database_going_away_is_one_line(
 
     caplog.set_level(logging.WARNING, logger="federation_sender.queue")
     await start_with_room(h)
-    task = asyncio.ensure_future(h.m._supervise("intake", intake))
+    task = asyncio.ensure_future(h.m._supervise("fan-out", intake))
     await wait_until(lambda: calls == 1, "the first failure", timeout_s=10)
     await h.advance(1.0)
     await asyncio.wait_for(task, 5)
     assert calls == 2
-    (record,) = [r for r in caplog.records if "intake loop" in r.getMessage()]
+    (record,) = [r for r in caplog.records if "fan-out loop" in r.getMessage()]
     assert record.levelno == logging.WARNING and record.exc_info is None
     assert record.getMessage() == (
-        "queue intake loop stopped, the database is unavailable ((builtins.Exception) "
+        "queue fan-out loop stopped, the database is unavailable ((builtins.Exception) "
         "connection refused); restarting"
     )

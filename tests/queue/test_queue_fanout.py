@@ -1,4 +1,4 @@
-"""Event intake and the transaction loop against real loopback HTTP."""
+"""Event fan-out and the transaction loop against real loopback HTTP."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ async def test_fanout_sends_our_events_to_joined_servers_only(h: Harness) -> Non
 async def test_transactions_carry_each_pdu_encoded_once_for_every_destination(
     h: Harness,
 ) -> None:
-    """The intake encodes each event once; every destination's transaction carries
+    """The fan-out encodes each event once; every destination's transaction carries
     those bytes (``Transaction.pdu_bytes``), so the federation client signs what it
     would have encoded itself, without encoding it again per destination."""
     seen: list[Transaction] = []
@@ -117,7 +117,7 @@ async def test_batches_at_most_50_pdus_in_order(h: Harness) -> None:
                      accept=lambda n: n == 1, timeout_s=10)
     evs = await h.writer.messages("!a:l", ALICE, 120)
     h.poke()
-    await wait_until(lambda: h.m.intake.position, "the intake caught up",
+    await wait_until(lambda: h.m.fanout.position, "the fan-out caught up",
                      accept=lambda p: p == h.writer.stream_ordering, timeout_s=10)
     h.fake.behave("r1.test")
     h.fake.release()
@@ -139,7 +139,7 @@ async def test_byte_budget_is_respected(h: Harness) -> None:
                      accept=lambda n: n == 1, timeout_s=10)
     await h.writer.messages("!a:l", ALICE, 30, pad=2_000)
     h.poke()
-    await wait_until(lambda: h.m.intake.position, "the intake caught up",
+    await wait_until(lambda: h.m.fanout.position, "the fan-out caught up",
                      accept=lambda p: p == h.writer.stream_ordering, timeout_s=10)
     h.fake.behave("r1.test")
     h.fake.release()
@@ -215,7 +215,7 @@ async def test_poll_mode_finds_events_without_a_poke(h: Harness) -> None:
     await room_with(h, "!a:l", "r1.test")
     await h.start(poll_interval_s=1.0)
     e = await h.writer.message("!a:l", ALICE)
-    # Advanced a poll interval at a time: the intake's first sleep may begin after the
+    # Advanced a poll interval at a time: the fan-out's first sleep may begin after the
     # first advance (it flaked once so), never after two.
     waited = await h.advance_until(
         lambda: h.fake.received_event_ids("r1.test") == [e.event_id], step_s=1.0, max_s=10.0)

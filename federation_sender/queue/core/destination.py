@@ -143,7 +143,7 @@ class DestinationCore:
         a long backoff, after a crash of their runner)."""
         return self.episode.active
 
-    # --- loading and intake ---------------------------------------------------------
+    # --- loading and hand-over ---------------------------------------------------------
 
     def load(self, backoff: BackoffState, last_successful: int | None) -> Effects:
         """Apply the persisted state. A backoff past the catch-up threshold puts the
@@ -167,7 +167,7 @@ class DestinationCore:
             self.episode.skipped(items[-1].stream_ordering)
             return
         if items[0].stream_ordering <= self.max_done:
-            # The intake hands PDUs over after committing their destination_rooms rows;
+            # The fan-out hands PDUs over after committing their destination_rooms rows;
             # a catch-up episode that read those rows meanwhile has sent them (or a
             # later extremity of their room) and moved max_done past them.
             items = [i for i in items if i.stream_ordering > self.max_done]
@@ -225,8 +225,8 @@ class DestinationCore:
 
     def would_send_partial_pdus(self, now_ms: int) -> bool:
         """The next step would be a new transaction of fewer PDUs than one holds, taken
-        from what the intake handed over (no retry in flight, no catch-up, no backoff,
-        nothing held for isolation): worth waiting for the intake's next hand-over
+        from what the fan-out handed over (no retry in flight, no catch-up, no backoff,
+        nothing held for isolation): worth waiting for the fan-out's next hand-over
         when it is behind (:mod:`federation_sender.queue.coalesce`)."""
         n = len(self.pending.pdus)
         return (

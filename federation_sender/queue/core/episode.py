@@ -76,7 +76,7 @@ class CatchupEpisode:
         return not was
 
     def skipped(self, stream_ordering: int) -> None:
-        """A PDU arrived in catch-up mode: the intake recorded it in the table."""
+        """A PDU arrived in catch-up mode: the fan-out recorded it in the table."""
         if stream_ordering > self.last_skipped:
             self.last_skipped = stream_ordering
 

@@ -82,7 +82,7 @@ def _thread_of(receipt: JsonDict) -> object:
 class PduRuns:
     """A queue's pending PDUs in order, held as the runs they were handed over in.
 
-    The intake gives every destination of a recipient set the same tuple of PDU items
+    The fan-out gives every destination of a recipient set the same tuple of PDU items
     (``queue/fanout.py``); a queue keeps a reference to that tuple and an offset into
     its first run, not its own list of references. In a room of 10,000 servers a
     hand-over of 1,000 events is then one tuple shared by 10,000 queues, not 10,000
@@ -99,7 +99,7 @@ class PduRuns:
 
     def extend(self, items: Sequence[PduItem]) -> None:
         """Append ``items``, kept by reference: the caller must not change them (the
-        intake hands over tuples)."""
+        fan-out hands over tuples)."""
         if items:
             self._runs.append(items)
             self._count += len(items)
@@ -183,7 +183,7 @@ class PendingItems:
         self.add_pdus((item,))
 
     def add_pdus(self, items: Sequence[PduItem]) -> None:
-        """Append PDUs given in stream order (the intake's hand-over), kept by reference
+        """Append PDUs given in stream order (the fan-out's hand-over), kept by reference
         (see :class:`PduRuns`)."""
         if not items:
             return
@@ -267,5 +267,5 @@ class PendingItems:
             return None
         if self._unsorted:
             return min(p.stream_ordering for p in self.pdus)
-        # The intake hands PDUs over in stream order: the head is the oldest.
+        # The fan-out hands PDUs over in stream order: the head is the oldest.
         return self.pdus.first().stream_ordering

@@ -9,7 +9,7 @@ reach it.
   answer, and the next transaction takes all of it (within the PDU, EDU and byte
   limits). At a low rate every PDU goes alone and at once; at a high rate the round
   trip sets the transactions' size, so batching grows with the load by itself.
-  The one other wait is upstream: while the intake is behind (a deep queue of events
+  The one other wait is upstream: while the fan-out is behind (a deep queue of events
   not yet handed over), a part-filled batch waits for its hand-overs, at most
   ``queue.coalesce_hold_s`` (:mod:`~federation_sender.queue.coalesce`). Nothing holds
   a queue for a time of its own (the former steady-stream hold,

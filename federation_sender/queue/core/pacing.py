@@ -6,7 +6,7 @@ time. Once a room holds 100 staged events it prunes them down to their forward
 extremities (``prune_staged_events_in_room``): what was pruned is absent until someone
 backfills. A backlog of one room sent back to back (a transaction holds at most 50
 PDUs) fills that queue faster than it drains: a catch-up replay, and just as much the
-events the intake hands over after a restart.
+events the fan-out hands over after a restart.
 
 So the queue keeps, per room, the PDUs the receiver accepted that are not yet
 *confirmed*, oldest first. Once a room has ``confirm_after`` (40) of them, the next
