@@ -298,7 +298,7 @@ async def run(a: argparse.Namespace, peers: PeerProcesses) -> list[tuple[str, st
         m.notify_new_events(writer.stream_ordering)
         await asyncio.wait_for(bs.counter.done.wait(), 600)
         warm_s, warm_cpu = time.perf_counter() - t_warm, time.process_time() - c_warm
-        # The queues' first reads (gathered: QueueStore.bootstrap_gathered).
+        # The queues' first reads (gathered: QueuePersistence.bootstrap_gathered).
         first_reads = getattr(m.store, "gathered_reads", None)
         await writer.messages(rooms[0], f"@alice:{ME}", a.events)
         bs.counter.reset(a.events * a.dests)

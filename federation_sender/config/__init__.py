@@ -130,7 +130,7 @@ class QueueSettings:
     up to this long for the intake's next hand-over (``queue/coalesce.py``); 0 never waits."""
     commit_gather_s: float = 0.025
     """Transaction results (positions, backoffs, log rows) are written in group commits;
-    each gathers results this long before it begins (``queue/store.py``): at one
+    each gathers results this long before it begins (``queue/persistence.py``): at one
     message a second to 415 servers, a few commits a message instead of one every
     10-20 results. A crash forgets at most this much more (those PDUs are sent again,
     as duplicates the receiver drops). 0: commit as soon as the previous one is done."""

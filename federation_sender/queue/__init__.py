@@ -24,7 +24,7 @@ drops its volatile items and catches up from ``destination_rooms``
 (:mod:`~federation_sender.queue.core.catchup`), which is also how every queue starts.
 
 All database access goes through the storage boundary
-(:mod:`federation_sender.storage.protocols`): ``queue/store.py`` and the fan-out speak
+(:mod:`federation_sender.storage.protocols`): ``queue/persistence.py`` and the fan-out speak
 its Protocols, and the pure core (``queue/core/``) imports no storage module, only the
 neutral rows of :mod:`federation_sender.model`. The same engine therefore runs
 on any backend (the native schema today; Synapse's tables next).

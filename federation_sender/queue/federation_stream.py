@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from federation_sender.model import FEDERATION_STREAM
 from federation_sender.queue.core.items import JsonDict
-from federation_sender.queue.store import QueueStore
+from federation_sender.queue.persistence import QueuePersistence
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class FederationEdu:
 class FederationStream:
     def __init__(
         self,
-        store: QueueStore,
+        store: QueuePersistence,
         instance_name: str,
         enqueue_edu: Callable[[str, str, JsonDict, Hashable | None], None],
         enqueue_presence: Callable[[str, Iterable[JsonDict]], None],

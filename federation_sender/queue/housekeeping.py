@@ -19,8 +19,8 @@ from typing import Protocol
 
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
+from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.queue.runner import DestinationRunner
-from federation_sender.queue.store import QueueStore
 from federation_sender.storage.protocols import db_outage
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ class Housekeeping:
     def __init__(
         self,
         queues: Queues,
-        store: QueueStore,
+        store: QueuePersistence,
         clock: Clock,
         rng: random.Random,
         *,
@@ -62,7 +62,7 @@ class Housekeeping:
 
     @classmethod
     def from_settings(
-        cls, queues: Queues, store: QueueStore, clock: Clock, rng: random.Random,
+        cls, queues: Queues, store: QueuePersistence, clock: Clock, rng: random.Random,
         q: QueueSettings,
     ) -> Housekeeping:
         return cls(queues, store, clock, rng, wakeup_interval_s=q.wakeup_interval_s,

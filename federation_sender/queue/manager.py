@@ -34,11 +34,11 @@ from federation_sender.queue.fanout import EventFanout
 from federation_sender.queue.federation_stream import FederationEdu, FederationStream
 from federation_sender.queue.housekeeping import Housekeeping
 from federation_sender.queue.observer import NoopObserver, QueueObserver
+from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.queue.registry import LeaseGuard, QueueRegistry
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.runner_config import RunnerConfig
 from federation_sender.queue.slots import Slots
-from federation_sender.queue.store import QueueStore
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage.protocols import Backend, db_outage
 from federation_sender.transport.result import TransactionSender
@@ -101,7 +101,7 @@ class QueueManager:
         self.shard_filter = shard_filter
         self.leases = leases
         self.observer: QueueObserver = observer or NoopObserver()
-        self.store = QueueStore(storage, commit_gather_s=settings.commit_gather_s)
+        self.store = QueuePersistence(storage, commit_gather_s=settings.commit_gather_s)
         self.policy = BackoffPolicy.from_settings(settings)
         self.limits = Limits.from_settings(settings)
         self.runner_config = RunnerConfig.from_settings(

@@ -37,9 +37,9 @@ from federation_sender.queue.core.steps import (
     Wait,
 )
 from federation_sender.queue.observer import QueueObserver, report
+from federation_sender.queue.persistence import QueuePersistence, log_row_for
 from federation_sender.queue.runner_config import RunnerConfig
 from federation_sender.queue.slots import Held, Slots
-from federation_sender.queue.store import QueueStore, log_row_for
 from federation_sender.queue.timing import Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
@@ -69,7 +69,7 @@ class DestinationRunner:
     def __init__(
         self,
         core: DestinationCore,
-        store: QueueStore,
+        store: QueuePersistence,
         sender: TransactionSender,
         txn_slots: Slots,
         db_slots: Slots,
@@ -250,7 +250,7 @@ class DestinationRunner:
     async def _bootstrap(self) -> None:
         """Read the queue's row, outbox window and (in catch-up) first catch-up plans and
         load them into the core. Outside catch-up the read is gathered with those of
-        every queue starting meanwhile (``QueueStore.bootstrap_gathered``)."""
+        every queue starting meanwhile (``QueuePersistence.bootstrap_gathered``)."""
         c = self.core
         c.outbox_read_started()
         cfg = self.config

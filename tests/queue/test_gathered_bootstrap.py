@@ -1,4 +1,4 @@
-"""New queues read their rows together (``QueueStore.bootstrap_gathered``): one
+"""New queues read their rows together (``QueuePersistence.bootstrap_gathered``): one
 message in a room of many servers starts a queue for each, and their first reads share
 a few database transactions, each queue still getting its own row and outbox."""
 

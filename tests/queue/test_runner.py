@@ -19,9 +19,9 @@ from federation_sender.queue.core.batching import Limits
 from federation_sender.queue.core.destination import DestinationCore
 from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.observer import NoopObserver
+from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
 from federation_sender.queue.slots import Slots
-from federation_sender.queue.store import QueueStore
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.storage.native import NativeBackend
@@ -40,7 +40,7 @@ class Parts:
     clock: FakeClock
     fake: FakeHomeserver
     sender: HttpTransactionSender
-    store: QueueStore
+    store: QueuePersistence
 
     def runner(self, *, catching_up: bool = False,
                last_error: str | None = None) -> DestinationRunner:
@@ -60,7 +60,7 @@ async def parts(sqlite_url: str, clock: FakeClock) -> AsyncIterator[Parts]:
     fake = FakeHomeserver()
     await fake.start()
     sender = HttpTransactionSender(fake.url, ME, clock, timeout_s=20)
-    store = QueueStore(NativeBackend(engine))
+    store = QueuePersistence(NativeBackend(engine))
     try:
         yield Parts(engine, clock, fake, sender, store)
     finally:

@@ -1,4 +1,4 @@
-"""The group commit of transaction results (``QueueStore``): a destination's write that
+"""The group commit of transaction results (``QueuePersistence``): a destination's write that
 failed is never overtaken by its later writes."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.model import TxnLogRow
 from federation_sender.queue.core.steps import Effects
-from federation_sender.queue.store import QueueStore
+from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.storage import destinations as dst
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
@@ -40,7 +40,7 @@ async def test_a_failed_write_is_not_overtaken_by_the_same_destinations_later_on
     (the queue then restarts in catch-up from the persisted position and resends);
     another destination's write in the same window still commits."""
     backend = NativeBackend(engine)
-    store = QueueStore(backend)
+    store = QueuePersistence(backend)
     t1 = store.submit(D, Effects(last_successful=10, succeeded=True),
                       log_row("t1", D, "$a", 10, request_bytes=2**70), 0)
     assert t1 is not None
@@ -75,7 +75,7 @@ async def test_failed_writes_nobody_awaits_are_not_printed_at_exit(
     """The runner awaits its oldest unpersisted write and fails on it; its later writes
     fail with it and are dropped unawaited. asyncio must not print each of those with a
     traceback when they are collected ("Future exception was never retrieved")."""
-    store = QueueStore(NativeBackend(engine))
+    store = QueuePersistence(NativeBackend(engine))
     t1 = store.submit(D, Effects(last_successful=10, succeeded=True),
                       log_row("t1", D, "$a", 10, request_bytes=2**70), 0)
     await asyncio.sleep(0)  # the flusher takes T1's batch
@@ -148,7 +148,7 @@ async def test_results_submitted_within_the_gathering_window_share_one_commit(
     backend = NativeBackend(engine)
 
     async def commits_for(gather_s: float) -> tuple[int, int]:
-        store = QueueStore(backend, commit_gather_s=gather_s)
+        store = QueuePersistence(backend, commit_gather_s=gather_s)
         futs = []
         for i in range(20):
             f = store.submit(f"d{i}.test", Effects(last_successful=i + 1, succeeded=True),

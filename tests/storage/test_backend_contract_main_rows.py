@@ -81,7 +81,7 @@ async def test_outbox_reads_past_a_stream_id_until_acknowledged(seeded: Seeded) 
 
 
 async def test_destinations_with_unsent_covers_every_nonempty_outbox(seeded: Seeded) -> None:
-    """The gathered first read (``QueueStore.bootstrap_gathered``) reads the outbox only
+    """The gathered first read (``QueuePersistence.bootstrap_gathered``) reads the outbox only
     of the destinations this names: every one whose read from the start has a row must
     be among them, and one whose rows were all acknowledged may not stay."""
     td = await seeded.main.to_device("td.test", {"n": 1})

@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.ids import server_of
 from federation_sender.model import EventRow
 from federation_sender.queue.core.catchup import is_sendable
-from federation_sender.queue.store import QueueStore
+from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.replication import commands as c
 from federation_sender.storage.synapse.backend import SynapseBackend
 from federation_sender.storage.synapse.database import create_synapse_engine
@@ -391,7 +391,7 @@ async def test_backend_catchup_plans_on_synapses_tables(
         (banned, room.room_id, ban.stream_ordering),
     ]
     await deployment_backend.run(lambda tx: tx.destinations.upsert_destination_rooms(rows))
-    store = QueueStore(deployment_backend)
+    store = QueuePersistence(deployment_backend)
     try:
         async def plan(dest: str, gap: int) -> tuple[str, list[str]]:
             (p,) = await store.plan_catchup(dest, d.server_name, after, (after, None), 10, gap)
