@@ -29,12 +29,12 @@ Invariants:
   for 30 s, then Synapse's in-request schedule) with the same frozen transaction; only
   when that phase is over is the backoff persisted. An answer of any kind ends the
   phase; a wake-up (``clear_backoff``) cuts its wait short without resetting its count.
-* The runner's loop policy is decided here too
-  (:class:`~federation_sender.queue.core.loop_policy.LoopPolicy`): with nothing in flight and
-  nothing paused, :meth:`DestinationCore.next_step` sends what is pending at once,
-  however little (no hold of its own); what arrives while a transaction is in flight
-  goes, all of it within the limits, in the next one. It also says when the runner
-  exits (idle past the TTL, or parked in a long backoff).
+* When to send is decided here (:data:`NEXT_STEP`): with nothing in flight and nothing
+  paused, the pending items go at once, however little (no hold of its own); what
+  arrives while a transaction is in flight goes, all of it within the limits, in the
+  next one. When the runner exits (idle past the TTL:
+  :class:`~federation_sender.queue.core.loop_policy.LoopPolicy`, or parked in a long
+  backoff: :meth:`DestinationCore.parks`) is decided here too.
 """
 
 from __future__ import annotations
@@ -599,4 +599,17 @@ NEXT_STEP: tuple[Rule, ...] = (
 )
 """What a queue does next, in order: the first row whose condition holds and that
 gives a step decides. docs/queue-engine.md lists the rows (checked by
-tests/queue/test_core_statemachine.py)."""
+tests/queue/test_core_statemachine.py).
+
+**Send at once; batch only behind a transaction in flight**, as Synapse's
+``PerDestinationQueue``: a destination has at most one transaction in flight (row 3), a
+new item wakes its queue at once, and a queue with nothing in flight sends what it holds
+now, however little (row 6). What arrives while a transaction is in flight waits for its
+answer, and the next transaction takes all of it (within the PDU, EDU and byte limits).
+At a low rate every PDU goes alone and at once; at a high rate the round trip sets the
+transactions' size, so batching grows with the load by itself. The one other wait is
+upstream, in the shell: while the fan-out is behind, a part-filled batch waits for its
+hand-overs, at most ``queue.coalesce_hold_s`` (:mod:`~federation_sender.queue.coalesce`).
+Nothing holds a queue for a time of its own (the former steady-stream hold,
+``queue.busy_txn_interval_s``, held a part-filled transaction up to 2 s: a chat message
+waited for a batch that was not coming)."""

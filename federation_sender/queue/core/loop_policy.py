@@ -1,23 +1,15 @@
-"""When a queue sends, and when its runner exits: the loop policy, sans-I/O (times are
-monotonic seconds, given by the caller) so that the core's state machine and unit tests
-reach it.
+"""When an idle queue's runner exits: idle eviction, sans-I/O (times are monotonic
+seconds, given by the caller) so that the core's state machine and unit tests reach it.
 
-* **Send at once; batch only behind a transaction in flight.** As Synapse's
-  ``PerDestinationQueue``: a destination has at most one transaction in flight, a new
-  item wakes its queue at once, and a queue with nothing in flight sends what it holds
-  now, however little. What arrives while a transaction is in flight waits for its
-  answer, and the next transaction takes all of it (within the PDU, EDU and byte
-  limits). At a low rate every PDU goes alone and at once; at a high rate the round
-  trip sets the transactions' size, so batching grows with the load by itself.
-  The one other wait is upstream: while the fan-out is behind (a deep queue of events
-  not yet handed over), a part-filled batch waits for its hand-overs, at most
-  ``queue.coalesce_hold_s`` (:mod:`~federation_sender.queue.coalesce`). Nothing holds
-  a queue for a time of its own (the former steady-stream hold,
-  ``queue.busy_txn_interval_s``, held a part-filled transaction up to 2 s: a chat
-  message waited for a batch that was not coming).
-* **Idle eviction.** An idle queue records since when (:meth:`LoopPolicy.idle_started`); the
-  housekeeping asks those idle past the TTL to exit (:meth:`LoopPolicy.evict_if_idle`), and
-  the queue exits when it wakes from that request still empty.
+An idle queue records since when (:meth:`LoopPolicy.idle_started`); the housekeeping
+asks those idle past the TTL to exit (:meth:`LoopPolicy.evict_if_idle`), and the queue
+exits when it wakes from that request still empty.
+
+When a queue *sends* is not decided here but by the core's table of next steps
+(:data:`~federation_sender.queue.core.destination.NEXT_STEP`): with nothing in flight it
+sends what it holds at once, however little; what arrives while a transaction is in
+flight goes in the next one; the one other wait is upstream, the fan-out's hand-over
+gate (:mod:`~federation_sender.queue.coalesce`).
 """
 
 from __future__ import annotations
