@@ -1,5 +1,5 @@
 """One destination's attempts, each within the attempt deadline (``asyncio.timeout``,
-expired by :class:`~federation_sender.queue.timing.AttemptDeadline` on the injected
+expired by :class:`~federation_sender.aio.timing.AttemptDeadline` on the injected
 clock): an attempt past it is a transient failure. The runner sends through this.
 
 A sender that bounds every attempt itself, no later than the queue's deadline and on
@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
+from federation_sender.aio.timing import AttemptDeadline
 from federation_sender.clock import Clock, SystemClock
-from federation_sender.queue.timing import AttemptDeadline
 from federation_sender.transport.result import (
     Outcome,
     SendResult,

@@ -12,11 +12,11 @@ import asyncio
 import logging
 from collections.abc import Callable
 
+from federation_sender.aio.timing import AttemptDeadline
 from federation_sender.clock import Clock
 from federation_sender.queue.core.batching import Batch
 from federation_sender.queue.core.pacing import PacingPolicy, RoomPacer, pages_of
 from federation_sender.queue.observer import QueueObserver
-from federation_sender.queue.timing import AttemptDeadline
 from federation_sender.transport.result import EventHeld, EventProbe, SendResult
 
 log = logging.getLogger(__name__)

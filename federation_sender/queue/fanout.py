@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from federation_sender.aio.timing import wait_or_timeout
 from federation_sender.clock import Clock
 from federation_sender.ids import server_name_error
 from federation_sender.model import EVENTS_STREAM, EventRow
@@ -37,7 +38,6 @@ from federation_sender.queue.coalesce import HandOverGate
 from federation_sender.queue.core.catchup import is_sendable, parsed_pdu_item
 from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.observer import QueueObserver
-from federation_sender.queue.timing import wait_or_timeout
 from federation_sender.storage.protocols import Backend, Tx
 
 log = logging.getLogger(__name__)

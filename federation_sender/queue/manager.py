@@ -19,6 +19,7 @@ import random
 import zlib
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 
+from federation_sender.aio.slots import Slots
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
 from federation_sender.queue.coalesce import HandOverGate
@@ -38,7 +39,6 @@ from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.queue.registry import LeaseGuard, QueueRegistry
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.runner_config import RunnerConfig
-from federation_sender.queue.slots import Slots
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage.protocols import Backend, db_outage
 from federation_sender.transport.result import TransactionSender

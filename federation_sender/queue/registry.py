@@ -18,12 +18,12 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from federation_sender.aio.timing import wait_or_timeout
 from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.core.status import DestinationStatus, parked_status
 from federation_sender.queue.fanout import refused_destination
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.runner import DestinationRunner
-from federation_sender.queue.timing import wait_or_timeout
 from federation_sender.storage.protocols import db_outage
 from federation_sender.telemetry.logging import log_context
 

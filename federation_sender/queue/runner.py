@@ -19,6 +19,8 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
+from federation_sender.aio.slots import Held, Slots
+from federation_sender.aio.timing import Wakeup, wait_or_timeout
 from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.attempt import TimedAttempts
 from federation_sender.queue.coalesce import HandOverGate
@@ -39,8 +41,6 @@ from federation_sender.queue.core.steps import (
 from federation_sender.queue.observer import QueueObserver, report
 from federation_sender.queue.persistence import QueuePersistence, log_row_for
 from federation_sender.queue.runner_config import RunnerConfig
-from federation_sender.queue.slots import Held, Slots
-from federation_sender.queue.timing import Wakeup, wait_or_timeout
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
     EventProbe,

@@ -100,7 +100,7 @@ async def test_on_an_injected_clock_the_queue_keeps_its_deadline() -> None:
 
 async def _guarded(deadline: object, within_s: float | None, started: asyncio.Event) -> str:
     """One attempt that never ends by itself, under ``deadline``."""
-    from federation_sender.queue.timing import AttemptDeadline
+    from federation_sender.aio.timing import AttemptDeadline
 
     assert isinstance(deadline, AttemptDeadline)
     try:
@@ -120,7 +120,7 @@ async def test_one_timer_bounds_each_attempt_by_its_own_shorter_bound() -> None:
     """Pacing's requests (``Confirmations._ask``) share one lazily armed timer, each
     bounded by what its confirmation has left: a bound shorter than the armed timer's
     moves the timer; a longer one than the deadline's seconds is cut to them."""
-    from federation_sender.queue.timing import AttemptDeadline
+    from federation_sender.aio.timing import AttemptDeadline
 
     clock = FakeClock()
     deadline = AttemptDeadline(clock, 30.0)

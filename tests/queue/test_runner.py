@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.aio.slots import Slots
 from federation_sender.config import QueueSettings
 from federation_sender.queue.core.backoff import BackoffPolicy
 from federation_sender.queue.core.batching import Limits
@@ -21,7 +22,6 @@ from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.observer import NoopObserver
 from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
-from federation_sender.queue.slots import Slots
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.storage.native import NativeBackend

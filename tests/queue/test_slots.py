@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from federation_sender.queue.slots import Slots
+from federation_sender.aio.slots import Slots
 
 
 async def test_limit_holds_and_waiters_go_in_order() -> None:

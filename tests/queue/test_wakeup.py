@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from federation_sender.queue.timing import Wakeup, wait_or_timeout
+from federation_sender.aio.timing import Wakeup, wait_or_timeout
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.waiting import wait_until
 
