@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up everything this project needs on a fresh Debian machine with Python 3.11:
+# Set up everything this project needs on a fresh Debian machine with Python 3.11 to 3.13:
 # system packages and the virtualenv in .venv.  Idempotent and quick when nothing changed.
 #   runtime (scripts/demo.sh): the worker and the batch extra (Spark jobs), Java and the
 #           SQLite JDBC driver so that `federation-sender batch ...` runs on the demo's
@@ -11,15 +11,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 profile="${1:-runtime}"
 
+# The supported Pythons are 3.11, 3.12 and 3.13 (.venv: the first found, 3.11 preferred,
+# the one CI runs the whole suite on; scripts/other-pythons.sh covers the other two).
+# A pyenv shim is on PATH for every version pyenv knows; it must also run.
+supported() {
+  "$1" -c 'import sys; sys.exit(not (3, 11) <= sys.version_info[:2] <= (3, 13))' 2>/dev/null
+}
 PY="${PYTHON:-}"
-if [ -z "$PY" ]; then
+if [ -n "$PY" ]; then
+  supported "$PY" || { echo "bootstrap: PYTHON=$PY is not Python 3.11, 3.12 or 3.13" >&2; exit 1; }
+else
   for cand in python3.11 python3.12 python3.13 python3; do
-    if command -v "$cand" >/dev/null 2>&1 && "$cand" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then
+    if command -v "$cand" >/dev/null 2>&1 && supported "$cand"; then
       PY="$cand"; break
     fi
   done
 fi
-[ -n "$PY" ] || { echo "bootstrap: Python >= 3.11 is required" >&2; exit 1; }
+[ -n "$PY" ] || { echo "bootstrap: Python 3.11, 3.12 or 3.13 is required" >&2; exit 1; }
 
 need=()
 have_cmd() { command -v "$1" >/dev/null 2>&1; }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
@@ -38,6 +39,98 @@ from federation_sender.testing.synapse_deployment import SynapseDeployment, crea
 from federation_sender.testing.synapse_peer import PeerNetwork
 
 _db_counter = itertools.count()
+
+# --- The service-free selection ---------------------------------------------------------
+# FEDERATION_SENDER_SERVICE_FREE=1 (scripts/other-pythons.sh, on Python 3.12 and 3.13)
+# runs only the tests that need none of the services scripts/bootstrap.sh installs
+# (PostgreSQL, Redis, Java and Spark, Chromium, Synapse, tinyproxy) and deselects the rest:
+# deselected, not skipped, since under CI a missing prerequisite fails (prereq.py). Unset,
+# nothing here changes the run.
+SERVICE_FREE = os.environ.get("FEDERATION_SENDER_SERVICE_FREE", "") not in ("", "0")
+_SERVICE_MARKERS = {"postgres", "spark"}
+# Fixtures that start a service (a test using one, directly or through another fixture).
+_SERVICE_FIXTURES = {
+    "pg_cluster": "PostgreSQL",
+    "redis_server": "Redis",
+    "synapse_deployment": "Synapse",
+    "contract_synapse_template": "Synapse",
+}
+# Parameters that pick a backend on PostgreSQL (db_url, storage/conftest.py's subject).
+_POSTGRES_PARAMS = {"postgresql", "native-postgresql", "synapse-postgresql"}
+# Under tests/: what runs a service with no fixture or marker above to say so (not
+# collected at all).
+_SERVICE_PATHS = {
+    "synapse/": "Synapse",
+    "storage/synapse/": "Synapse",
+    "batch/": "Spark",
+    "transport/test_synapse_interop.py": "Synapse",
+    "testing/test_synapse_compose_config.py": "Synapse",
+    "replication/test_repl_redis.py": "Redis",
+    "transport/test_forward_proxy.py": "tinyproxy",
+    "admin/test_admin_dashboard.py": "Chromium",
+    # No service, but a wheel build and a virtualenv: other-pythons.sh's runtime install
+    # and demo are this test on those interpreters.
+    "test_install.py": "a runtime install",
+    # No service, but the dev extra's schemathesis (and a process of its own, test.sh).
+    "reliability/test_rel_admin_schemathesis.py": "schemathesis",
+}
+_TESTS = Path(__file__).resolve().parent
+
+
+def _service_path(path: Path) -> str | None:
+    try:
+        relative = path.resolve().relative_to(_TESTS).as_posix()
+    except ValueError:
+        return None
+    for prefix, service in _SERVICE_PATHS.items():
+        if relative + "/" == prefix or relative == prefix or (
+            prefix.endswith("/") and relative.startswith(prefix)
+        ):
+            return service
+    return None
+
+
+def pytest_ignore_collect(collection_path: Path) -> bool | None:
+    """Not even imported: these modules import what the service-free run lacks
+    (pyspark, schemathesis)."""
+    if SERVICE_FREE and _service_path(collection_path) is not None:
+        return True
+    return None
+
+
+def _needs_a_service(item: pytest.Item) -> str | None:
+    for marker in _SERVICE_MARKERS:
+        if item.get_closest_marker(marker) is not None:
+            return marker
+    for name in getattr(item, "fixturenames", ()):
+        if name in _SERVICE_FIXTURES:
+            return _SERVICE_FIXTURES[name]
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and _POSTGRES_PARAMS & {str(v) for v in callspec.params.values()}:
+        return "PostgreSQL"
+    return None
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not SERVICE_FREE:
+        return
+    keep: list[pytest.Item] = []
+    drop: list[pytest.Item] = []
+    for item in items:
+        (drop if _needs_a_service(item) else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> None:
+    """A service-free run that reaches a service anyway (a rule above missed a test)
+    fails that test rather than start the service."""
+    if SERVICE_FREE and fixturedef.argname in _SERVICE_FIXTURES:
+        pytest.fail(f"FEDERATION_SENDER_SERVICE_FREE: this test needs "
+                    f"{_SERVICE_FIXTURES[fixturedef.argname]} (tests/conftest.py "
+                    f"should deselect it)", pytrace=False)
 
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
 # pytest closed its capture streams ("--- Logging error ---"); nothing of ours is lost.

@@ -11,7 +11,7 @@ from pathlib import Path
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,12 @@ class LoopbackCA:
         """``name``: the CA's subject; two CAs trusted together need different ones
         (OpenSSL finds an issuer by its name)."""
         key = ec.generate_private_key(ec.SECP256R1())
-        cert = _builder(_name(name), _name(name), key).add_extension(
-            x509.BasicConstraints(ca=True, path_length=None), critical=True
+        signed = (
+            _builder(_name(name), _name(name), key, issuer_key=key)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+            .add_extension(_CA_USAGE, critical=True)
+            .sign(key, hashes.SHA256())
         )
-        signed = cert.add_extension(_CA_USAGE, critical=True).sign(key, hashes.SHA256())
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / "ca.pem"
         path.write_bytes(signed.public_bytes(serialization.Encoding.PEM))
@@ -56,9 +58,11 @@ class LoopbackCA:
         """A leaf for ``names`` (DNS names or IP addresses) signed by this CA."""
         leaf_key = ec.generate_private_key(ec.SECP256R1())
         leaf = (
-            _builder(_name(names[0]), self.cert.subject, leaf_key)
+            _builder(_name(names[0]), self.cert.subject, leaf_key, issuer_key=self.key)
             .add_extension(x509.SubjectAlternativeName(_alt_names(names)), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(_LEAF_USAGE, critical=True)
+            .add_extension(_LEAF_PURPOSES, critical=False)
             .sign(self.key, hashes.SHA256())
         )
         return _write(directory, self.cert, leaf, leaf_key)
@@ -77,9 +81,35 @@ _CA_USAGE = x509.KeyUsage(
 )
 
 
+# A leaf's: the TLS signature (ECDSA keys sign the handshake; no key encipherment).
+_LEAF_USAGE = x509.KeyUsage(
+    digital_signature=True,
+    content_commitment=False,
+    key_encipherment=False,
+    data_encipherment=False,
+    key_agreement=False,
+    key_cert_sign=False,
+    crl_sign=False,
+    encipher_only=False,
+    decipher_only=False,
+)
+_LEAF_PURPOSES = x509.ExtendedKeyUsage(
+    [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+)
+
+
 def _builder(
-    subject: x509.Name, issuer: x509.Name, key: ec.EllipticCurvePrivateKey
+    subject: x509.Name,
+    issuer: x509.Name,
+    key: ec.EllipticCurvePrivateKey,
+    *,
+    issuer_key: ec.EllipticCurvePrivateKey,
 ) -> x509.CertificateBuilder:
+    """A certificate for ``key`` with the key identifiers a real CA writes: its own
+    (SubjectKeyIdentifier) and its issuer's (AuthorityKeyIdentifier, from
+    ``issuer_key``). OpenSSL's strict verification, the default from Python 3.13
+    (``ssl.VERIFY_X509_STRICT``), refuses a chain without them ("Missing Authority Key
+    Identifier")."""
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()
@@ -89,6 +119,12 @@ def _builder(
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(hours=1))
         .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                       critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(issuer_key.public_key()),
+            critical=False,
+        )
     )
 
 
@@ -128,9 +164,10 @@ def make_certs(directory: Path, names: list[str], *, self_signed: bool = False) 
         return LoopbackCA.create(directory).issue(directory, names)
     leaf_key = ec.generate_private_key(ec.SECP256R1())
     leaf = (
-        _builder(_name(names[0]), _name(names[0]), leaf_key)
+        _builder(_name(names[0]), _name(names[0]), leaf_key, issuer_key=leaf_key)
         .add_extension(x509.SubjectAlternativeName(_alt_names(names)), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .add_extension(_CA_USAGE, critical=True)
         .sign(leaf_key, hashes.SHA256())
     )
     return _write(directory, leaf, leaf, leaf_key)
