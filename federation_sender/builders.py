@@ -4,12 +4,13 @@ composition root, ``app.py``, calls them in order and owns what they return."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import secrets
 import ssl
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -114,6 +115,23 @@ def build_federation_client(settings: Settings, key: SigningKey, clock: Clock) -
         proxy_policy=ProxyPolicy.from_settings(f.http_proxy, f.https_proxy, f.no_proxy),
         user_agent=user_agent(f.user_agent_suffix),
     )
+
+
+@contextlib.asynccontextmanager
+async def running_federation_client(
+    settings: Settings, clock: Clock, *, synapse_key: bool = False
+) -> AsyncIterator[FederationClient]:
+    """The worker's federation client, started, on the signing key the worker signs
+    with (loaded, never generated: a new key would sign what nobody can verify), for a
+    process beside the worker (``batch audit --ask-receivers``); closed on the way out.
+    ``synapse_key``: the key is Synapse's own file (mode 0644 is accepted, warned)."""
+    key = load_signing_key(signing_key_path(settings), others_may_read=synapse_key)
+    client = build_federation_client(settings, key, clock)
+    await client.start()
+    try:
+        yield client
+    finally:
+        await client.close()
 
 
 def build_replication_transport(settings: Settings, clock: Clock) -> Transport | None:

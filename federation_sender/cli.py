@@ -163,8 +163,9 @@ def _load(args: argparse.Namespace) -> Settings:
             load_synapse_config(synapse_files),
             explicit=keys_set_in(path, os.environ, SHARED_FEDERATION_KEYS),
             # The schema is the same whichever instance migrates it: the documented
-            # `migrate -c ours.yaml --synapse-config homeserver.yaml` needs no worker file.
-            check_instance=args.command != "migrate",
+            # `migrate -c ours.yaml --synapse-config homeserver.yaml` needs no worker file;
+            # nor do the batch jobs, which read the database and serve nothing.
+            check_instance=args.command not in ("migrate", "batch"),
         )
     return settings
 
@@ -229,8 +230,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         return run_demo(settings, args)
     if cmd == "batch":
         from federation_sender.batch.cli import run_batch
+        from federation_sender.builders import running_federation_client
 
-        return int(run_batch(args, settings))
+        beside_synapse = bool(getattr(args, "synapse_config", None))
+        return int(run_batch(args, settings, receivers=lambda clock: running_federation_client(
+            settings, clock, synapse_key=beside_synapse)))
     raise AssertionError(cmd)  # pragma: no cover
 
 

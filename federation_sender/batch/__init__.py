@@ -24,6 +24,14 @@ apply statements are :mod:`federation_sender.storage.batch_reads` and
 inside PostgreSQL (for the benchmark and as a cross-check) are
 :mod:`federation_sender.storage.batch_baseline`.
 
+On a Synapse deployment (``--synapse-config``) the same jobs read Synapse's tables and
+our transaction log beside them: :mod:`.synapse_source` (its reads named by
+:mod:`federation_sender.storage.synapse.batch_reads`), the pure
+:mod:`.synapse_transforms` (the audit's decision table), :mod:`.synapse_audit` and
+:mod:`.synapse_health`; repairs go through
+:mod:`federation_sender.storage.synapse.batch_apply` with Synapse's sender's rules
+(docs/batch.md, "On a Synapse deployment").
+
 Invariants: a job reads a consistent prefix of the events stream (up to a high-water
 mark fixed at its start); it never overwrites a row the worker wrote for a newer event;
 its writes commit in one transaction or not at all; running it twice gives the same

@@ -16,6 +16,11 @@ def main(argv: list[str] | None = None) -> int:
     jobs.required = True
     add_job_parsers(jobs)
     args = parser.parse_args(argv)
+    if args.synapse_config:
+        # Synapse's files are read by the main command line (a layer above this one).
+        print("--synapse-config: run 'federation-sender batch JOB --synapse-config ...'",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
         settings = load_settings(args.config)
     except ConfigError as e:

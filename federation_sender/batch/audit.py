@@ -9,13 +9,22 @@ Two kinds of finding:
   destination's ``last_successful_stream_ordering`` is already past it, so catch-up
   would never send it; ``pending`` while catch-up still has it ahead.
 * *mismatches*: ``destination_rooms`` rows that disagree with the events (see
-  :func:`~federation_sender.batch.transforms.diff_destination_rooms`).
+  :func:`~federation_sender.batch.transforms.diff_destination_rooms`); a missing row
+  is no mismatch only when the destination has left the room and its events were
+  delivered (:func:`~federation_sender.batch.transforms.split_pruned`).
+
+On Synapse's schema (``--synapse-config``) the audit is :mod:`.synapse_audit`.
 
 ``--repair`` makes ``destination_rooms`` right and lowers each affected destination's
 ``last_successful_stream_ordering`` below its earliest undelivered row, in one
 transaction; the worker's catch-up then does the sending. Exit status 1 when anything
 was lost or mismatched (also after a repair: audit again to see it clean), else 0;
 ``pending`` rows are counted but are not a failure (a destination that is down has them).
+
+With a :class:`~federation_sender.batch.bilateral.ReceiverCheck` (``--ask-receivers``)
+the delivered pairs are then checked on the receivers' side too
+(:mod:`federation_sender.batch.bilateral`); a pair the receiver does not hold is a
+finding like a lost row, and ``--repair`` hands it back to catch-up.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from __future__ import annotations
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from federation_sender.batch import bilateral, synapse_audit
 from federation_sender.batch import transforms as t
 from federation_sender.batch.io import apply_changes, write_outputs
 from federation_sender.batch.job import JobContext, JobResult, counts_by, require_db, sample
@@ -30,7 +40,10 @@ from federation_sender.batch.job import JobContext, JobResult, counts_by, requir
 JOB = "audit"
 
 
-def run(ctx: JobContext, *, repair: bool) -> JobResult:
+def run(ctx: JobContext, *, repair: bool,
+        receivers: bilateral.ReceiverCheck | None = None) -> JobResult:
+    if ctx.source.schema == "synapse":
+        return synapse_audit.run_audit(ctx, repair=repair, receivers=receivers)
     hwm = ctx.source.high_water_mark
     with ctx.progress.step("read events, memberships, destinations, transaction log"):
         events = ctx.source.table("events")
@@ -57,8 +70,9 @@ def run(ctx: JobContext, *, repair: bool) -> JobResult:
         by_status = counts_by(missing, "status")
     with ctx.progress.step("compare destination_rooms"):
         raw = t.diff_destination_rooms(expected, actual)
-        # A row the worker pruned after delivering its event is missing on purpose.
-        diff, pruned = t.split_pruned(raw, missing)
+        # A row the worker pruned (a room the destination left, its events delivered)
+        # is missing on purpose.
+        diff, pruned = t.split_pruned(raw, missing, t.joined_now(memberships, ctx.server_name))
         diff = diff.cache()
         by_problem = counts_by(diff, "problem")
         n_pruned = pruned.count()
@@ -84,9 +98,19 @@ def run(ctx: JobContext, *, repair: bool) -> JobResult:
             write_outputs(diff, ctx.output_dir, "mismatches")
     if repair:
         summary.update(_repair(ctx, diff, missing, hwm, needed=bool(mismatched or by_status)))
+    not_held = 0
+    if receivers is not None:
+        # Delivered: the expected rows the audit did not find undelivered.
+        checked = bilateral.check_receivers(
+            ctx, bilateral.delivered_pairs(expected, missing, events, ctx.server_name),
+            receivers, repair=repair, high_water_mark=hwm)
+        summary.update(checked.summary)
+        samples.update(checked.samples)
+        not_held = checked.not_held
     for df in (missing, diff, expected):
         df.unpersist()
-    return JobResult(JOB, summary, samples, exit_status=1 if lost or mismatched else 0)
+    return JobResult(JOB, summary, samples,
+                     exit_status=1 if lost or mismatched or not_held else 0)
 
 
 def _repair(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pyspark.sql import functions as F
 
+from federation_sender.batch import synapse_audit
 from federation_sender.batch import transforms as t
 from federation_sender.batch.io import apply_changes, write_outputs
 from federation_sender.batch.job import JobContext, JobResult, counts_by, require_db, sample
@@ -22,6 +23,8 @@ PROBLEMS = ("missing", "behind", "ahead", "stale")
 
 
 def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
+    if ctx.source.schema == "synapse":
+        return synapse_audit.run_backfill(ctx, dry_run=dry_run)
     hwm = ctx.source.high_water_mark
     with ctx.progress.step("read events, memberships, destination_rooms"):
         events = ctx.source.table("events")
@@ -35,11 +38,13 @@ def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
         expected = t.expected_destination_rooms(events, memberships, ctx.server_name).cache()
         n_expected = expected.count()
     with ctx.progress.step("compare with destination_rooms"):
-        # As the audit does: a row the worker pruned after delivering its event is not
-        # put back (catch-up would only prune it again).
+        # As the audit does: a row the worker pruned (a room the destination left, its
+        # events delivered) is not put back (catch-up would only prune it again); a
+        # missing row of a room the destination is still in is.
         undelivered = t.undelivered(expected, t.delivered_positions(txn_log, events),
                                     destinations)
-        diff, pruned = t.split_pruned(t.diff_destination_rooms(expected, actual), undelivered)
+        diff, pruned = t.split_pruned(t.diff_destination_rooms(expected, actual), undelivered,
+                                      t.joined_now(memberships, ctx.server_name))
         diff = diff.cache()
         by_problem = counts_by(diff, "problem")
         n_pruned = pruned.count()

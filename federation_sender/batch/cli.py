@@ -4,7 +4,12 @@ Jobs: ``backfill-destination-rooms`` (``--dry-run``), ``audit`` (``--repair``),
 ``health-report`` (``--output``) and ``snapshot`` (copy the tables the jobs read to a
 Parquet directory, for ``--snapshot`` runs on a cluster). Exit status: 0 success,
 1 the job failed, 2 bad arguments or configuration, or a missing prerequisite (the
-``batch`` extra, Java: :mod:`.requirements`), 4 the audit found lost or mismatched rows.
+``batch`` extra, Java: :mod:`.requirements`), 4 the audit found lost or mismatched rows
+(or, with ``--ask-receivers``, events a receiver does not hold: :mod:`.bilateral`).
+
+``--synapse-config`` (the files the worker takes; the main command line merges them into
+the settings, so the database is homeserver.yaml's) picks Synapse's schema
+(:mod:`.synapse_source`); without it the jobs read ours.
 
 This module imports no pyspark (the jobs are imported when one runs), so the main
 command line and the worker work without the ``batch`` extra.
@@ -14,21 +19,34 @@ from __future__ import annotations
 
 import argparse
 import json
+import secrets
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from federation_sender.batch.bilateral import AskLimits, ProbeOpener, ReceiverCheck
 from federation_sender.batch.io import Database, JdbcSource, SnapshotSource, Source, write_snapshot
 from federation_sender.batch.job import JobContext, JobResult
 from federation_sender.batch.progress import Progress, format_summary
 from federation_sender.batch.requirements import (
     INSTALL_JAVA,
+    START_CONNECT,
+    START_MASTER,
     MissingPrerequisite,
+    check_database,
     check_java,
+    check_master,
     check_modules,
+    check_remote,
     check_sqlite_jdbc,
 )
-from federation_sender.batch.session import SQLITE_JDBC_JAR, SessionOptions, build_session
+from federation_sender.batch.session import (
+    SQLITE_JDBC_JAR,
+    SessionOptions,
+    SessionStartError,
+    SparkUnreachable,
+    build_session,
+)
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import DEMO_SERVER_NAME, Settings
 
@@ -49,7 +67,8 @@ JOBS = {
 
 DESCRIPTION = """\
 Spark batch jobs over the worker's database (PostgreSQL, or the embedded SQLite
-file the demo and the default configuration use).
+file the demo and the default configuration use), or, with --synapse-config
+homeserver.yaml, over Synapse's tables beside which the worker runs.
 
   backfill-destination-rooms  recompute destination_rooms (--dry-run: report only)
   audit                       find undelivered events and wrong rows (--repair)
@@ -58,8 +77,8 @@ file the demo and the default configuration use).
 
 Exit status: 0 success, 1 the job failed, 2 bad arguments or configuration, or
 a missing prerequisite (the batch extra, Java), 4 the audit found lost or
-mismatched rows. 'federation-sender batch JOB --help'
-lists a job's options."""
+mismatched rows, or events a receiver does not hold (--ask-receivers).
+'federation-sender batch JOB --help' lists a job's options."""
 
 
 def _common() -> argparse.ArgumentParser:
@@ -70,6 +89,9 @@ def _common() -> argparse.ArgumentParser:
                        "spark://host:7077, yarn, k8s://..., local-cluster[N,C,MB]")
     where.add_argument("--remote", help="Spark Connect URL, e.g. sc://host:15002")
     p.add_argument("--database-url", help="PostgreSQL URL (default: database.url)")
+    p.add_argument("--synapse-config", metavar="FILE", action="append", default=None,
+                   help="Synapse's homeserver.yaml (repeat for the worker file, as the "
+                   "worker takes them): run on Synapse's tables, in its database")
     p.add_argument("--jdbc-url", help="JDBC URL the executors use, when it differs "
                    "(jdbc:postgresql://host:port/db)")
     p.add_argument("--snapshot", metavar="DIR", help="read tables from this Parquet "
@@ -98,6 +120,23 @@ def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -
         if name == "audit":
             p.add_argument("--repair", action="store_true", help="fix destination_rooms and "
                            "rewind catch-up positions so the worker resends")
+            _add_receiver_options(p)
+
+
+def _add_receiver_options(p: argparse.ArgumentParser) -> None:
+    """The audit's bilateral check (:mod:`.bilateral`); off unless asked for: it sends
+    signed requests to other servers, where the rest of the audit reads only ours."""
+    d = AskLimits()
+    p.add_argument("--ask-receivers", type=int, nargs="?", const=d.total, default=0,
+                   metavar="N", help="ask the receivers of up to N delivered (destination, "
+                   f"room) pairs ({d.total} if N is left out) whether they hold the room's "
+                   "newest event we sent; with --repair, hand what they lack back to "
+                   "catch-up (default 0: off)")
+    p.add_argument("--ask-rate", type=float, default=d.per_destination_per_s,
+                   metavar="PER_S", help="requests per second to one destination "
+                   f"(default {d.per_destination_per_s:g})")
+    p.add_argument("--ask-seed", type=int, default=None, metavar="SEED",
+                   help="seed of the sample (default: a random one, reported)")
 
 
 def add_batch_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -117,10 +156,11 @@ def _usage(msg: str) -> int:
 
 def run_batch(args: argparse.Namespace, settings: Settings, *,
               spark: SparkSession | None = None, clock: Clock | None = None,
-              out: TextIO | None = None) -> int:
+              out: TextIO | None = None, receivers: ProbeOpener | None = None) -> int:
     """Run the job named by ``args.job``; returns the exit status. ``spark`` reuses a
     running session (tests); otherwise one is built from ``--master``/``--remote`` and
-    stopped at the end."""
+    stopped at the end. ``receivers`` opens the worker's federation client for the
+    audit's ``--ask-receivers`` (the main CLI passes it)."""
     out = out if out is not None else sys.stdout
     clock = clock if clock is not None else SystemClock()
     job: str = args.job
@@ -139,6 +179,7 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
             return _usage(str(e))
     try:
         conf = _checked_options(args, job, db)
+        check = _receiver_check(args, receivers)
     except ValueError as e:
         return _usage(str(e))
     owned = spark is None
@@ -152,7 +193,7 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     progress = Progress(job, clock, enabled=not args.quiet)
     master = args.remote or spark.conf.get("spark.master", None) or "?"
     try:
-        result = _run(job, args, spark, db, server_name, progress, clock)
+        result = _run(job, args, spark, db, server_name, progress, clock, check)
     except Exception as e:  # top of the command: report and fail
         # One line: a Py4J error's text carries the whole Java stack.
         print(f"federation-sender batch {job}: failed: {_first_line(e)}", file=sys.stderr)
@@ -200,6 +241,24 @@ def _checked_options(args: argparse.Namespace, job: str, db: Database | None) ->
     return conf
 
 
+def _receiver_check(args: argparse.Namespace,
+                    receivers: ProbeOpener | None) -> ReceiverCheck | None:
+    """``--ask-receivers``' check, None when off (:class:`ValueError`: the usage line)."""
+    n: int = getattr(args, "ask_receivers", 0)
+    if n < 0:
+        raise ValueError("--ask-receivers must be at least 0")
+    if n == 0:
+        return None
+    if not args.ask_rate > 0:
+        raise ValueError("--ask-rate must be above 0 (requests per second to one destination)")
+    if receivers is None:
+        raise ValueError("--ask-receivers asks with the worker's federation client: run "
+                         "it as 'federation-sender batch audit ...'")
+    seed = args.ask_seed if args.ask_seed is not None else secrets.randbelow(2**31)
+    return ReceiverCheck(receivers, AskLimits(total=n, per_destination_per_s=args.ask_rate),
+                         seed)
+
+
 def _start_spark(args: argparse.Namespace, job: str, db: Database | None,
                  conf: dict[str, str]) -> SparkSession | int:
     """A Spark session, or the exit status when it cannot start (said in one line)."""
@@ -208,6 +267,15 @@ def _start_spark(args: argparse.Namespace, job: str, db: Database | None,
             check_java()
         if db is not None and db.sqlite and not args.snapshot and "spark.jars" not in conf:
             check_sqlite_jdbc(SQLITE_JDBC_JAR)
+        # What must answer, each in seconds, before Spark takes a minute to find out.
+        writes = getattr(args, "repair", False) or (
+            job == "backfill-destination-rooms" and not args.dry_run)
+        if db is not None and (not args.snapshot or writes):
+            check_database(db)
+        if args.master:
+            check_master(args.master)
+        if args.remote:
+            check_remote(args.remote)
     except MissingPrerequisite as e:
         return _usage(str(e))
     try:
@@ -215,6 +283,13 @@ def _start_spark(args: argparse.Namespace, job: str, db: Database | None,
             master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
             progress_bar=args.spark_progress, conf=conf,
         ))
+    except SparkUnreachable as e:  # the master or the Connect server: configuration
+        print(f"federation-sender batch {job}: could not start Spark: {e}: "
+              f"{START_CONNECT if args.remote else START_MASTER}", file=sys.stderr)
+        return EXIT_USAGE
+    except SessionStartError as e:  # the reason Spark logged
+        print(f"federation-sender batch {job}: could not start Spark: {e}", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as e:  # Py4J's gateway, Spark Connect's channel: one line
         print(f"federation-sender batch {job}: could not start Spark: "
               f"{_first_line(e)}" + ("" if args.remote else
@@ -247,7 +322,8 @@ def _demo_database(settings: Settings) -> tuple[str, str] | None:
 
 
 def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database | None,
-         server_name: str, progress: Progress, clock: Clock) -> JobResult:
+         server_name: str, progress: Progress, clock: Clock,
+         receivers: ReceiverCheck | None = None) -> JobResult:
     # The jobs import pyspark at module level: only here, once it is known installed.
     from federation_sender.batch import audit, backfill, health
 
@@ -255,19 +331,29 @@ def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database |
     partitions = args.partitions or min(
         int(spark.conf.get("spark.sql.shuffle.partitions") or 4), 16
     )
+    beside_synapse = bool(getattr(args, "synapse_config", None))
     with progress.step("open source"):
         source: Source
         if args.snapshot:
             source = SnapshotSource(spark, args.snapshot)
+        elif beside_synapse:
+            from federation_sender.batch.synapse_source import SynapseJdbcSource
+
+            assert db is not None
+            source = SynapseJdbcSource(spark, db, partitions)
         else:
             assert db is not None
             source = JdbcSource(spark, db, partitions)
+    if beside_synapse != (source.schema == "synapse"):
+        # A snapshot's repairs go to --synapse-config's database only if it is Synapse's.
+        raise ValueError(f"a snapshot of the {source.schema} schema "
+                         + ("with" if beside_synapse else "without") + " --synapse-config")
     output = Path(args.output) if args.output else None
     ctx = JobContext(spark, source, db, server_name, progress, clock, output)
     if job == "backfill-destination-rooms":
         return backfill.run(ctx, dry_run=args.dry_run)
     if job == "audit":
-        res = audit.run(ctx, repair=args.repair)
+        res = audit.run(ctx, repair=args.repair, receivers=receivers)
         if res.exit_status:
             res.exit_status = EXIT_FINDINGS
         return res
@@ -298,11 +384,14 @@ def _print(result: JobResult, progress: Progress, out: TextIO, *, as_json: bool)
             "samples": {k: [{c: _jsonable(x) for c, x in row.items()} for row in rows]
                         for k, rows in result.samples.items()},
             "steps": [{"step": n, "seconds": round(s, 3)} for n, s in progress.steps],
+            "next_steps": result.next_steps,
         }
         print(json.dumps(doc, indent=2, default=str), file=out)
         return
     print(format_summary(result.job, result.summary, progress.steps, progress.elapsed_s),
           file=out)
+    for line in result.next_steps:
+        print(f"  next: {line}", file=out)
     for name, rows in result.samples.items():
         if not rows:
             continue

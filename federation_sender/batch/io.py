@@ -46,9 +46,12 @@ from sqlalchemy.engine import make_url
 from federation_sender.batch.session import JDBC_DRIVER, SQLITE_JDBC_DRIVER
 from federation_sender.storage import batch_reads
 from federation_sender.storage.batch_apply import BatchCounts, StagedChange
-from federation_sender.storage.engine import create_engine
+from federation_sender.storage.engine import create_engine, run_in_transaction
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Tx
+from federation_sender.storage.synapse import batch_apply as synapse_apply
+from federation_sender.storage.synapse import batch_reads as synapse_reads
+from federation_sender.storage.synapse.database import create_synapse_engine
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -82,6 +85,13 @@ BOUNDED_BY_HIGH_WATER_MARK: Mapping[str, str] = {
 }
 
 SNAPSHOT_META = "_snapshot.json"
+
+SCHEMA_COLUMNS: Mapping[str, Mapping[str, tuple[str, ...]]] = {
+    "native": TABLE_COLUMNS,
+    "synapse": {name: read.columns for name, read in synapse_reads.READS.items()},
+}
+"""The frames each schema's source gives the jobs (``synapse``: Synapse's tables as
+:mod:`federation_sender.storage.synapse.batch_reads` reads them)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +165,11 @@ class Source(Protocol):
     """Tables as DataFrames, bounded by one high-water mark."""
 
     @property
+    def schema(self) -> str:
+        """Whose tables: ``native`` (ours) or ``synapse`` (:data:`SCHEMA_COLUMNS`)."""
+        ...
+
+    @property
     def high_water_mark(self) -> int: ...
 
     def table(self, name: str) -> DataFrame: ...
@@ -162,6 +177,8 @@ class Source(Protocol):
 
 class JdbcSource:
     """Reads tables over JDBC; the big ones in ``partitions`` parallel range scans."""
+
+    schema = "native"
 
     def __init__(self, spark: SparkSession, db: Database, partitions: int) -> None:
         self._spark = spark
@@ -197,26 +214,25 @@ class JdbcSource:
             )
         df = reader.load().select(*TABLE_COLUMNS[name])
         if self._db.sqlite:
-            df = _sqlite_types(df)
+            df = _sqlite_types(df, name)
         bound_col = BOUNDED_BY_HIGH_WATER_MARK.get(name)
         if bound_col is not None:
             df = df.filter(F.col(bound_col) <= F.lit(self._hwm))
         return df
 
 
-_SQLITE_BOOLEANS = ("outlier", "rejected", "catchup")
-
-
-def _sqlite_types(df: DataFrame) -> DataFrame:
-    """SQLite stores booleans as integers and its driver reports declared types loosely:
-    give the columns the types PostgreSQL's reads have."""
+def _sqlite_types(df: DataFrame, name: str) -> DataFrame:
+    """SQLite's JDBC driver reports declared types loosely (a ``BIGINT`` as unsigned, which
+    Spark reads as ``decimal(20,0)``; booleans may be integers): cast each column to the
+    type of the storage schema's column, the one PostgreSQL's reads have, so every job's
+    outputs (Parquet, CSV, ``--json``) carry integers, not decimals or strings."""
     from pyspark.sql import functions as F
 
+    types = batch_reads.spark_column_types(name)
     for col, kind in df.dtypes:
-        if col in _SQLITE_BOOLEANS and kind != "boolean":
-            df = df.withColumn(col, F.col(col).cast("boolean"))
-        elif kind in ("int", "decimal(38,0)") and col not in _SQLITE_BOOLEANS:
-            df = df.withColumn(col, F.col(col).cast("long"))
+        want = types.get(col)
+        if want is not None and kind != want:
+            df = df.withColumn(col, F.col(col).cast(want))
     return df
 
 
@@ -229,36 +245,41 @@ class SnapshotSource:
         self._path = path.rstrip("/")
         meta = json.loads(_read_text(spark, f"{self._path}/{SNAPSHOT_META}"))
         self._hwm = int(meta["high_water_mark"])
+        self.schema = str(meta.get("schema", "native"))
+        if self.schema not in SCHEMA_COLUMNS:
+            raise ValueError(f"snapshot of an unknown schema {self.schema!r}")
 
     @property
     def high_water_mark(self) -> int:
         return self._hwm
 
     def table(self, name: str) -> DataFrame:
-        return _present(self._spark.read.parquet(f"{self._path}/{name}"), name)
+        return _present(self._spark.read.parquet(f"{self._path}/{name}"), name, self.schema)
 
 
 class DataFrameSource:
     """Tables given as DataFrames (tests, notebooks, callers that read elsewhere)."""
 
-    def __init__(self, tables: Mapping[str, DataFrame], high_water_mark: int) -> None:
+    def __init__(self, tables: Mapping[str, DataFrame], high_water_mark: int,
+                 schema: str = "native") -> None:
         self._tables = dict(tables)
         self._hwm = high_water_mark
+        self.schema = schema
 
     @property
     def high_water_mark(self) -> int:
         return self._hwm
 
     def table(self, name: str) -> DataFrame:
-        return _present(self._tables[name], name)
+        return _present(self._tables[name], name, self.schema)
 
 
 OPTIONAL_COLUMNS = frozenset({"error"})
 """Read when present: snapshots written before they were read, and hand-made frames."""
 
 
-def _present(df: DataFrame, name: str) -> DataFrame:
-    return df.select(*[c for c in TABLE_COLUMNS[name]
+def _present(df: DataFrame, name: str, schema: str = "native") -> DataFrame:
+    return df.select(*[c for c in SCHEMA_COLUMNS[schema][name]
                        if c not in OPTIONAL_COLUMNS or c in df.columns])
 
 
@@ -274,11 +295,12 @@ def write_snapshot(spark: SparkSession, source: Source, path: str) -> dict[str, 
     """Write every table the jobs read as Parquet under ``path``; returns row counts."""
     path = path.rstrip("/")
     counts: dict[str, int] = {}
-    for name in TABLE_COLUMNS:
+    for name in SCHEMA_COLUMNS[source.schema]:
         df = source.table(name)
         df.write.mode("overwrite").parquet(f"{path}/{name}")
         counts[name] = spark.read.parquet(f"{path}/{name}").count()
-    meta = json.dumps({"high_water_mark": source.high_water_mark, "rows": counts})
+    meta = json.dumps({"high_water_mark": source.high_water_mark, "rows": counts,
+                       "schema": source.schema})
     spark.createDataFrame([(meta,)], "value string").coalesce(1).write.mode("overwrite").text(
         f"{path}/{SNAPSHOT_META}"
     )
@@ -298,17 +320,25 @@ def apply_changes(
     positions: DataFrame | None,
     high_water_mark: int,
     job: str,
+    schema: str = "native",
 ) -> ApplyResult:
     """Stage ``changes`` (``destination``, ``room_id``, ``stream_ordering``, ``action``
     upsert|delete) and ``positions`` (``destination``, ``position``), then apply them in
-    one transaction. See the module docstring."""
+    one transaction. See the module docstring. On Synapse's schema the staging table is
+    in our schema and the apply is Synapse's rule
+    (:mod:`federation_sender.storage.synapse.batch_apply`: rows only created or raised,
+    positions only lowered)."""
     from pyspark.sql import functions as F
 
     if db.sqlite:
         return _apply_sqlite(db, changes, positions, high_water_mark)
+    synapse = schema == "synapse"
     staging = f"batch_staging_{job.replace('-', '_')}_{uuid.uuid4().hex[:12]}"
     with db.connect() as conn:
-        batch_reads.create_staging_table(conn, staging)
+        if synapse:
+            synapse_apply.create_staging_table(conn, staging)
+        else:
+            batch_reads.create_staging_table(conn, staging)
     try:
         staged = changes.select("destination", "room_id", "stream_ordering", "action")
         if positions is not None:
@@ -320,13 +350,34 @@ def apply_changes(
                     F.lit("position").alias("action"),
                 )
             )
+        target = synapse_apply.staging_table(staging) if synapse else staging
         staged.write.format("jdbc").options(
-            **db.jdbc_options(), dbtable=staging, batchsize="10000"
+            **db.jdbc_options(), dbtable=target, batchsize="10000"
         ).mode("append").save()
+        if synapse:
+            return _apply_synapse(db, staging)
         return _apply_staged(db, staging, high_water_mark)
     finally:
         with db.connect() as conn:
-            batch_reads.drop_staging_table(conn, staging)
+            if synapse:
+                synapse_apply.drop_staging_table(conn, staging)
+            else:
+                batch_reads.drop_staging_table(conn, staging)
+
+
+def _apply_synapse(db: Database, staging: str) -> ApplyResult:
+    """One transaction on Synapse's database, through the Synapse storage's statements."""
+
+    async def run() -> BatchCounts:
+        engine = create_synapse_engine(db.url, pool_size=1)
+        try:
+            return await run_in_transaction(
+                engine, lambda conn: synapse_apply.apply_staged(conn, staging))
+        finally:
+            await engine.dispose()
+
+    counts = asyncio.run(run())
+    return ApplyResult(counts.upserted, counts.deleted, counts.positions_lowered)
 
 
 def _through_storage(db: Database, fn: Callable[[Tx], Awaitable[BatchCounts]]) -> ApplyResult:
@@ -366,13 +417,22 @@ def _apply_sqlite(db: Database, changes: DataFrame, positions: DataFrame | None,
 def write_outputs(df: DataFrame, out_dir: str | Path, name: str) -> Any:
     """Write a report-sized result on the driver as ``<out>/<name>.parquet`` and
     ``<out>/<name>.csv`` (single files an operator can open; the driver's file system,
-    not the executors'). Returns the pandas frame."""
+    not the executors'). Returns the pandas frame written.
+
+    Integer columns stay integers (pandas' nullable ``Int64``; ``None`` in
+    ``to_dict``): ``toPandas`` makes a column with a null a float one, which Parquet
+    would store as ``double``, CSV print as ``12.0`` and ``--json`` as a float."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     pdf: Any = df.toPandas()
     # Spark Connect attaches its query metrics (PlanMetrics objects) as pandas attrs,
     # which pandas then tries to store as JSON in the Parquet metadata and fails.
     pdf.attrs.clear()
-    pdf.to_parquet(out / f"{name}.parquet", index=False)
-    pdf.to_csv(out / f"{name}.csv", index=False)
-    return pdf
+    files = pdf.astype({col: _PANDAS_INTEGERS[kind] for col, kind in df.dtypes
+                        if kind in _PANDAS_INTEGERS and col in pdf.columns})
+    files.to_parquet(out / f"{name}.parquet", index=False)
+    files.to_csv(out / f"{name}.csv", index=False)
+    return files
+
+
+_PANDAS_INTEGERS = {"bigint": "Int64", "int": "Int32", "smallint": "Int16", "tinyint": "Int8"}

@@ -34,6 +34,8 @@ class JobResult:
     summary: dict[str, Any]
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     exit_status: int = 0
+    next_steps: list[str] = field(default_factory=list)
+    """What the operator can do about the findings, one sentence each."""
 
 
 def sample(df: DataFrame, order: list[str], n: int = SAMPLE_ROWS) -> list[dict[str, Any]]:

@@ -2,10 +2,13 @@
 matplotlib charts embedded as base64 PNGs, so an operator can open or mail one file.
 
 Made to be read: the table lists the worst destinations first (lowest success rate,
-then most lag, then most failures) with their last error; latency is drawn on a log
-scale (a 30 s timeout beside 20 ms answers); the lag chart is left out when nothing
-lags; the timeline's buckets fit the run (seconds for a demo, hours for a month); every
-figure is rounded to what it means."""
+then most lag, then most failures) with their last error; the latency chart shows the
+slowest destinations (highest p99: a slow server is usually a quiet one, which a chart of
+the busiest would leave out), each labelled with its transactions and the busiest marked,
+and the busiest destinations' latencies are a chart of their own when they are others;
+latency is drawn on a log scale (a 30 s timeout beside 20 ms answers); the lag chart is
+left out when nothing lags; the timeline's buckets fit the run (seconds for a demo, hours
+for a month); every figure is rounded to what it means."""
 
 from __future__ import annotations
 
@@ -46,6 +49,37 @@ def worst_first(health: Any) -> Any:
     return health.sort_values(
         ["success_rate", "lag_stream_positions", "failures", "destination"],
         ascending=[True, False, False, True], na_position="last", kind="mergesort")
+
+
+def busiest(health: Any, n: int = TOP_N) -> Any:
+    """The ``n`` destinations with the most transactions; ties by name."""
+    return health.sort_values(["transactions", "destination"], ascending=[False, True],
+                              kind="mergesort").head(n)
+
+
+def slowest(health: Any, n: int = TOP_N) -> Any:
+    """The ``n`` destinations with the highest p99 latency (then p95, then name), among
+    those with any transaction."""
+    timed = health[health["latency_p99_ms"].notna()]
+    return timed.sort_values(["latency_p99_ms", "latency_p95_ms", "destination"],
+                             ascending=[False, False, True], kind="mergesort").head(n)
+
+
+LATENCY = "Latency"
+LATENCY_BUSIEST = "Latency, busiest"
+
+
+def latency_charts(health: Any) -> list[tuple[str, Any]]:
+    """What the latency charts are drawn from, (title, frame) each: the slowest
+    destinations by p99, with ``busy`` marking those among the busiest; then the busiest
+    destinations' latencies, when they are not the same destinations."""
+    slow = slowest(health).copy()
+    busy = busiest(health[health["latency_p99_ms"].notna()])
+    slow["busy"] = slow["destination"].isin(set(busy["destination"]))
+    charts: list[tuple[str, Any]] = [(LATENCY, slow)] if len(slow) else []
+    if set(busy["destination"]) != set(slow["destination"]):
+        charts.append((LATENCY_BUSIEST, busy))
+    return charts
 
 
 def rounded(health: Any) -> Any:
@@ -122,24 +156,39 @@ def _cell(key: str, v: Any) -> str:
     return html.escape(str(v))
 
 
+def _latency_png(title: str, frame: Any) -> str:
+    if title == LATENCY:
+        # Each slow destination with its traffic: a quiet server's p99 is few attempts.
+        labels = [f"{d}{' *' if b else ''} ({int(n):,} txns)" for d, n, b in
+                  zip(frame["destination"], frame["transactions"], frame["busy"], strict=True)]
+        heading = (f"Latency of the {len(labels)} slowest destinations by p99 "
+                   f"(log scale; * among the {TOP_N} busiest)")
+    else:
+        labels = [str(d) for d in frame["destination"]]
+        heading = f"Latency of the {len(labels)} busiest destinations (log scale)"
+    return _barh(
+        labels,
+        {p: [float(x) if x == x and x is not None else float("nan")
+             for x in frame[f"latency_{p}_ms"]]
+         for p in ("p50", "p95", "p99")},
+        heading, "ms", log=True)
+
+
 def _charts(health: Any, timeline: Any, bucket_ms: int) -> list[tuple[str, str]]:
-    """(title, PNG in base64) of each chart: the busiest destinations' transactions and
-    latencies, the laggiest's lag (when any is behind), the timeline."""
-    busiest = health.sort_values("transactions", ascending=False).head(TOP_N)
-    labels = [str(d) for d in busiest["destination"]]
+    """(title, PNG in base64) of each chart: the busiest destinations' transactions, the
+    latencies of the slowest (and of the busiest, when others: :func:`latency_charts`),
+    the laggiest's lag (when any is behind), the timeline."""
+    top = busiest(health)
+    labels = [str(d) for d in top["destination"]]
     charts: list[tuple[str, str]] = []
     if labels:
         charts.append(("Transactions", _barh(
             labels,
-            {"succeeded": [float(x) for x in busiest["successes"]],
-             "failed": [float(x) for x in busiest["failures"]]},
+            {"succeeded": [float(x) for x in top["successes"]],
+             "failed": [float(x) for x in top["failures"]]},
             f"Transactions (busiest {len(labels)})", "transactions")))
-        charts.append(("Latency", _barh(
-            labels,
-            {p: [float(x) if x == x and x is not None else float("nan")
-                 for x in busiest[f"latency_{p}_ms"]]
-             for p in ("p50", "p95", "p99")},
-            "Latency percentiles (log scale)", "ms", log=True)))
+        charts += [(title, _latency_png(title, frame))
+                   for title, frame in latency_charts(health)]
         laggiest = health[health["lag_stream_positions"] > 0].sort_values(
             "lag_stream_positions", ascending=False).head(TOP_N)
         if len(laggiest):

@@ -209,13 +209,27 @@ def undelivered(
     )
 
 
-def split_pruned(raw_diff: DataFrame, undelivered_rows: DataFrame) -> tuple[DataFrame, DataFrame]:
+def joined_now(memberships: DataFrame, server_name: str) -> DataFrame:
+    """(destination, room) pairs where the destination is joined at the end of the
+    history (one of its users' latest membership is ``join``). Columns:
+    ``destination``, ``room_id``."""
+    return (join_intervals(memberships, server_name)
+            .filter(F.col("end_so").isNull())
+            .select("destination", "room_id").distinct())
+
+
+def split_pruned(raw_diff: DataFrame, undelivered_rows: DataFrame,
+                 joined: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Split :func:`diff_destination_rooms` output into real differences and rows the
-    worker pruned on purpose: catch-up deletes the row of a room the destination left
-    once its events are handled, so a "missing" row whose latest event was delivered is
-    not a disagreement. Returns ``(diff, pruned)``; ``pruned`` has ``problem="pruned"``.
-    The audit and the backfill both use this, so they agree on such rows."""
-    keys = undelivered_rows.select("destination", "room_id").distinct()
+    worker pruned on purpose. Catch-up deletes the row of a room the destination has
+    *left* once its events are handled, so a "missing" row is pruned (not a
+    disagreement) only when the room's latest event was delivered and the destination
+    is no longer joined (``joined``: :func:`joined_now`). A missing row of a room it is
+    still in is missing whatever was delivered: the next catch-up would never see the
+    room. Returns ``(diff, pruned)``; ``pruned`` has ``problem="pruned"``. The audit
+    and the backfill both use this, so they agree on such rows."""
+    keys = undelivered_rows.select("destination", "room_id").unionByName(
+        joined.select("destination", "room_id")).distinct()
     missing = raw_diff.filter(F.col("problem") == "missing")
     pruned = (missing.join(keys, ["destination", "room_id"], "left_anti")
               .withColumn("problem", F.lit("pruned")))

@@ -12,6 +12,9 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import sqlalchemy as sa
+
+from federation_sender.storage import schema
 from federation_sender.storage.batch_apply import STAGING_COLUMNS, checked_identifier
 
 
@@ -44,3 +47,27 @@ def create_staging_table(conn: DriverConnection, name: str) -> None:
 
 def drop_staging_table(conn: DriverConnection, name: str) -> None:
     conn.execute(f"DROP TABLE IF EXISTS {checked_identifier(name)}")
+
+
+def _spark_type(column: sa.Column[Any]) -> str | None:
+    kind = column.type
+    if isinstance(kind, sa.Boolean):
+        return "boolean"
+    if isinstance(kind, sa.BigInteger):
+        return "bigint"
+    if isinstance(kind, sa.SmallInteger):
+        return "smallint"
+    if isinstance(kind, sa.Integer):
+        return "int"
+    if isinstance(kind, sa.String):  # Text too
+        return "string"
+    return None
+
+
+def spark_column_types(table: str) -> dict[str, str]:
+    """The Spark SQL type PostgreSQL's JDBC reads give each column of one of our tables
+    (the schema of :mod:`federation_sender.storage.schema`), for the columns of types the
+    jobs read: what a read from SQLite, whose JDBC driver reports declared types loosely,
+    is cast to."""
+    columns = schema.metadata.tables[table].c
+    return {c.name: t for c in columns if (t := _spark_type(c)) is not None}

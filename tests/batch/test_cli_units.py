@@ -96,6 +96,8 @@ class _ConnectLikeFrame:
     """What Spark Connect's ``toPandas`` returns: a frame with its query metrics (objects
     that are not JSON) in ``attrs``."""
 
+    dtypes = [("destination", "string"), ("n", "bigint")]
+
     def toPandas(self) -> Any:
         import pandas as pd
 
