@@ -51,6 +51,7 @@ _SERVICE_MARKERS = {"postgres", "spark"}
 # Fixtures that start a service (a test using one, directly or through another fixture).
 _SERVICE_FIXTURES = {
     "pg_cluster": "PostgreSQL",
+    "private_pg_cluster": "PostgreSQL",
     "redis_server": "Redis",
     "synapse_deployment": "Synapse",
     "contract_synapse_template": "Synapse",
@@ -139,6 +140,19 @@ logging.getLogger("py4j").setLevel(logging.WARNING)
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PostgresCluster]:
+    try:
+        find_pg_bin()
+    except PostgresMissing:
+        missing("PostgreSQL server binaries (Debian package postgresql)")
+    with ephemeral_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def private_pg_cluster() -> Iterator[PostgresCluster]:
+    """A PostgreSQL cluster of the test's own, for a test that restarts it: restarting
+    the session's cluster under the session's Synapse left dead connections in Synapse's
+    pool, and its next request (another module's registration) answered 500."""
     try:
         find_pg_bin()
     except PostgresMissing:

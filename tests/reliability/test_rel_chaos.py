@@ -27,8 +27,11 @@ LONG = bool(os.environ.get("CHAOS_LONG"))
 @pytest.mark.spark
 @pytest.mark.timeout(3600 if LONG else 420)
 async def test_chaos_run_loses_nothing(
-    tmp_path: Path, pg_cluster: PostgresCluster, pg_url: str
+    tmp_path: Path, private_pg_cluster: PostgresCluster
 ) -> None:
+    # A cluster of its own: the run restarts PostgreSQL (conftest.py, private_pg_cluster).
+    pg_cluster = private_pg_cluster
+    pg_url = pg_cluster.create_database("chaos")
     cfg = ChaosConfig(
         chaos_s=float(os.environ.get("CHAOS_SECONDS", 900 if LONG else 75)),
         seed=int(os.environ.get("CHAOS_SEED", 1)),

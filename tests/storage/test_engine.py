@@ -94,13 +94,13 @@ async def test_unreachable_database_gives_up_after_bounded_attempts() -> None:
         await eng.dispose()
 
 
-async def test_database_restart_is_survived(pg_cluster: PostgresCluster, pg_url: str) -> None:
+async def test_database_restart_is_survived(private_pg_cluster: PostgresCluster) -> None:
     from federation_sender.storage.migrate import upgrade
 
-    eng = create_engine(pg_url)
+    eng = create_engine(private_pg_cluster.create_database("restarted"))
     try:
         await upgrade(eng)
-        pg_cluster.restart()
+        private_pg_cluster.restart()
 
         async def fn(conn: AsyncConnection) -> int:
             return int((await conn.execute(text("SELECT 1"))).scalar_one())
