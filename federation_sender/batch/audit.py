@@ -70,9 +70,10 @@ def run(ctx: JobContext, *, repair: bool,
         by_status = counts_by(missing, "status")
     with ctx.progress.step("compare destination_rooms"):
         raw = t.diff_destination_rooms(expected, actual)
-        # A row the worker pruned (a room the destination left, its events delivered)
-        # is missing on purpose.
-        diff, pruned = t.split_pruned(raw, missing, t.joined_now(memberships, ctx.server_name))
+        # A row the worker pruned (a room the destination left after the row's event,
+        # its events delivered) is missing on purpose.
+        diff, pruned = t.split_pruned(raw, missing,
+                                      t.rows_kept(expected, memberships, ctx.server_name))
         diff = diff.cache()
         by_problem = counts_by(diff, "problem")
         n_pruned = pruned.count()

@@ -38,13 +38,13 @@ def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
         expected = t.expected_destination_rooms(events, memberships, ctx.server_name).cache()
         n_expected = expected.count()
     with ctx.progress.step("compare with destination_rooms"):
-        # As the audit does: a row the worker pruned (a room the destination left, its
-        # events delivered) is not put back (catch-up would only prune it again); a
-        # missing row of a room the destination is still in is.
+        # As the audit does: a row the worker pruned (a room the destination left after
+        # the row's event, its events delivered) is not put back (catch-up would only
+        # prune it again); a missing row of a room the destination stayed in is.
         undelivered = t.undelivered(expected, t.delivered_positions(txn_log, events),
                                     destinations)
         diff, pruned = t.split_pruned(t.diff_destination_rooms(expected, actual), undelivered,
-                                      t.joined_now(memberships, ctx.server_name))
+                                      t.rows_kept(expected, memberships, ctx.server_name))
         diff = diff.cache()
         by_problem = counts_by(diff, "problem")
         n_pruned = pruned.count()

@@ -209,27 +209,53 @@ def undelivered(
     )
 
 
-def joined_now(memberships: DataFrame, server_name: str) -> DataFrame:
-    """(destination, room) pairs where the destination is joined at the end of the
-    history (one of its users' latest membership is ``join``). Columns:
-    ``destination``, ``room_id``."""
-    return (join_intervals(memberships, server_name)
-            .filter(F.col("end_so").isNull())
-            .select("destination", "room_id").distinct())
+def departures(memberships: DataFrame, server_name: str) -> DataFrame:
+    """The moments a remote server left a room: the membership row after which none of
+    its users is joined any more. Columns: ``room_id``, ``destination``, ``out_so``."""
+    per_user = Window.partitionBy("room_id", "user_id").orderBy("event_stream_ordering")
+    per_server = (Window.partitionBy("room_id", "server_name")
+                  .orderBy("event_stream_ordering")
+                  .rowsBetween(Window.unboundedPreceding, Window.currentRow))
+    joined = (F.col("membership") == "join").cast("int")
+    was_joined = F.coalesce(
+        (F.lag("membership").over(per_user) == "join").cast("int"), F.lit(0))
+    return (
+        memberships.filter(F.col("server_name") != F.lit(server_name))
+        .withColumn("delta", joined - was_joined)
+        .withColumn("count", F.sum("delta").over(per_server))
+        .filter((F.col("delta") == -1) & (F.col("count") == 0))
+        .select("room_id", F.col("server_name").alias("destination"),
+                F.col("event_stream_ordering").alias("out_so"))
+    )
+
+
+def rows_kept(expected: DataFrame, memberships: DataFrame, server_name: str) -> DataFrame:
+    """The expected (destination, room) rows catch-up never prunes: the destination's
+    server has stayed in the room from the row's event to the end of the history (no
+    :func:`departures` at or after it). Catch-up prunes a row only while the
+    destination is out of the room, so a server that left after the row's event and
+    joined again may have lost its row on purpose. Columns: ``destination``,
+    ``room_id``."""
+    out = departures(memberships, server_name)
+    e = expected.select("destination", "room_id", F.col("stream_ordering").alias("so"))
+    left_after = e.join(out, ["destination", "room_id"]).filter(F.col("out_so") >= F.col("so"))
+    return e.select("destination", "room_id").join(
+        left_after.select("destination", "room_id"), ["destination", "room_id"], "left_anti")
 
 
 def split_pruned(raw_diff: DataFrame, undelivered_rows: DataFrame,
-                 joined: DataFrame) -> tuple[DataFrame, DataFrame]:
+                 kept: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Split :func:`diff_destination_rooms` output into real differences and rows the
     worker pruned on purpose. Catch-up deletes the row of a room the destination has
     *left* once its events are handled, so a "missing" row is pruned (not a
     disagreement) only when the room's latest event was delivered and the destination
-    is no longer joined (``joined``: :func:`joined_now`). A missing row of a room it is
-    still in is missing whatever was delivered: the next catch-up would never see the
-    room. Returns ``(diff, pruned)``; ``pruned`` has ``problem="pruned"``. The audit
-    and the backfill both use this, so they agree on such rows."""
+    left the room after that event (``kept``: :func:`rows_kept`, the rows of servers
+    that never did). A missing row of a room it has stayed in is missing whatever was
+    delivered: the next catch-up would never see the room. Returns ``(diff, pruned)``;
+    ``pruned`` has ``problem="pruned"``. The audit and the backfill both use this, so
+    they agree on such rows."""
     keys = undelivered_rows.select("destination", "room_id").unionByName(
-        joined.select("destination", "room_id")).distinct()
+        kept.select("destination", "room_id")).distinct()
     missing = raw_diff.filter(F.col("problem") == "missing")
     pruned = (missing.join(keys, ["destination", "room_id"], "left_anti")
               .withColumn("problem", F.lit("pruned")))

@@ -83,6 +83,8 @@ class ChaosReport:
     converge_s: float = 0.0
     delivery: DeliveryReport | None = None
     audit: dict[str, Any] = field(default_factory=dict)
+    findings: str = ""
+    """What the database says about the audit's findings, if it had any."""
     rss_kib: list[int] = field(default_factory=list)
     rss_by_run_kib: list[int] = field(default_factory=list)
     worker_log: str = ""
@@ -321,7 +323,7 @@ class Chaos:
             code = await worker.stop()
             assert code == 0, f"worker exit status {code} on SIGTERM"
             self.report.audit = await self._audit()
-            if self.report.audit.get("undelivered_lost"):
+            if self.report.audit.get("undelivered_lost") or self.report.audit["exit_status"]:
                 await self._dump_lost(self.report.audit.get("samples") or {})
         finally:
             sampler.cancel()
@@ -468,18 +470,20 @@ class Chaos:
         (self.workdir / "shortfalls.txt").write_text("\n".join(lines))
 
     async def _dump_lost(self, samples: dict[str, Any]) -> None:
-        """When the audit finds a lost row, write what the database says about it
-        (``lost.txt`` in the run's directory): the destination's position, its row, the
-        room's latest events, the destination's memberships and transaction log."""
+        """When the audit finds a lost row or a ``destination_rooms`` mismatch, write
+        what the database says about it (``lost.txt`` in the run's directory, and the
+        report's ``findings``): the destination's position, its row, the room's latest
+        events, the destination's memberships and transaction log."""
         from sqlalchemy import text
 
         eng = create_engine(self.pg_url)
         lines: list[str] = []
+        rows = [r for r in samples.get("undelivered", []) if r.get("status") == "lost"]
+        rows += [{**r, "stream_ordering": r.get("expected_so") or r.get("actual_so") or 0}
+                 for r in samples.get("mismatches", [])]
         try:
             async with eng.connect() as conn:
-                for row in samples.get("undelivered", []):
-                    if row.get("status") != "lost":
-                        continue
+                for row in rows:
                     lines.append(f"== {row}")
                     for q in (
                         "SELECT * FROM destinations WHERE destination=:d",
@@ -502,6 +506,7 @@ class Chaos:
         finally:
             await eng.dispose()
         (self.workdir / "lost.txt").write_text("\n".join(lines))
+        self.report.findings = "\n".join(lines)
 
     async def _audit(self) -> dict[str, Any]:
         proc = await asyncio.create_subprocess_exec(

@@ -44,7 +44,7 @@ async def test_chaos_run_loses_nothing(
     assert report.delivery is not None and report.delivery.ok, report.summary()
     assert report.audit["undelivered_lost"] == 0, report.audit
     assert report.audit["undelivered_pending"] == 0, report.audit
-    assert report.audit["exit_status"] == 0, report.audit
+    assert report.audit["exit_status"] == 0, (report.audit, report.findings)
     assert set(report.faults) == set(cfg.faults), report.faults
     # Memory stays bounded: no incarnation of the worker grows past 400 MiB.
     assert report.rss_kib and max(report.rss_kib) < 400 * 1024, report.summary()
