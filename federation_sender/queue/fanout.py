@@ -142,6 +142,14 @@ class EventFanout:
         self._poked = asyncio.Event()
         self.stopping = False
         self._known_destinations: set[str] = set()
+        self.replay_upto: int | None = None
+        """Set when a changed instance list moved the position back to a slower
+        instance's (Synapse's reset at start): up to here this instance handed its own
+        destinations their events already, so an event at or below it goes only to the
+        destinations whose ``last_successful_stream_ordering`` is below it (those
+        another instance served, or ours still owed it), not again to every one."""
+        self.replay_skipped = 0
+        """(event, destination) pairs the replay window left out as delivered."""
 
     def _remember(self, names: set[str]) -> None:
         # Known to exist in ``destinations``: skip re-inserting them every batch. Bounded;
@@ -154,15 +162,22 @@ class EventFanout:
         """Load the persisted position; on first start, begin at the current end (there
         is nothing to catch up on for a worker that never sent anything)."""
 
-        async def fn(tx: Tx) -> int:
+        async def fn(tx: Tx) -> tuple[int, int | None]:
             p = await tx.positions.load(EVENTS_STREAM, self.instance_name)
             if p is None:
                 p = await tx.events.max_stream_ordering()
                 await tx.positions.save(EVENTS_STREAM, self.instance_name, p)
-            return p
+            return p, await tx.positions.replay_upto(EVENTS_STREAM, self.instance_name)
 
-        self.position = await self.storage.run(fn)
+        self.position, upto = await self.storage.run(fn)
         self.target = max(self.target, self.position)
+        if upto is not None and upto > self.position:
+            self.replay_upto = upto
+            log.info(
+                "Events position moved back from %d to %d (another instance's, the "
+                "instance list changed): events up to %d go only to destinations whose "
+                "own position is below them", upto, self.position, upto,
+            )  # fmt: skip
 
     def notify(self, max_stream_ordering: int) -> None:
         if max_stream_ordering > self.target:
@@ -214,11 +229,17 @@ class EventFanout:
             await tx.destinations.ensure_destinations(new_dests)
             await tx.destinations.upsert_destination_rooms(dr_rows, skip_destinations=True)
             await tx.positions.save(EVENTS_STREAM, self.instance_name, new_position)
+            if self.replay_upto is not None and after < self.replay_upto:
+                fanout = await self._skip_delivered(tx, fanout, self.replay_upto)
             return _Batch(len(rows), new_position, new_dests, fanout, fan)
 
         b = await self.storage.run(fn)
         self._remember(b.new_dests)
         self.position = b.new_position
+        if self.replay_upto is not None and self.position >= self.replay_upto:
+            log.info("Replay window ended at %d: %d (event, destination) pairs already "
+                     "delivered were not sent again", self.replay_upto, self.replay_skipped)
+            self.replay_upto = None
         n, pdus = self._hand_over(b.fanout, b.fan)
         if self.gate is not None:
             self.gate.handed_over()
@@ -226,6 +247,27 @@ class EventFanout:
         self.observer.events_processed(b.events, b.new_position, n, pdus=pdus, rooms=rooms,
                                        duration_s=self.clock.monotonic_s() - started)
         return n
+
+    async def _skip_delivered(
+        self, tx: Tx, fanout: list[tuple[EventRow, tuple[str, ...]]], upto: int
+    ) -> list[tuple[EventRow, tuple[str, ...]]]:
+        """The replay window (:attr:`replay_upto`): each destination resumes from its
+        own delivered position. A destination whose ``last_successful_stream_ordering``
+        is at or past an event has it (or a later event of its room: the position
+        never passes a PDU still owed); the others get it. One read per batch of the
+        window, none after it."""
+        names = {d for e, ds in fanout if e.stream_ordering <= upto for d in ds}
+        rows = await tx.destinations.get_destinations(names)
+        done = {d: r.last_successful_stream_ordering for d, r in rows.items()
+                if r.last_successful_stream_ordering is not None}
+        out: list[tuple[EventRow, tuple[str, ...]]] = []
+        for e, ds in fanout:
+            if e.stream_ordering <= upto:
+                kept = tuple(d for d in ds if done.get(d, -1) < e.stream_ordering)
+                self.replay_skipped += len(ds) - len(kept)
+                ds = kept
+            out.append((e, ds))
+        return out
 
     def _hand_over(
         self, fanout: Sequence[tuple[EventRow, tuple[str, ...]]], fan: _Fanout

@@ -162,6 +162,10 @@ class _Positions:
     async def save(self, stream: str, instance: str, stream_id: int) -> None:
         await pos.save_position(self._c, pos.stored_name(stream), instance, stream_id)
 
+    async def replay_upto(self, _stream: str, _instance: str) -> int | None:
+        # Native positions are per instance and never reset to another's.
+        return None
+
     async def load_replication(self, reader: str) -> dict[tuple[str, str], int]:
         return await pos.load_prefixed(self._c, pos.replication_prefix(reader))
 

@@ -275,6 +275,12 @@ class PositionStore(Protocol):
 
     async def save(self, stream: str, instance: str, stream_id: int) -> None: ...
 
+    async def replay_upto(self, stream: str, instance: str) -> int | None:
+        """This instance's own position before a changed instance list moved it back
+        to a slower instance's (Synapse's reset at start), if it did: the events below
+        it were handed to this instance's own destinations already. None otherwise."""
+        ...
+
     async def load_replication(self, reader: str) -> dict[tuple[str, str], int]:
         """(stream, writer instance) -> token."""
         ...

@@ -20,7 +20,11 @@ re-derived. In order:
    ``[fed1]``, and fed1 alone starts: it takes the minimum events position of the
    table (Synapse's ``_reset_federation_positions_txn``), sends what was persisted
    while neither ran to all 20, and when the down server comes back (it contacts main,
-   which clears its backoff) catches it up from ``destination_rooms``.
+   which clears its backoff) catches it up from ``destination_rooms``. Before that,
+   fed2 stops first and fed1 serves its own destinations alone: fed1's takeover then
+   starts from fed2's older position, and sends the events in between to fed2's
+   destinations only, each destination resuming from its own delivered position
+   (issue #44.2: no duplicate at fed1's destinations, new events during the takeover).
 
 Main is not restarted, so it keeps ``[fed1, fed2]`` from its start: in 1.163 main uses
 the list only to account the acknowledgements of the ``federation`` stream, which
@@ -349,29 +353,41 @@ def test_two_of_ours_split_by_synapses_rule_and_fed1_takes_over(
         assert to_device_count(p, marker2) == 1, p.server_name
         assert stream_id_twice(p, s) == [], p.server_name
 
-    # 3. One of fed2's destinations goes down and misses events; both stop; fed1
-    # alone takes over every destination from the stored positions.
+    # 3. One of fed2's destinations goes down and misses events; fed2 stops and fed1
+    # goes on serving its own (fed2's position stays behind fed1's); fed1 stops; fed1
+    # alone takes over every destination from the stored positions, with new events
+    # arriving while it starts. Synapse's reset gives fed1 fed2's older position: the
+    # events in between go to fed2's destinations, once, and not again to fed1's own
+    # (issue #44.2: 420 and 84 duplicates there before).
     down = mine2[0]
     down.send_status = 503
     missed = send(s, 3, "down")
     wait_events(network, mine1 + mine2[1:], missed, "phase 3 events at the servers up")
     network.wait_for(lambda: down.refused_transactions > 0, what="the down server refusing")
     assert not set(missed) & down.event_ids_seen
-    assert fed1.stop() == 0 and fed2.stop() == 0
+    assert fed2.stop() == 0
+    only1 = send(s, 6, "fed1 alone")
+    wait_events(network, mine1, only1, "fed1's destinations served while fed2 is down")
+    assert fed1.stop() == 0
     neither = send(s, 4, "neither")
     marker3 = to_device(s, "neither")
     write_instances(d, ["fed1"])
     log_before = last_log_id(s)
     fed1.start()
+    during = send(s, 3, "takeover")
     up = [p for p in s.peers if p is not down]
-    wait_events(network, up, neither, "fed1 sending what neither sent, to all but one")
+    wait_events(network, mine2[1:], only1, "fed1 sending fed2's destinations what fed2 missed")
+    wait_events(network, up, neither + during, "fed1 sending what neither sent, to all but one")
     network.wait_for(lambda: all(to_device_count(p, marker3) >= 1 for p in up),
                      what="fed1 sending the to-device message to all but one")
     down.send_status = 200
     network.send_transaction(down, d.server_name)  # back: it talks to main
-    wait_events(network, [down], missed + neither, "the down server caught up by fed1")
+    wait_events(network, [down], missed + only1 + neither + during,
+                "the down server caught up by fed1")
     network.wait_for(lambda: to_device_count(down, marker3) >= 1, what="its to-device")
-    assert_once(s, s.peers, ids1 + ids2 + missed + neither)
+    assert_once(s, s.peers, ids1 + ids2 + missed + only1 + neither + during)
+    window = Path(fed1.log_path).read_text(errors="replace")
+    assert "Replay window ended" in window, "fed1 never resumed from an older position"
     for p in s.peers:
         assert to_device_count(p, marker3) == 1, p.server_name
         assert stream_id_twice(p, s) == [], p.server_name

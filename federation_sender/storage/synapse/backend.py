@@ -89,6 +89,9 @@ class SynapseBackend:
         self.groups = StateGroupHostsCache()
         self.signals = ReplicationSignals(instance_name)
         self.positions_reset = False
+        self.replay_upto: dict[str, int] = {}
+        """Our positions before the instance list's reset moved them back
+        (:func:`~federation_sender.storage.synapse.positions.reset_federation_positions`)."""
         self.stream_token: Callable[[str], int | None] = lambda _stream: None
         """The latest replication token of a stream (bound through the capabilities to
         the replication handler's), bounding outbox reads as Synapse's stream tokens do."""
@@ -226,10 +229,14 @@ class _Positions:
 
     async def _reset_once(self) -> None:
         if not self._b.positions_reset:
-            await pos.reset_federation_positions(
+            self._b.replay_upto = await pos.reset_federation_positions(
                 self._c, self._b.instance_name, self._b.syn.federation_sender_instances
             )
             self._b.positions_reset = True
+
+    async def replay_upto(self, stream: str, instance: str) -> int | None:
+        await self._reset_once()
+        return self._b.replay_upto.get(stream) if instance == self._b.instance_name else None
 
     async def load(self, stream: str, instance: str) -> int | None:
         await self._reset_once()

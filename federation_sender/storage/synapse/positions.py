@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import func, select, text
+from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.storage.synapse.schema import federation_stream_position
@@ -23,22 +23,29 @@ from federation_sender.storage.synapse.schema import federation_stream_position
 
 async def reset_federation_positions(
     conn: AsyncConnection, instance: str, configured: Sequence[str]
-) -> None:
-    """Synapse's ``_reset_federation_positions_txn``, for our instance."""
+) -> dict[str, int]:
+    """Synapse's ``_reset_federation_positions_txn``, for our instance. Returns, per
+    type, our own position before the reset where the reset moved it back (a changed
+    instance list gave us the minimum of a slower instance's): what we had already
+    handed to our own destinations (:attr:`federation_sender.queue.fanout.EventFanout.
+    replay_upto`)."""
     t = federation_stream_position
     instances = configured or [instance]
     if instance not in instances:
-        return
-    present = set((await conn.execute(select(t.c.instance_name))).scalars())
+        return {}
+    rows = [(str(i), str(k), int(v)) for i, k, v in
+            await conn.execute(select(t.c.instance_name, t.c.type, t.c.stream_id))]
+    present = {i for i, _, _ in rows}
     if present == set(instances) or not present:
-        return
-    mins = dict(
-        (str(k), int(v))
-        for k, v in await conn.execute(select(t.c.type, func.min(t.c.stream_id)).group_by(t.c.type))
-    )
+        return {}
+    mins: dict[str, int] = {}
+    for _, typ, stream_id in rows:
+        mins[typ] = min(mins.get(typ, stream_id), stream_id)
+    own = {typ: stream_id for i, typ, stream_id in rows if i == instance}
     await conn.execute(t.delete().where(t.c.instance_name.not_in(list(instances))))
     for typ, stream_id in mins.items():
         await save_position(conn, typ, instance, stream_id, monotonic=False)
+    return {typ: own[typ] for typ in mins if own.get(typ, mins[typ]) > mins[typ]}
 
 
 async def load_position(conn: AsyncConnection, typ: str, instance: str) -> int | None:
