@@ -1184,14 +1184,16 @@ def read_partitions(spark: Any, url: str, partitions: int, *, counts: bool) -> l
 
     from federation_sender.batch.io import Database
     from federation_sender.batch.synapse_source import SynapseJdbcSource
-    from federation_sender.storage.synapse.batch_reads import READS
+    from federation_sender.storage.synapse.batch_reads import READS, RangeSplit, RoomSplit
 
     src = SynapseJdbcSource(spark, Database.from_urls(url, None), partitions)
     lines = []
     for name, read in READS.items():
         df = src.table(name)
         n = df.rdd.getNumPartitions()
-        split = type(read.split).__name__ if read.split else "none"
+        split = (f"{read.split.column} ranges" if isinstance(read.split, RangeSplit)
+                 else "room_id ranges at quantiles of rooms"
+                 if isinstance(read.split, RoomSplit) else "none")
         line = f"{name}: {n} ({split})"
         if counts:
             sizes = [r["n"] for r in df.groupBy(F.spark_partition_id().alias("p"))

@@ -6,12 +6,18 @@ it): a ``SELECT`` run as a JDBC subquery, the columns it returns, and a split:
 
 * :class:`RangeSplit`: a numeric column the executors read in ranges (Spark's
   ``partitionColumn``), bounds from ``min``/``max`` on the driver: ``events`` on
-  ``stream_ordering`` (its unique index), ``destination_rooms`` on ``stream_ordering``,
+  ``stream_ordering`` (its unique index; the stream is dense, so the ranges are even),
   our transaction log on ``id``;
 * :class:`RoomSplit`: ranges of ``room_id`` (``WHERE room_id >= a AND room_id < b``
   predicates, one per executor task), the boundaries quantiles of Synapse's small
-  ``rooms`` table: ``current_state_events`` has no numeric key worth ranging on, and
-  ``room_id`` leads its unique index, so each range is an index range scan;
+  ``rooms`` table, the same ranges for every such read: ``current_members``
+  (``current_state_events`` has no numeric key worth ranging on, and ``room_id`` leads
+  its unique index) and ``destination_rooms`` (its ``destination_rooms_room_id``
+  index), so each range is an index range scan. Not ``destination_rooms`` on
+  ``stream_ordering``: a row is its room's newest event, so the rows crowd the top of
+  the stream and its last range held two thirds of them (docs/batch.md, "JDBC reads:
+  partitions"); the ranges of rooms hold equal numbers of rooms, and so about equal
+  numbers of rows (one room's rows stay in one range);
 * none: the small tables (``destinations``, ``federation_stream_position``,
   ``erased_users``, ``partial_state_rooms``), one read each.
 
@@ -102,7 +108,7 @@ READS: Mapping[str, SynapseRead] = {
     "destination_rooms": SynapseRead(
         "SELECT destination, room_id, stream_ordering FROM destination_rooms",
         ("destination", "room_id", "stream_ordering"),
-        RangeSplit("stream_ordering", "destination_rooms"),
+        RoomSplit(),
     ),
     "destinations": SynapseRead(
         "SELECT destination, retry_last_ts, retry_interval, failure_ts,"
