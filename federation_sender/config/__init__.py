@@ -157,6 +157,11 @@ class QueueSettings:
     """How long after a destination's first failure it is probed every
     ``max_short_retry_delay_s`` or sooner (ours; Synapse has no such window). 0, with
     ``max_long_retries`` 0, goes straight to the persisted backoff."""
+    return_probe_interval_s: float = 60.0
+    """In a persisted backoff, a destination with something to send that has been down
+    for less than ``catchup_threshold_s`` is asked this often whether it is back (``GET
+    /_matrix/federation/v1/version``), and sent to at once when it is (ours; Synapse
+    waits the backoff out). 0 turns it off."""
 
 
 @dataclass(frozen=True)

@@ -77,10 +77,12 @@ def _validate_queue(q: QueueSettings) -> None:
             "a positive number <= backoff_jitter_max",
             q.backoff_jitter_min,
         )
-    if q.max_long_retries < 0 or q.max_short_retries < 0 or q.short_retry_probe_window_s < 0:
+    if (q.max_long_retries < 0 or q.max_short_retries < 0 or q.short_retry_probe_window_s < 0
+            or q.return_probe_interval_s < 0):
         bad = min(("queue.max_long_retries", q.max_long_retries),
                   ("queue.max_short_retries", q.max_short_retries),
                   ("queue.short_retry_probe_window_s", q.short_retry_probe_window_s),
+                  ("queue.return_probe_interval_s", q.return_probe_interval_s),
                   key=lambda kv: kv[1])
         raise ConfigError(bad[0], "a number >= 0", bad[1])
 

@@ -86,6 +86,10 @@ class QueueObserver(Protocol):
         """The phase ended: the destination answered, or the backoff is persisted."""
         return None
 
+    def return_probe(self, destination: str, up: bool) -> None:
+        """A destination in its persisted backoff was asked whether it is back."""
+        return None
+
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         return None
 

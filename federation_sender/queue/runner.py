@@ -35,6 +35,7 @@ from federation_sender.queue.core.steps import (
     Idle,
     NeedCatchup,
     NeedOutbox,
+    ProbeReturn,
     Send,
     Wait,
 )
@@ -46,6 +47,7 @@ from federation_sender.transport.result import (
     EventProbe,
     Outcome,
     SendResult,
+    ServerProbe,
     Transaction,
     TransactionSender,
 )
@@ -62,8 +64,8 @@ class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
         "_attempts", "_finished", "_loaded", "_may_send", "_pacing", "_probe", "_stopping",
-        "_unpersisted", "_waiting", "clock", "config", "core", "db_slots", "destination",
-        "gate", "observer", "sender", "store", "txn_slots", "wake",
+        "_unpersisted", "_up_probe", "_waiting", "clock", "config", "core", "db_slots",
+        "destination", "gate", "observer", "sender", "store", "txn_slots", "wake",
     )
 
     def __init__(
@@ -85,6 +87,7 @@ class DestinationRunner:
         self.sender = sender
         # Asked once: isinstance() of a runtime-checkable Protocol costs microseconds.
         self._probe = sender if isinstance(sender, EventProbe) else None
+        self._up_probe = sender if isinstance(sender, ServerProbe) else None
         self._attempts = TimedAttempts(sender, clock, config.attempt_deadline_s)
         self.txn_slots = txn_slots
         self.db_slots = db_slots
@@ -305,6 +308,8 @@ class DestinationRunner:
             elif isinstance(step, NeedCatchup):
                 with self.observer.catchup_step(self.destination):
                     await self._catch_up(step, now)
+            elif isinstance(step, ProbeReturn):
+                await self._probe_return()
             elif isinstance(step, Wait):
                 wait_s = max(0.0, (step.until_ms - now) / 1000.0)
                 if c.parks(wait_s, self.config.idle_ttl_s):
@@ -319,6 +324,21 @@ class DestinationRunner:
                 await self._wait(None)
                 if c.idle_ended():
                     return
+
+    async def _probe_return(self) -> None:
+        """The core asks whether the destination, in its persisted backoff, is back
+        (``queue/core/destination.py``, the return probe): one ``GET`` of its version,
+        bounded by the attempt deadline; when it answers, the next step sends."""
+        up = False
+        if self._up_probe is not None and self._may_send():
+            try:
+                async with asyncio.timeout(self.config.attempt_deadline_s):
+                    up = await self._up_probe.server_answers(self.destination)
+            except TimeoutError:
+                up = False
+        if self.core.on_return_probe(up, time_ms(self.clock)):
+            log.info("%s answers again during its backoff: sending now", self.destination)
+        self.observer.return_probe(self.destination, up)
 
     async def _catch_up(self, step: NeedCatchup, now: int) -> None:
         c = self.core

@@ -139,6 +139,9 @@ class TelemetryObserver:
     def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
         self._metrics.short_retry_phase_ended(answered)
 
+    def return_probe(self, destination: str, up: bool) -> None:
+        self._metrics.return_probe(up)
+
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         self._metrics.catchup_step("success")
         step = trace.get_current_span()  # called inside catchup_step

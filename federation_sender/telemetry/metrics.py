@@ -220,6 +220,8 @@ class Metrics:
                                       "phase, by outcome", ["outcome"], registry=r)
         self._short_phases = Counter(n.SHORT_RETRY_PHASES, "Short-retry phases ended, by "
                                      "how", ["ended"], registry=r)
+        self._return_probes = Counter(n.RETURN_PROBES, "Return probes of destinations in "
+                                      "their backoff, by outcome", ["outcome"], registry=r)
         self._dropped = Counter(n.DROPPED_ITEMS, "Queued items dropped, by kind and reason",
                                 ["kind", "reason"], registry=r)
 
@@ -424,6 +426,9 @@ class Metrics:
 
     def short_retry_phase_ended(self, answered: bool) -> None:
         self._short_phases.labels("answered" if answered else "backed_off").inc()
+
+    def return_probe(self, up: bool) -> None:
+        self._return_probes.labels("up" if up else "down").inc()
 
     def catchup_step(self, outcome: str) -> None:
         self._catchup_steps.labels(outcome).inc()

@@ -64,6 +64,10 @@ destination answered, the phase ends) or ``unanswered``."""
 SHORT_RETRY_PHASES = "federation_sender_short_retry_phases"
 """Short-retry phases that ended, label ``ended``: ``answered`` or ``backed_off`` (the
 persisted backoff followed)."""
+RETURN_PROBES = "federation_sender_return_probes"
+"""Return probes (``GET /_matrix/federation/v1/version`` of a destination in its
+persisted backoff with something to send, at most one a minute each), label
+``outcome``: ``up`` (sent to at once) or ``down``."""
 IN_FLIGHT_TRANSACTIONS = "federation_sender_in_flight_transactions"
 DB_GROUP_COMMITS = "federation_sender_db_group_commits"
 """Database transactions that wrote transaction results (group commits)."""

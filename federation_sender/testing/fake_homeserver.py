@@ -24,6 +24,7 @@ from federation_sender.testing.remote_core import (
     Receiver,
 )
 from federation_sender.testing.remote_records import Behaviour, ReceivedTxn
+from federation_sender.transport.client import VERSION_PATH
 from federation_sender.transport.signing import VerifyKeyLookup
 
 __all__ = ["SEND_PREFIX", "Behaviour", "FakeHomeserver", "ReceivedTxn"]
@@ -42,12 +43,15 @@ class FakeHomeserver(Receiver):
         self.port = 0
         self._scheme = "http"
         self._runner: web.AppRunner | None = None
+        self.version_requests: dict[str, int] = {}
+        """``GET /_matrix/federation/v1/version`` requests per destination."""
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=CLIENT_MAX_SIZE)
         app.router.add_put(SEND_PATH, self._send)
+        app.router.add_get(VERSION_PATH, self._version)
         app.router.add_get("/_stats", self._stats)
         return app
 
@@ -93,6 +97,17 @@ class FakeHomeserver(Receiver):
                 "destinations": len(self.txn_counts),
             }
         )
+
+    async def _version(self, request: web.Request) -> web.Response:
+        """A destination told to answer /send with a 5xx answers this with it too (it
+        is down); otherwise its version. Counted in ``version_requests``."""
+        dest = request.headers.get(
+            "X-Destination", request.host.split(":")[0] if request.host else "")
+        self.version_requests[dest] = self.version_requests.get(dest, 0) + 1
+        status = self.behaviours.get(dest, self.default).status
+        if status >= 500:
+            return web.Response(status=status)
+        return web.json_response({"server": {"name": "fake-homeserver", "version": "0"}})
 
     async def _send(self, request: web.Request) -> web.StreamResponse:
         dest = request.host.split(":")[0] if request.host else ""

@@ -152,3 +152,18 @@ class HttpTransactionSender:
         return dataclasses.replace(
             result, request_bytes=len(body), duration_s=self.clock.monotonic_s() - t0
         )
+
+    async def server_answers(self, destination: str) -> bool:
+        """As the real client's: ``GET /_matrix/federation/v1/version`` answered with a
+        status below 500 (:class:`~federation_sender.transport.result.ServerProbe`)."""
+        base = URL(self._url(destination))
+        url = base.with_path(f"{base.raw_path.rstrip('/')}/_matrix/federation/v1/version",
+                             encoded=True)
+        try:
+            async with self._get_session().get(
+                url, headers={"Host": destination, "X-Destination": destination},
+            ) as resp:
+                await resp.read()
+                return resp.status < 500
+        except (TimeoutError, asyncio.TimeoutError, aiohttp.ClientError):  # noqa: UP041
+            return False

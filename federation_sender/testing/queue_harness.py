@@ -39,6 +39,7 @@ class RecordingObserver(NoopObserver):
         self.catchups: list[tuple[str, int]] = []
         self.confirmations: list[tuple[str, str]] = []
         self.short_retries: list[tuple[str, bool]] = []
+        self.return_probes: list[tuple[str, bool]] = []
 
     def transaction_sent(
         self,
@@ -78,6 +79,9 @@ class RecordingObserver(NoopObserver):
 
     def short_retry_phase_ended(self, destination: str, answered: bool) -> None:
         pass
+
+    def return_probe(self, destination: str, up: bool) -> None:
+        self.return_probes.append((destination, up))
 
     def queues_changed(self, active: int) -> None:
         pass

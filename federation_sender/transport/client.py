@@ -92,6 +92,7 @@ logger = logging.getLogger(__name__)
 MAX_PDUS_PER_TXN = 50
 MAX_EDUS_PER_TXN = 100
 EVENT_PATH = "/_matrix/federation/v1/event/"
+VERSION_PATH = "/_matrix/federation/v1/version"
 
 __all__ = ["EVENT_PATH", "SEND_PATH", "FederationClient", "TransportStats"]
 
@@ -367,7 +368,25 @@ class FederationClient:
         """Whether ``destination`` holds ``event_id``: ``GET /_matrix/federation/v1/
         event/{eventId}``, signed (see :func:`event_held`). Never raises for what the
         remote does; the caller bounds the wait (``queue/core/pacing.py``)."""
-        path = EVENT_PATH + quote(event_id, safe="")
+        got = await self._get(destination, EVENT_PATH + quote(event_id, safe=""))
+        if got is None:
+            return EventHeld.NO_ANSWER
+        status, body = got
+        if status != 200 and status != 404:
+            logger.debug("GET event %s from %s: HTTP %d", event_id, destination, status)
+        return event_held(status, body)
+
+    async def server_answers(self, destination: str) -> bool:
+        """Whether ``destination`` is back: ``GET /_matrix/federation/v1/version``
+        answered with any status below 500 (a 5xx is a proxy or a server still down).
+        Through the same discovery, egress rules and kept-alive connections as
+        ``/send``; a few hundred bytes each way. Never raises for what the remote does;
+        the caller bounds the wait (``queue/core/destination.py``, the return probe)."""
+        got = await self._get(destination, VERSION_PATH)
+        return got is not None and got[0] < 500
+
+    async def _get(self, destination: str, path: str) -> tuple[int, bytes] | None:
+        """A signed ``GET`` of ``path``: (status, body), or None without an answer."""
         # The request object's canonical bytes, signed directly (no JSON round trip).
         auth = sign_request_bytes(
             key=self._key, origin=self.server_name, destination=destination,
@@ -382,17 +401,12 @@ class FederationClient:
                 response = await self._h1.put(
                     host, port, resolved.tls_server_name,
                     get_head(path, resolved.host_header, auth, self._user_agent), b"")
-                status, body = response.status, response.body
-            else:
-                status, body = await self._aiohttp.get(resolved, path, auth,
-                                                       self._attempt_timeout_s)
+                return response.status, response.body
+            return await self._aiohttp.get(resolved, path, auth, self._attempt_timeout_s)
         except (TimeoutError, FederationSenderError, aiohttp.ClientError, OSError,
                 ValueError) as e:
-            logger.debug("GET event %s from %s: %s", event_id, destination, e)
-            return EventHeld.NO_ANSWER
-        if status != 200 and status != 404:
-            logger.debug("GET event %s from %s: HTTP %d", event_id, destination, status)
-        return event_held(status, body)
+            logger.debug("GET %s from %s: %s", path, destination, e)
+            return None
 
     def _finish(
         self, txn: Transaction, result: SendResult, size: int, started: float

@@ -94,6 +94,14 @@ class EventHeld(enum.Enum):
 
 
 @runtime_checkable
+class ServerProbe(Protocol):
+    async def server_answers(self, destination: str) -> bool:
+        """Whether ``destination`` answers HTTP again (a status below 500). Never
+        raises for remote failures."""
+        ...
+
+
+@runtime_checkable
 class EventProbe(Protocol):
     async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
         """Whether ``destination`` holds ``event_id``. Never raises for remote

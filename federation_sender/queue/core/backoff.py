@@ -174,6 +174,10 @@ class BackoffPolicy:
     max_s: float = 7 * 24 * 3600.0
     catchup_threshold_s: float = 3600.0
     short_retry: ShortRetryPolicy = ShortRetryPolicy()
+    return_probe_s: float = 60.0
+    """In a persisted backoff, with something to send and down for less than
+    ``catchup_threshold_s``: ask the destination whether it is back this often, and
+    send at once when it is (0: wait the backoff out, as Synapse)."""
 
     @classmethod
     def from_settings(cls, q: QueueSettings) -> BackoffPolicy:
@@ -191,7 +195,24 @@ class BackoffPolicy:
                 max_short_retry_delay_s=q.max_short_retry_delay_s,
                 probe_window_s=q.short_retry_probe_window_s,
             ),
+            return_probe_s=q.return_probe_interval_s,
         )
+
+    def return_probe_at_ms(self, state: BackoffState, last_probe_ms: int,
+                           now_ms: int) -> int | None:
+        """When the next return probe of a destination in ``state`` is due (at most one
+        per ``return_probe_s`` since the backoff began or the last probe), or None: no
+        probing (off, not backing off, due anyway, or down for longer than
+        ``catchup_threshold_s``)."""
+        at = state.retry_at_ms
+        if self.return_probe_s <= 0 or at is None or now_ms >= at:
+            return None
+        down_since = (state.failure_ts_ms if state.failure_ts_ms is not None
+                      else state.retry_last_ts_ms)
+        if now_ms - down_since >= self.catchup_threshold_s * 1000.0:
+            return None
+        due = max(state.retry_last_ts_ms, last_probe_ms) + int(self.return_probe_s * 1000)
+        return due if due < at else None
 
     def on_failure(
         self,

@@ -71,6 +71,7 @@ from federation_sender.queue.core.steps import (
     Idle,
     NeedCatchup,
     NeedOutbox,
+    ProbeReturn,
     Send,
     Step,
     Wait,
@@ -85,8 +86,8 @@ class DestinationCore:
         "_next_txn_id", "backoff", "current", "destination", "device_list_cursor",
         "episode", "isolation", "last_error", "last_success_ms", "last_successful",
         "limits", "loop_policy", "max_done", "outbox_dirty", "parse_pdu", "pending",
-        "policy", "rate_limit", "rng", "short_retry", "sm", "stopped", "to_device_cursor",
-        "work",
+        "policy", "rate_limit", "return_probe_last_ms", "return_seen", "rng", "short_retry",
+        "sm", "stopped", "to_device_cursor", "work",
     )
 
     def __init__(
@@ -136,6 +137,12 @@ class DestinationCore:
         self.last_success_ms: int | None = None
         """Clock ms of the last answered non-empty transaction (since this queue loaded)."""
         self.stopped = False
+        self.return_probe_last_ms = 0
+        """When the last return probe was made (:meth:`on_return_probe`)."""
+        self.return_seen = False
+        """A return probe found the destination up: its backoff no longer holds the
+        next attempt (which, failing, backs off further, without a new short-retry
+        phase)."""
 
     @property
     def catching_up(self) -> bool:
@@ -217,7 +224,7 @@ class DestinationCore:
     def retry_at_ms(self) -> int | None:
         """When sending may resume (a backoff, a 429 pause or a short retry's wait),
         None if it may now."""
-        at = self.backoff.retry_at_ms
+        at = None if self.return_seen else self.backoff.retry_at_ms
         for paused in (self.rate_limit.until_ms, self.short_retry.until_ms):
             if paused and (at is None or paused > at):
                 at = paused
@@ -252,14 +259,46 @@ class DestinationCore:
         raise AssertionError("the last rule always gives a step")  # pragma: no cover
 
     def _paused(self, now_ms: int) -> bool:
-        return (self.rate_limit.active_at(now_ms) or self.backoff.active_at(now_ms)
-                or self.short_retry.active_at(now_ms))
+        return (self.rate_limit.active_at(now_ms) or self.short_retry.active_at(now_ms)
+                or (not self.return_seen and self.backoff.active_at(now_ms)))
 
-    def _wait_out_pause(self, _now_ms: int) -> Step:
+    def _wait_out_pause(self, now_ms: int) -> Step:
         retry_at = self.retry_at_ms()
         assert retry_at is not None
         self.sm.to(DestinationState.BACKING_OFF)
-        return Wait(retry_at)
+        probe_at = self._return_probe_at(now_ms)
+        return Wait(retry_at if probe_at is None else min(retry_at, probe_at))
+
+    # --- the return probe: a destination in its backoff, asked whether it is back ---------
+
+    def _owes(self) -> bool:
+        return self.current is not None or bool(self.work) or bool(self.pending)
+
+    def _return_probe_at(self, now_ms: int) -> int | None:
+        """When to ask a destination held only by its persisted backoff whether it is
+        back (:meth:`BackoffPolicy.return_probe_at_ms`): only with something to send,
+        never during a 429 pause, a short-retry wait or catch-up (whose destinations
+        have been down an hour or more, and hold nothing in memory)."""
+        if (self.return_seen or self.episode.active or not self._owes()
+                or self.rate_limit.active_at(now_ms) or self.short_retry.active_at(now_ms)):
+            return None
+        return self.policy.return_probe_at_ms(self.backoff, self.return_probe_last_ms, now_ms)
+
+    def _return_probe_due(self, now_ms: int) -> bool:
+        at = self._return_probe_at(now_ms)
+        return at is not None and at <= now_ms
+
+    def _probe_return(self, now_ms: int) -> Step:
+        self.return_probe_last_ms = now_ms
+        return ProbeReturn()
+
+    def on_return_probe(self, up: bool, now_ms: int) -> bool:
+        """The answer to :class:`ProbeReturn`: when the destination is ``up``, the next
+        step sends at once. Returns ``up``."""
+        self.return_probe_last_ms = max(self.return_probe_last_ms, now_ms)
+        if up:
+            self.return_seen = True
+        return up
 
     def _outbox_to_read(self, _now_ms: int) -> bool:
         low = len(self.pending.to_device) + len(self.pending.device_lists) < self.limits.max_edus
@@ -387,6 +426,7 @@ class DestinationCore:
 
     def _on_success(self, batch: Batch, result: SendResult, eff: Effects) -> None:
         self.current = None
+        self.return_seen = False
         if batch:
             # Only an answer clears it: an empty catch-up step advancing locally says
             # nothing about the destination.
@@ -413,6 +453,9 @@ class DestinationCore:
         phase) or back off, keeping the frozen transaction for an identical retry."""
         self.isolation.on_destination_failure()
         self.current = FrozenTxn(txn.txn_id, txn.batch, txn.attempts + 1)
+        # An attempt a return probe let through failed: back off further (the backoff
+        # is still set, so no new short-retry phase begins).
+        self.return_seen = False
         phase = self.short_retry
         if _unanswered(result) and not self.backoff.backing_off:
             first = not phase.in_phase
@@ -525,6 +568,7 @@ class DestinationCore:
         paused = self.rate_limit.clear() or woken
         was = self.backoff.backing_off
         self.backoff = RESET
+        self.return_seen = False
         return was or paused
 
     def stop(self) -> None:
@@ -582,7 +626,9 @@ class Rule:
 
 NEXT_STEP: tuple[Rule, ...] = (
     Rule("stopped: nothing more", lambda c, _now: c.stopped, lambda _c, _now: Idle()),
-    Rule("paused (backoff, 429, short retry): wait until it ends",
+    Rule("backing off with something to send, down under an hour: ask if it is back",
+         DestinationCore._return_probe_due, DestinationCore._probe_return),
+    Rule("paused (backoff, 429, short retry): wait until it ends (or the next probe)",
          DestinationCore._paused, DestinationCore._wait_out_pause),
     Rule("a transaction in flight: send it again, same id",
          lambda c, _now: c.current is not None,

@@ -50,7 +50,14 @@ class Send:
     txn: FrozenTxn
 
 
-Step = Idle | Wait | NeedCatchup | NeedOutbox | Send
+@dataclass(frozen=True, slots=True)
+class ProbeReturn:
+    """Ask whether a destination in its persisted backoff answers again (a ``GET`` of
+    its version), then tell :meth:`~federation_sender.queue.core.destination.
+    DestinationCore.on_return_probe`."""
+
+
+Step = Idle | Wait | NeedCatchup | NeedOutbox | Send | ProbeReturn
 
 
 @dataclass(slots=True)
