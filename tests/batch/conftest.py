@@ -17,7 +17,9 @@ from federation_sender.storage.migrate import upgrade
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     session = build_session(SessionOptions(master="local[2]", shuffle_partitions=2,
-                                           app_name="federation-sender-tests"))
+                                           app_name="federation-sender-tests",
+                                           conf={"spark.sql.codegen.wholeStage": "false",
+                                                 "spark.sql.adaptive.enabled": "false"}))
     yield session
     session.stop()
 

@@ -1,7 +1,7 @@
 """The chaos run: zero lost deliveries under worker kills, replication cuts, main
 process and PostgreSQL restarts and misbehaving or absent destinations.
 
-Default: 75 s of chaos (about 3 minutes in all, with setup, convergence and the Spark
+Default: 50 s of chaos (about 2 minutes in all, with setup, convergence and the Spark
 audit). ``CHAOS_LONG=1``: 15 minutes of chaos (``CHAOS_SECONDS``, ``CHAOS_SEED`` and
 ``CHAOS_FAULTS``, a comma-separated subset of the fault kinds, possibly empty,
 override). ``bench/chaos.py`` runs the long mode and prints the figures.
@@ -33,7 +33,7 @@ async def test_chaos_run_loses_nothing(
     pg_cluster = private_pg_cluster
     pg_url = pg_cluster.create_database("chaos")
     cfg = ChaosConfig(
-        chaos_s=float(os.environ.get("CHAOS_SECONDS", 900 if LONG else 75)),
+        chaos_s=float(os.environ.get("CHAOS_SECONDS", 900 if LONG else 50)),
         seed=int(os.environ.get("CHAOS_SEED", 1)),
         converge_timeout_s=300 if LONG else 90,
         faults=tuple(f for f in os.environ.get("CHAOS_FAULTS", ",".join(FAULTS)).split(",")

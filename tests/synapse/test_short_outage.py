@@ -9,10 +9,14 @@ our homeserver. The message must be visible there within 3 s of the receiver's p
 accepting connections again (before the short-retry phase: the first refused
 connection persisted 600 s), and no backoff may have been persisted for it.
 bench/short_outage.py measures the same with Synapse's own sender in the same run.
+
+``OUTAGE_LONG=1`` adds issue #44.4's 574 s outage with every default (the return probe).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import uuid
 from collections.abc import Iterator
 
@@ -29,6 +33,7 @@ from tests.synapse.backend_support import OurWorker
 pytestmark = pytest.mark.postgres
 
 TARGET_S = 3.0
+LONG = bool(os.environ.get("OUTAGE_LONG"))
 
 
 @pytest.fixture(scope="module")
@@ -83,5 +88,40 @@ def test_a_receiver_back_after_10_s_gets_its_message_within_3_s(
         assert row == "0", ours.log_tail()
         assert "does not answer" in ours.log_tail(20_000)
         assert ours.running
+    finally:
+        ours.stop()
+
+
+@pytest.mark.skipif(not LONG, reason="OUTAGE_LONG=1: a 574 s outage (about 12 minutes)")
+@pytest.mark.timeout(1800)
+def test_a_receiver_back_after_574_s_gets_its_message_within_60_s(
+    sender_deployment: SynapseDeployment, receiver: SynapseDeployment,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Issue #44.4's case with every default: the short-retry phase (30 s of probes,
+    Synapse's 10 long retries) is over after about nine minutes and the 600 s backoff
+    persisted; the receiver comes back 574 s after it stopped, a few seconds into that
+    backoff; the return probe (every 60 s) finds it, and the message must be there
+    within 60 s of its return (before the probe: 580 s)."""
+    d = sender_deployment
+    ours = OurWorker(d, tmp_path_factory.mktemp("outage-long-ours"),
+                     queue={"short_retry_probe_window_s": 30.0})  # the default
+    ours.start()
+    try:
+        alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
+        room = SendingRoom(d, alice, d.client.create_room(alice))
+        bob = receiver.client.register(f"bob_{uuid.uuid4().hex[:8]}")
+        join_rooms(receiver, bob, {"ours": room})
+
+        def backoff_row() -> None:
+            row = d.sql("SELECT coalesce(max(retry_interval), 0) FROM destinations "
+                        f"WHERE destination = '{receiver.server_name}'").strip()
+            sys.stderr.write(f"\npersisted retry_interval before the return: {row}\n")
+
+        result = short_outage(receiver, bob, {"ours": room}, outage_s=574.0, wait_s=120.0,
+                              before_return=backoff_row)
+        sys.stderr.write(f"574 s outage: {result}\n")
+        arrival = result.arrival_s["ours"]
+        assert arrival is not None and arrival <= 60.0, (result, ours.log_tail())
     finally:
         ours.stop()
