@@ -36,7 +36,7 @@ import itertools
 import json
 import random
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -51,7 +51,15 @@ from federation_sender.queue.core.batching import TXN_OVERHEAD_BYTES, Limits
 from federation_sender.queue.core.catchup import RoomPlan
 from federation_sender.queue.core.destination import DestinationCore
 from federation_sender.queue.core.items import PduItem
-from federation_sender.queue.core.steps import Effects, Idle, NeedCatchup, NeedOutbox, Send, Wait
+from federation_sender.queue.core.steps import (
+    Effects,
+    Idle,
+    NeedCatchup,
+    NeedOutbox,
+    ProbeReturn,
+    Send,
+    Wait,
+)
 from federation_sender.storage.events import EventRow
 from federation_sender.transport.result import Outcome, SendResult
 
@@ -77,6 +85,7 @@ class CoreMachine(RuleBasedStateMachine):
         self.dropped: set[str] = set()
         self.bad: set[str] = set()
         self.down = False
+        self.last_probe_ms: int | None = None
         self.txn_contents: dict[str, tuple[tuple[str, ...], tuple[int, ...]]] = {}
         self.keyed_latest: dict[str, int] = {}
         self.keyed_seen: dict[str, int] = {}
@@ -243,6 +252,20 @@ class CoreMachine(RuleBasedStateMachine):
             self.now = s.until_ms
         elif isinstance(s, NeedOutbox):
             c.add_outbox([], [], True)
+        elif isinstance(s, ProbeReturn):
+            # The return probe: only in a persisted backoff, with something owed, down
+            # under an hour, and at most one a minute whatever happens in between.
+            b = c.backoff
+            assert b.active_at(self.now) and not c.catching_up
+            assert c.current is not None or c.work or c.pending, "a probe with nothing owed"
+            down_since = b.failure_ts_ms if b.failure_ts_ms is not None else b.retry_last_ts_ms
+            assert self.now - down_since < 3_600_000
+            if self.last_probe_ms is not None:
+                assert self.now - self.last_probe_ms >= 60_000, "probes too close"
+            self.last_probe_ms = self.now
+            event("return probe")
+            c.on_return_probe(not self.down, self.now)  # /version answers unless down
+            self.now += 1
         elif isinstance(s, NeedCatchup):
             rows = sorted((so, room, e) for room, (so, e) in self.db_rows.items()
                           if so > s.cursor[0] or (
