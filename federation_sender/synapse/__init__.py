@@ -14,5 +14,5 @@ This package holds what is not SQL: configuration from Synapse's own files
 the storage package's third dialect, :mod:`federation_sender.storage.synapse`: we write
 only what Synapse's sender writes (its ``schema``); our own tables live in the
 ``federation_sender`` PostgreSQL schema (its ``database``). Differences from Synapse's
-worker, and the limitations, are in ``docs/synapse.md``.
+worker, and the limitations, are in ``docs/synapse-reference.md``.
 """

@@ -3,7 +3,7 @@
 ``federation-sender worker --synapse-config homeserver.yaml [--synapse-config fed1.yaml]``
 reads the files in order, later top-level keys replacing earlier ones (as Synapse
 merges ``-c`` files), and takes from them every key Synapse's federation sender reads:
-docs/synapse.md, "Every key the sender reads", is the list, with what each becomes
+docs/synapse-reference.md, "Every key the sender reads", is the list, with what each becomes
 (``tests/synapse/test_key_table.py`` proves each row). Everything else of ours (queue
 sizes, admin API, telemetry) stays in our own file.
 
@@ -83,7 +83,7 @@ class SynapseConfig:
     """``stream_writers.device_lists`` (several allowed, unlike ``to_device``, which
     Synapse 1.163 limits to one writer): device-list outbox reads stay below what all of
     them finished."""
-    # --- egress (docs/synapse.md, "Egress") -------------------------------------------
+    # --- egress (docs/synapse.md, "Restricted egress") ----------------------------------
     worker_replication_secret: str | None = field(default=None, repr=False)
     outbound_federation_restricted_to: tuple[str, ...] | None = None
     """None: every instance may contact remote servers (the key is absent)."""
@@ -293,7 +293,7 @@ REFUSED: tuple[tuple[str, str], ...] = (
      "false or absent: sticky events (MSC4354) are not sent by this worker yet"),
 )
 """Keys that change what Synapse's sender does in ways we do not: set, they stop the
-worker at start (docs/synapse.md, "Every key the sender reads")."""
+worker at start (docs/synapse-reference.md, "Every key the sender reads")."""
 
 
 def _refuse_unsupported(tree: Mapping[str, Any]) -> None:

@@ -20,7 +20,7 @@ Never sent (Synapse's ``_process_event_queue_loop`` and ``get_events_as_list``):
   rule withholds it as well), so what pins the rule is the row as we read it:
   ``rejected``, never sendable.
 
-Each test fails with its rule removed (docs/synapse.md, "Which events go where").
+Each test fails with its rule removed (docs/synapse-reference.md, "Which events go where").
 """
 
 from __future__ import annotations

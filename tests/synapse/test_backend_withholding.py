@@ -2,7 +2,7 @@
 
 Synapse filters the events its sender sends in catch-up with
 ``filter_events_for_server(..., filter_out_erased_senders=True, redact=False, ...)``
-(docs/synapse.md, "What catch-up withholds"). Two scenarios, each with our worker as
+(docs/synapse-reference.md, "What catch-up withholds"). Two scenarios, each with our worker as
 ``fed1`` and a fake remote server that is down (503) while things happen, then our
 worker restarted (every destination starts in catch-up, as Synapse's) and the remote
 back, contacting main:

@@ -1,4 +1,4 @@
-"""docs/synapse.md's table of every key Synapse's federation sender reads, proved row by
+"""docs/synapse-reference.md's table of every key Synapse's federation sender reads, proved row by
 row: each row has a probe here that sets the key and shows what it does (honoured,
 validated) or that the worker refuses it at start (refused: ``federation-sender
 check-config`` exits 2 with one line naming the key); the test a row cites must exist."""
@@ -48,7 +48,7 @@ KEY = SigningKey.generate("a_key")
 
 
 def rows() -> list[tuple[str, str, str, str]]:
-    text = (ROOT / "docs" / "synapse.md").read_text()
+    text = (ROOT / "docs" / "synapse-reference.md").read_text()
     table = text.split("<!-- key-table -->", 1)[1].split("<!-- /key-table -->", 1)[0]
     out = []
     for line in table.strip().splitlines()[2:]:

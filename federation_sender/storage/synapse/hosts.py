@@ -14,7 +14,7 @@ For each sendable event (``federation/sender/__init__.py:handle_event`` in Synap
    over ``state_groups_state`` to its ``m.room.member`` events, kept where
    ``room_memberships`` says ``join``. Several prev events: the **union** of their
    groups' hosts, where Synapse resolves the groups' state first (a superset of its
-   answer; docs/synapse.md). A state group never changes, so its hosts are cached
+   answer; docs/synapse-reference.md). A state group never changes, so its hosts are cached
    forever (LRU-bounded), whichever source (Redis or the database) gave them;
 5. a leave by someone else whose auth events hold an invite for the target (a
    rescinded invite) also goes to the invitee's server;
