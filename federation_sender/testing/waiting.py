@@ -123,3 +123,26 @@ def _short(value: object) -> str:
     text = repr(value)
     half = _REPR_CHARS // 2
     return text if len(text) <= _REPR_CHARS else f"{text[:half]} … {text[-half:]}"
+
+
+async def wait_admin_ready(admin_port: int, check_alive: Callable[[], None],
+                           timeout_s: float = 60.0) -> None:
+    """Wait for a worker's ``/ready`` on loopback to answer 200 (started and connected
+    to replication); ``check_alive`` raises when the process exited meanwhile."""
+    import aiohttp
+
+    async with aiohttp.ClientSession() as http:
+
+        async def ready() -> int | str:
+            check_alive()
+            try:
+                async with http.get(f"http://127.0.0.1:{admin_port}/ready") as r:
+                    return r.status
+            except aiohttp.ClientError as e:
+                return repr(e)
+
+        def ok(status: int | str) -> bool:
+            return status == 200
+
+        await wait_until(ready, "the worker's /ready", accept=ok, timeout_s=timeout_s,
+                         every_s=0.1)

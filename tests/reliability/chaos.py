@@ -51,7 +51,7 @@ from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.faults import FaultProfile
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.postgres import PostgresCluster
-from federation_sender.testing.waiting import wait_until
+from federation_sender.testing.waiting import wait_admin_ready
 from federation_sender.transport.signing import generate_key_file, verify_key_lookup
 
 SERVER_NAME = "sim.local"
@@ -253,20 +253,7 @@ async def wait_ready(admin_port: int, worker: WorkerProcess, timeout_s: float = 
     """Wait for ``/ready``: started and connected to replication. A worker's first start
     begins at the end of the events table (it never owed anything before), so traffic
     that must be delivered may only start once it is up."""
-    import aiohttp
-
-    async with aiohttp.ClientSession() as http:
-
-        async def ready() -> int | str:
-            worker.check_alive()
-            try:
-                async with http.get(f"http://127.0.0.1:{admin_port}/ready") as r:
-                    return r.status
-            except aiohttp.ClientError as e:
-                return repr(e)
-
-        await wait_until(ready, "the worker's /ready", accept=lambda status: status == 200,
-                         timeout_s=timeout_s, every_s=0.1)
+    await wait_admin_ready(admin_port, worker.check_alive, timeout_s)
 
 
 class Chaos:

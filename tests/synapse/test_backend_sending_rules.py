@@ -27,19 +27,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import uuid
 from collections.abc import Callable
 
 import pytest
 
-from federation_sender.clock import SystemClock
 from federation_sender.queue.core.catchup import is_sendable
 from federation_sender.storage.synapse import events as ev
 from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse.backend_support import OurWorker
 
 pytestmark = pytest.mark.postgres
@@ -59,12 +58,7 @@ def _metadata(d: SynapseDeployment, event_id: str) -> dict[str, object]:
 
 def _until(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
     """Poll Synapse's database (it processes inbound PDUs after answering /send)."""
-    clock = SystemClock()
-    deadline = clock.monotonic_s() + timeout_s
-    while not cond():
-        if clock.monotonic_s() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        threading.Event().wait(0.05)
+    wait_until_blocking(cond, what, timeout_s=timeout_s)
 
 
 def _fence(d: SynapseDeployment, net: PeerNetwork, alice: User, peers: list[FederationPeer],

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import urllib.parse
 import uuid
 from collections.abc import Callable, Sequence
@@ -32,13 +31,13 @@ from pathlib import Path
 
 import pytest
 
-from federation_sender.clock import SystemClock
 from federation_sender.model import EventRow
 from federation_sender.storage.synapse import events as ev
 from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.storage.synapse_visibility import visibility_facts
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
+from federation_sender.testing.waiting import wait_until_blocking
 from federation_sender.visibility import EventFacts, Verdict, decide
 from tests.synapse.backend_support import OurWorker
 
@@ -47,12 +46,7 @@ pytestmark = pytest.mark.postgres
 
 def _until(cond: Callable[[], bool], what: str, timeout_s: float = 30.0) -> None:
     """Poll Synapse's database."""
-    clock = SystemClock()
-    deadline = clock.monotonic_s() + timeout_s
-    while not cond():
-        if clock.monotonic_s() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f} s: {what}")
-        threading.Event().wait(0.05)
+    wait_until_blocking(cond, what, timeout_s=timeout_s)
 
 
 def _backing_off(d: SynapseDeployment, peer: FederationPeer) -> bool:

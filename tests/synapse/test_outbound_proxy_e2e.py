@@ -12,7 +12,6 @@ deployment reaches nothing remote: it never went around us.
 from __future__ import annotations
 
 import re
-import time
 import urllib.parse
 import urllib.request
 import uuid
@@ -33,6 +32,7 @@ from federation_sender.testing.synapse_egress import (
     add_generic_worker,
     restrict_outbound_federation,
 )
+from federation_sender.testing.waiting import wait_until_blocking
 from federation_sender.transport.outbound_proxy import REQUESTS_METRIC
 
 pytestmark = pytest.mark.postgres
@@ -107,14 +107,15 @@ def _scenario(d: SynapseDeployment, worker_client: object, peer: SynapseDeployme
                                  None, alice.access_token)
     assert profile.get("displayname") == "Bob of the peer"
 
-    seen: set[str] = set()
-    deadline = time.monotonic() + WAIT_S
-    while not set(history) <= seen and time.monotonic() < deadline:
+    def seen() -> set[str]:
         page = d.client.call(
             "GET", f"/_matrix/client/v3/rooms/{q(room_id)}/messages?dir=b&limit=50",
             None, alice.access_token)  # fmt: skip
-        seen |= {e["event_id"] for e in page["chunk"]}
-    assert set(history) <= seen, "main did not backfill the history before the join"
+        return {e["event_id"] for e in page["chunk"]}
+
+    wait_until_blocking(seen, "main backfilling the history before the join",
+                        timeout_s=WAIT_S, accept=lambda got: set(history) <= got,
+                        every_s=0.2)
 
     log = ours.log_path.read_text(errors="replace")
     proxied = re.findall(r"(GET|PUT|POST) (\S+?)(/_matrix/\S+) -> (\d+|failed)", log)

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import yaml
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -21,7 +20,7 @@ from federation_sender.replication.tcp import TcpReplicationServer
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.queue_writer import HomeserverWriter, WrittenEvent
-from federation_sender.testing.waiting import WaitTimedOut, wait_until
+from federation_sender.testing.waiting import WaitTimedOut, wait_admin_ready, wait_until
 
 LOCAL = "local.test"
 REMOTES = [f"remote{i}.test" for i in range(1, 6)]
@@ -110,18 +109,11 @@ async def stop(
 
 async def wait_ready(admin_port: int, proc: subprocess.Popen[bytes]) -> None:
     """/ready answers 200 once the worker is started and connected to replication."""
-    async with aiohttp.ClientSession() as http:
 
-        async def ready() -> int | str:
-            assert proc.poll() is None, "worker exited during start-up"
-            try:
-                async with http.get(f"http://127.0.0.1:{admin_port}/ready") as r:
-                    return r.status
-            except aiohttp.ClientError as e:
-                return repr(e)
+    def alive() -> None:
+        assert proc.poll() is None, "worker exited during start-up"
 
-        await wait_until(ready, "the worker's /ready", accept=lambda status: status == 200,
-                         timeout_s=30, every_s=0.1)
+    await wait_admin_ready(admin_port, alive, timeout_s=30)
 
 
 def delivered(hs: FakeHomeserver, dest: str) -> set[str]:
