@@ -20,6 +20,12 @@ Synapse's (2.17 ms per PDU at one PDU per transaction in the race of issue #32;
 ``--synapse-ms`` takes the race's latest) is the other (<= 1/10), and the bare loop's
 own ratio to Synapse's is printed too: the floor of a sender built this way.
 
+The raw transport floor (``bench/transport_floor.py``, issue #46.1) sends the same
+waves with no HTTP client: canonical JSON and the signature inside the clock, one
+``PUT`` per kept-alive connection through a bare asyncio Protocol, the response read
+back. The production path's ratio to it is issue #46's target (<= 1.5). The three are
+interleaved in each round (the floors' order alternates), with each round's ratio.
+
 The receivers answer plain HTTP unless ``--tls``: then they serve a throwaway CA's
 leaf and both senders verify it, as every federation link does (the TLS records, the
 per-request encryption and asyncio's TLS layer are then counted). ``--wave-gap-s``
@@ -62,6 +68,7 @@ from common import (
     report,
     url_for,
 )
+from transport_floor import raw_waves
 
 from federation_sender.config import QueueSettings
 from federation_sender.testing.certs import CertFiles
@@ -69,6 +76,10 @@ from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.transport.encoding import canonical_json, signing_bytes
 from federation_sender.transport.result import Transaction
 from federation_sender.transport.signing import sign_request_bytes
+
+FLOORS = ("bare signed", "raw transport")
+"""The two baselines run on the production run's transactions: the signed aiohttp loop
+and the transport floor (``bench/transport_floor.py``: no HTTP client at all)."""
 
 SYNAPSE_MS_PER_TXN = 2.17
 """Synapse 1.163's sender at one PDU per transaction (issue #32's race, 1 msg/s)."""
@@ -210,21 +221,23 @@ async def main() -> None:
         await profile(a)
         return
     load = load_average()
-    cpu: dict[str, list[float]] = {k: [] for k in [*a.senders, "bare signed"]}
+    cpu: dict[str, list[float]] = {k: [] for k in [*a.senders, *FLOORS]}
     rate: dict[str, list[float]] = {k: [] for k in cpu}
     with tls_files(a) as tls, receivers(1, tls) as urls:
         async with databases(a.db) as fresh_db:
             for r in range(a.rounds):
                 kinds = a.senders[r % len(a.senders):] + a.senders[:r % len(a.senders)]
                 replay: list[Transaction] = []
-                order = [*kinds, "bare signed"] if r % 2 == 0 else ["bare signed", *kinds]
+                floors = FLOORS if r % 2 == 0 else FLOORS[::-1]
+                order = [*kinds, *floors] if r % 2 == 0 else [*floors, *kinds]
                 for kind in order:
-                    if kind == "bare signed":
+                    if kind in FLOORS:
                         if not replay:
                             _, _, replay = await production(fresh_db, a.senders[0], a.dests,
                                                             urls, a.events, tls)
-                        wall, c = await bare_waves(replay, url_for(urls), a.dests, tls,
-                                                   a.wave_gap_s)
+                        waves = bare_waves if kind == "bare signed" else raw_waves
+                        wall, c = await waves(replay, url_for(urls), a.dests, tls,
+                                              a.wave_gap_s)
                         k = len(replay)
                     else:
                         wall, c, txns = await production(fresh_db, kind, a.dests, urls,
@@ -243,13 +256,19 @@ async def main() -> None:
         rows.append((f"{k}: CPU ms per txn (runs) / txn/s",
                      f"{med[k]:.3f} ({runs}) / {statistics.median(rate[k]):.0f}"))
     bare = med["bare signed"]
+    raw = med["raw transport"]
     for k in a.senders:
+        per = ", ".join(f"{p / b:.2f}" for p, b in zip(cpu[k], cpu["raw transport"],
+                                                        strict=False))
+        rows.append((f"{k} / raw transport floor, CPU per txn (target <= 1.5)",
+                     f"{med[k] / raw:.2f} (rounds: {per})"))
         per = ", ".join(f"{p / b:.2f}" for p, b in zip(cpu[k], cpu["bare signed"],
                                                         strict=False))
         rows.append((f"{k} / bare signed, CPU per txn (target <= 1.25)",
                      f"{med[k] / bare:.2f} (rounds: {per})"))
         rows.append((f"{k} / Synapse's {a.synapse_ms} ms (target <= 0.10)",
                      f"{med[k] / a.synapse_ms:.3f} (1/{a.synapse_ms / med[k]:.1f})"))
+    rows.append(("bare signed / raw transport floor", f"{bare / raw:.2f}"))
     rows.append((f"bare signed / Synapse's {a.synapse_ms} ms",
                  f"{bare / a.synapse_ms:.3f} (1/{a.synapse_ms / bare:.1f})"))
     report(f"one PDU per transaction, {a.dests} destinations ({a.db}, "
