@@ -5,8 +5,9 @@ Theory of operation
 **Event loop.** The worker runs on asyncio's own loop unless ``--event-loop uvloop``
 (the ``uvloop`` extra installed) or ``auto`` (uvloop when installed) is given.
 ``bench/runtime_ab.py loop`` measured the two side by side with the production sender:
-the same CPU per transaction within 2 % at 200 and 1,000 destinations
-(docs/benchmarks.md), so the default stays the standard library's. The code never
+uvloop used 4 % and 6 % less CPU per transaction at 200 and 1,000 destinations
+(docs/benchmarks.md), less than one run moves, so the default stays the standard
+library's (the test suite runs on it). The code never
 depends on which loop runs it.
 
 **Freed memory.** A worker that had thousands of live queues at once (a burst, a
