@@ -60,7 +60,7 @@ def authorization(dest: str, path: str, body: bytes) -> str:
                               uri=path))
 
 
-class _Exchange(asyncio.Protocol):
+class Exchange(asyncio.Protocol):
     """One keep-alive HTTP/1.1 connection: a request written whole, its response read
     up to ``Content-Length``."""
 
@@ -129,11 +129,11 @@ async def aiohttp_loop(work: Bodies, url: Callable[[str], str]) -> tuple[float, 
 
 async def minimal_loop(work: Bodies, url: Callable[[str], str]) -> tuple[float, float]:
     loop = asyncio.get_running_loop()
-    conns: dict[str, _Exchange] = {}
+    conns: dict[str, Exchange] = {}
     for dest in work:
         u = urlsplit(url(dest))
         assert u.hostname is not None and u.port is not None
-        _t, conns[dest] = await loop.create_connection(_Exchange, u.hostname, u.port)
+        _t, conns[dest] = await loop.create_connection(Exchange, u.hostname, u.port)
 
     async def put(dest: str, txn_id: str, body: bytes) -> None:
         path = f"/_matrix/federation/v1/send/{txn_id}"

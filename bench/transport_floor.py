@@ -9,7 +9,8 @@ Per transaction this does only what a correct sender must, inside the clock:
 * an ed25519 signature over the canonical request object (``sign_request_bytes``:
   PyNaCl), as the ``Authorization: X-Matrix`` header;
 * one HTTP/1.1 ``PUT`` written on a kept-alive connection (TLS when the receivers serve
-  it, verified against their CA) through a bare :class:`asyncio.Protocol`;
+  it, verified against their CA) through ``bench/http_floor.py``'s bare
+  :class:`asyncio.Protocol` (``Exchange``);
 * the response read back to its end (status line, ``Content-Length`` body), so the
   connection can carry the next one.
 
@@ -32,67 +33,22 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from common import BENCH_KEY, GC, ME, dest_name, loopback_tls, receivers, url_for
+from common import GC, ME, dest_name, loopback_tls, receivers, url_for
+from http_floor import Exchange, authorization
 
 from federation_sender.testing.certs import CertFiles
-from federation_sender.transport.encoding import canonical_json, signing_bytes
+from federation_sender.transport.encoding import canonical_json
 from federation_sender.transport.result import Transaction
-from federation_sender.transport.signing import sign_request_bytes
 
 
-class _Exchange(asyncio.Protocol):
-    """One kept-alive HTTP/1.1 connection: a request written, its response read to the
-    end of its ``Content-Length`` body, the status handed to the waiter."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.buf = bytearray()
-        self.waiter: asyncio.Future[int] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
-
-    def data_received(self, data: bytes) -> None:
-        buf = self.buf
-        buf += data
-        end = buf.find(b"\r\n\r\n")
-        if end < 0:
-            return
-        head = bytes(buf[:end]).lower()
-        at = head.find(b"\r\ncontent-length:")
-        length = 0
-        if at >= 0:
-            stop = head.find(b"\r\n", at + 2)
-            length = int(head[at + 17: stop if stop >= 0 else len(head)])
-        if len(buf) < end + 4 + length:
-            return
-        status = int(head[9:12])
-        del buf[: end + 4 + length]
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(status)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_exception(ConnectionError(f"connection lost: {exc}"))
-
-    async def put(self, head: bytes, body: bytes) -> int:
-        assert self.transport is not None
-        self.waiter = asyncio.get_running_loop().create_future()
-        self.transport.write(head + body)
-        return await self.waiter
-
-
-def request(dest: str, txn_id: str, content: dict[str, object]) -> tuple[bytes, bytes]:
-    """The request head and body of one transaction: canonical JSON and the signature."""
+def request(dest: str, txn_id: str, content: dict[str, object]) -> bytes:
+    """One transaction's whole request: canonical JSON and the signature."""
     body = canonical_json(content)
     path = f"/_matrix/federation/v1/send/raw{txn_id}"
-    auth = sign_request_bytes(key=BENCH_KEY, origin=ME, destination=dest,
-                              message=signing_bytes(content=body, destination=dest,
-                                                    method="PUT", origin=ME, uri=path))
-    head = (f"PUT {path} HTTP/1.1\r\nHost: {dest}\r\nAuthorization: {auth}\r\n"
+    head = (f"PUT {path} HTTP/1.1\r\nHost: {dest}\r\n"
+            f"Authorization: {authorization(dest, path, body)}\r\n"
             f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
-    return head.encode("ascii"), body
+    return head.encode("ascii") + body
 
 
 async def raw_waves(txns: Sequence[Transaction], url: object, n: int,
@@ -103,23 +59,22 @@ async def raw_waves(txns: Sequence[Transaction], url: object, n: int,
     loop = asyncio.get_running_loop()
     ctx = None if tls is None else ssl.create_default_context(cafile=str(tls.ca_cert))
     dests = sorted({t.destination for t in txns})
-    conns: dict[str, _Exchange] = {}
+    conns: dict[str, Exchange] = {}
     for d in dests:
         parts = urlsplit(url(d))  # type: ignore[operator]
         _, proto = await loop.create_connection(
-            _Exchange, parts.hostname, parts.port, ssl=ctx,
+            Exchange, parts.hostname, parts.port, ssl=ctx,
             server_hostname=parts.hostname if ctx is not None else None)
         conns[d] = proto
     try:
         warm = {"origin": ME, "origin_server_ts": 0, "pdus": [], "edus": []}
-        await asyncio.gather(*(conns[d].put(*request(d, f"warm{d}", warm)) for d in dests))
+        await asyncio.gather(*(conns[d].put(request(d, f"warm{d}", warm)) for d in dests))
         GC.settle()
 
         async def send(t: Transaction) -> None:
-            head, body = request(t.destination, t.txn_id, {
+            status = await conns[t.destination].put(request(t.destination, t.txn_id, {
                 "origin": ME, "origin_server_ts": int(time.time() * 1000),
-                "pdus": list(t.pdus), "edus": list(t.edus)})
-            status = await conns[t.destination].put(head, body)
+                "pdus": list(t.pdus), "edus": list(t.edus)}))
             assert status == 200, status
 
         t0, c0 = time.perf_counter(), time.process_time()
