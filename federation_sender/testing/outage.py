@@ -19,6 +19,7 @@ import socket
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -134,3 +135,20 @@ def short_outage(receiver: SynapseDeployment, user: User,
     if failure:
         raise RuntimeError(f"the receiver failed to start: {failure[0]}")
     return result
+
+
+def shared_room(sender: SynapseDeployment, receiver: SynapseDeployment
+                ) -> tuple[SendingRoom, User]:
+    """A new user's new room on ``sender`` that a new user of ``receiver`` joined over
+    federation (:func:`join_rooms`, warm-up seen): the room and the receiver's user."""
+    alice = sender.client.register(f"alice_{uuid.uuid4().hex[:8]}")
+    room = SendingRoom(sender, alice, sender.client.create_room(alice))
+    bob = receiver.client.register(f"bob_{uuid.uuid4().hex[:8]}")
+    join_rooms(receiver, bob, {"ours": room})
+    return room, bob
+
+
+def persisted_retry_interval(sender: SynapseDeployment, destination: str) -> int:
+    """The ``retry_interval`` ``sender``'s database holds for ``destination`` (0: none)."""
+    return int(sender.sql("SELECT coalesce(max(retry_interval), 0) FROM destinations "
+                          f"WHERE destination = '{destination}'").strip())

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-import uuid
 from collections.abc import Iterator
 
 import pytest
@@ -36,7 +35,10 @@ from federation_sender.testing.backlog import (
     wait_live,
 )
 from federation_sender.testing.certs import LoopbackCA
-from federation_sender.testing.outage import SendingRoom, join_rooms
+from federation_sender.testing.outage import (
+    SendingRoom,
+    shared_room,
+)
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.testing.waiting import wait_until_blocking
@@ -70,12 +72,7 @@ def paced(synapse_deployment: SynapseDeployment, tmp_path_factory: pytest.TempPa
 
 
 def _room(ours: OurWorker, receiver: SynapseDeployment) -> tuple[SendingRoom, User]:
-    d = ours.d
-    alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
-    room = SendingRoom(d, alice, d.client.create_room(alice))
-    bob = receiver.client.register(f"bob_{uuid.uuid4().hex[:8]}")
-    join_rooms(receiver, bob, {"ours": room})
-    return room, bob
+    return shared_room(ours.d, receiver)
 
 
 def _check(ours: OurWorker, receiver: SynapseDeployment, room: SendingRoom, bob: User,

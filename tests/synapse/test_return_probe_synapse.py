@@ -17,13 +17,16 @@ default settings (60 s probes, Synapse's 10 long retries).
 from __future__ import annotations
 
 import sys
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from federation_sender.testing.certs import LoopbackCA
-from federation_sender.testing.outage import SendingRoom, join_rooms, short_outage
+from federation_sender.testing.outage import (
+    persisted_retry_interval,
+    shared_room,
+    short_outage,
+)
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.testing.waiting import wait_until_blocking
 from tests.synapse.backend_support import OurWorker
@@ -52,20 +55,16 @@ def test_a_receiver_back_during_the_backoff_gets_its_message_at_the_next_probe(
                      queue={"return_probe_interval_s": PROBE_S})
     ours.start()
     try:
-        alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
-        room = SendingRoom(d, alice, d.client.create_room(alice))
-        bob = receiver.client.register(f"bob_{uuid.uuid4().hex[:8]}")
-        join_rooms(receiver, bob, {"ours": room})
+        room, bob = shared_room(d, receiver)
 
-        def backed_off() -> str:
-            return d.sql("SELECT coalesce(max(retry_interval), 0) FROM destinations "
-                         f"WHERE destination = '{receiver.server_name}'").strip()
+        def backed_off() -> int:
+            return persisted_retry_interval(d, receiver.server_name)
 
         def persisted_before_return() -> None:
             # The outage reached the persisted backoff: without the probe, the message
             # would wait the rest of its 600 s.
             wait_until_blocking(backed_off, "the persisted backoff", timeout_s=15,
-                                accept=lambda v: v == "600000")
+                                accept=lambda v: v == 600_000)
 
         result = short_outage(receiver, bob, {"ours": room}, outage_s=20.0, wait_s=60.0,
                               before_return=persisted_before_return)
@@ -76,7 +75,7 @@ def test_a_receiver_back_during_the_backoff_gets_its_message_at_the_next_probe(
         assert "answers again during its backoff: sending now" in log, log[-3000:]
         # The success reset the persisted backoff (main and Synapse's workers see it).
         wait_until_blocking(backed_off, "the backoff reset", timeout_s=10,
-                            accept=lambda v: v == "0")
+                            accept=lambda v: v == 0)
         assert ours.running
     finally:
         ours.stop()

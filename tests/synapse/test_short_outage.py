@@ -19,13 +19,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 
 import pytest
 
 from federation_sender.testing.certs import LoopbackCA
-from federation_sender.testing.outage import SendingRoom, join_rooms, short_outage
+from federation_sender.testing.outage import (
+    persisted_retry_interval,
+    shared_room,
+    short_outage,
+)
 from federation_sender.testing.postgres import PostgresCluster
 from federation_sender.testing.redis_server import ephemeral_redis
 from federation_sender.testing.synapse_config import RedisAddress
@@ -78,17 +81,12 @@ def test_a_receiver_back_after_10_s_gets_its_message_within_3_s(
                      queue={"short_retry_probe_window_s": 30.0})  # the default
     ours.start()
     try:
-        alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
-        room = SendingRoom(d, alice, d.client.create_room(alice))
-        bob = receiver.client.register(f"bob_{uuid.uuid4().hex[:8]}")
-        join_rooms(receiver, bob, {"ours": room})
+        room, bob = shared_room(d, receiver)
         result = short_outage(receiver, bob, {"ours": room}, outage_s=10.0, wait_s=30.0)
         arrival = result.arrival_s["ours"]
         assert arrival is not None and arrival <= TARGET_S, (result, ours.log_tail())
         # Retried in memory: nothing persisted, so main had no backoff to clear.
-        row = d.sql("SELECT coalesce(max(retry_interval), 0) FROM destinations "
-                    f"WHERE destination = '{receiver.server_name}'").strip()
-        assert row == "0", ours.log_tail()
+        assert persisted_retry_interval(d, receiver.server_name) == 0, ours.log_tail()
         assert "does not answer" in ours.log_tail(20_000)
         assert ours.running
     finally:
@@ -111,20 +109,16 @@ def test_a_receiver_back_23_s_into_the_backoff_gets_its_message_within_60_s(
                      queue={"short_retry_probe_window_s": 30.0})  # the default
     ours.start()
     try:
-        alice = d.client.register(f"alice_{uuid.uuid4().hex[:8]}")
-        room = SendingRoom(d, alice, d.client.create_room(alice))
-        bob = receiver.client.register(f"bob_{uuid.uuid4().hex[:8]}")
-        join_rooms(receiver, bob, {"ours": room})
+        room, bob = shared_room(d, receiver)
 
-        def backoff_row() -> str:
-            return d.sql("SELECT coalesce(max(retry_interval), 0) FROM destinations "
-                         f"WHERE destination = '{receiver.server_name}'").strip()
+        def backoff_row() -> int:
+            return persisted_retry_interval(d, receiver.server_name)
 
         def into_the_backoff() -> None:
             # The timing: back 23 s after the 600 s backoff was persisted (the
             # phase's end depends on its jitter: 8 to 12 minutes after the failure).
             wait_until_blocking(backoff_row, "the persisted backoff", timeout_s=900,
-                                accept=lambda v: v == "600000", every_s=0.5)
+                                accept=lambda v: v == 600_000, every_s=0.5)
             time.sleep(23.0)  # the outage itself, in real time
             sys.stderr.write(f"\npersisted retry_interval before the return: "
                              f"{backoff_row()}\n")
