@@ -127,7 +127,9 @@ async def test_ten_thousand_dead_destinations_with_nothing_to_send_are_never_pro
 ) -> None:
     """The probe's cost bound: none for destinations with nothing pending. 10,000 rows
     backing off (as a large server's dead peers are), each with its room's row at its
-    position; ten minutes of the fake clock; zero probes, zero attempts."""
+    position, beside one destination that is down with an event owed; ten minutes of
+    the fake clock: the owed one is asked once a minute until its backoff's own retry,
+    the 10,000 never."""
     now = time_ms(h.clock)
     async with h.engine.begin() as conn:
         await conn.execute(
@@ -139,8 +141,16 @@ async def test_ten_thousand_dead_destinations_with_nothing_to_send_are_never_pro
             text("INSERT INTO destination_rooms (destination, room_id, stream_ordering)"
                  " VALUES (:d, '!a:l', 5)"),
             [{"d": f"dead{i}.test"} for i in range(10_000)])
+    h.without_short_retry()
+    await room_with(h, "!b:l", D)
     await h.start()
+    h.fake.behave(D, status=503)
+    await h.writer.message("!b:l", ALICE)
+    h.poke()
+    await h.settle()
     for _ in range(10):
         await h.advance(60)
-    assert h.fake.version_requests == {} and h.observer.return_probes == []
-    assert h.observer.sent == []
+    # At 60, 120, ... 540 s; at 600 s the backoff's own retry is due instead.
+    assert h.fake.version_requests == {D: 9}
+    assert h.observer.return_probes == [(D, False)] * 9
+    assert {d for d, *_ in h.observer.sent} == {D}

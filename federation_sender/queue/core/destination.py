@@ -279,7 +279,8 @@ class DestinationCore:
         back (:meth:`BackoffPolicy.return_probe_at_ms`): only with something to send,
         never during a 429 pause, a short-retry wait or catch-up (whose destinations
         have been down an hour or more, and hold nothing in memory)."""
-        if (self.return_seen or self.episode.active or not self._owes()
+        if (not self.backoff.backing_off or self.return_seen or self.episode.active
+                or not self._owes()
                 or self.rate_limit.active_at(now_ms) or self.short_retry.active_at(now_ms)):
             return None
         return self.policy.return_probe_at_ms(self.backoff, self.return_probe_last_ms, now_ms)
