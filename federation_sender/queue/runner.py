@@ -31,6 +31,7 @@ from federation_sender.queue.core.items import JsonDict, PduItem
 from federation_sender.queue.core.states import DestinationState
 from federation_sender.queue.core.status import DestinationStatus, live_status
 from federation_sender.queue.core.steps import (
+    AwaitConfirmation,
     FrozenTxn,
     Idle,
     NeedCatchup,
@@ -195,6 +196,7 @@ class DestinationRunner:
         """Waiting for a wake-up or the clock, nothing in flight or unpersisted."""
         return self._finished or (
             self._waiting and not any(not f.done() for f in self._unpersisted)
+            and (self._pacing is None or self._pacing.quiet)
         )
 
     def owes_something(self) -> bool:
@@ -310,6 +312,13 @@ class DestinationRunner:
                     await self._catch_up(step, now)
             elif isinstance(step, ProbeReturn):
                 await self._probe_return()
+            elif isinstance(step, AwaitConfirmation):
+                # The confirmations' task wakes the loop (a room confirmed, or pacing
+                # given up); a new item does too.
+                conf = self._pacing
+                if conf is not None and self._probe is not None:
+                    conf.keep_asking(self._probe, lambda: self._stopping, self.wake.set)
+                await self._wait(None)
             elif isinstance(step, Wait):
                 wait_s = max(0.0, (step.until_ms - now) / 1000.0)
                 if c.parks(wait_s, self.config.idle_ttl_s):
@@ -447,7 +456,7 @@ class DestinationRunner:
             )
         report(self.observer, self.destination, eff, result, was_failing)
         if batch and result.outcome is Outcome.SUCCESS:
-            await self._pace(batch, result)
+            self._pace(batch, result)
 
     def _confirmations(self) -> Confirmations | None:
         """Pacing's state, made on first use (None: pacing off, or no probe)."""
@@ -456,17 +465,16 @@ class DestinationRunner:
         if self._pacing is None:
             self._pacing = Confirmations(self.destination, self.config.pacing, self.clock,
                                          self.observer, self.config.attempt_deadline_s)
+            self.core.held_rooms = self._pacing.held  # the composer leaves their PDUs
         return self._pacing
 
-    async def _pace(self, batch: Batch, result: SendResult) -> None:
-        """Pacing (``queue/confirm.py``): wait until the receiver holds what is due."""
+    def _pace(self, batch: Batch, result: SendResult) -> None:
+        """Pacing (``queue/confirm.py``): the rooms now due wait for the receiver's
+        confirmation, asked for beside this loop; the other rooms' PDUs go on."""
         conf = self._confirmations()
         if conf is not None and self._probe is not None and conf.paced():
-            await conf.after_success(self._probe, batch, result, lambda: self._stopping,
-                                     self._set_waiting)
-
-    def _set_waiting(self, waiting: bool) -> None:
-        self._waiting = waiting
+            conf.after_success(self._probe, batch, result, lambda: self._stopping,
+                               self.wake.set)
 
     async def _flush_persist(self, keep: int = 0) -> None:
         """Wait until at most ``keep`` results are uncommitted (a failed write surfaces

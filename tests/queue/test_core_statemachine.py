@@ -12,11 +12,19 @@ one retry per wake-up (REMOTE_SERVER_UP, which may come at any time); and a pers
 backoff after failures without an answer comes only once the window has passed.
 
 The core also decides the runner's loop policy: with nothing in flight, nothing
-paused and PDUs pending, the next step is a transaction that carries the oldest of
-them at once (no hold of any length, however many were sent just before), and it
-leaves PDUs pending only when it is full (the PDU or byte limit); an idle eviction
-exits only an empty queue; and a queue that parks (exits for a long wait) owes nothing
-that catch-up from its persisted position would not resend.
+paused and PDUs pending, the next step is a transaction at once (no hold of any length,
+however many were sent just before), and it leaves sendable PDUs pending only when it
+is full (the PDU or byte limit); an idle eviction exits only an empty queue; and a
+queue that parks (exits for a long wait) owes nothing that catch-up from its persisted
+position would not resend.
+
+Pacing holds rooms (the model holds and releases any of them at any time, as the
+receiver's confirmations would; an ``AwaitConfirmation`` step releases one): the PDUs
+of a held room never go, and a queue waits for a confirmation only when every pending
+PDU is of a held room and nothing else is to send. The composer
+(``queue/core/composer.py``) keeps each room's order (a transaction carries the oldest
+pending PDUs of each of its rooms) and serves every room: no room with sendable PDUs
+goes without any for more than :data:`MAX_WAIT_TXNS` transactions in a row.
 
 Some runs start in catch-up mode (as at startup), others outside it, so both delivery
 paths are reached. The remote may be down (transient failures) or, from some point
@@ -52,6 +60,7 @@ from federation_sender.queue.core.catchup import RoomPlan
 from federation_sender.queue.core.destination import DestinationCore
 from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.core.steps import (
+    AwaitConfirmation,
     Effects,
     Idle,
     NeedCatchup,
@@ -65,6 +74,10 @@ from federation_sender.transport.result import Outcome, SendResult
 
 MAX_BODY_ITEMS = 120
 IDLE_TTL_S = 60.0
+ROOMS = [f"!r{i}" for i in range(7)]
+MAX_WAIT_TXNS = 8
+"""Transactions in a row a room with sendable PDUs may go without any (7 rooms: the
+round-robin's bound, plus one for the live PDUs' share)."""
 
 
 class CoreMachine(RuleBasedStateMachine):
@@ -104,6 +117,13 @@ class CoreMachine(RuleBasedStateMachine):
         """Woken since the last step: the state is still the wait's until the next."""
         self.retry_of: str | None = None
         """The txn id of a transaction that failed transiently: the next send reuses it."""
+        self.held: set[str] = set()
+        """Rooms pacing holds (the core reads this very set)."""
+        self.core.held_rooms = self.held
+        self.batched: set[str] = set()
+        """PDUs that were in a transaction."""
+        self.starved: dict[str, int] = {}
+        """room -> new transactions in a row it had sendable PDUs and got none."""
 
     @initialize(catching_up=st.booleans())
     def start(self, catching_up: bool) -> None:
@@ -116,7 +136,7 @@ class CoreMachine(RuleBasedStateMachine):
         for _ in range(n):
             self.so += 1
             eid = f"$e{self.so}"
-            room = f"!r{self.so % 7}"
+            room = ROOMS[self.so % len(ROOMS)]
             body = json.dumps({"event_id": eid, "pad": "x" * size})
             self.enqueued[eid] = self.so
             row = EventRow(self.so, eid, room, "m", None, "@a:l", False, False, body)
@@ -135,6 +155,15 @@ class CoreMachine(RuleBasedStateMachine):
     def enqueue_other_edus(self, n: int) -> None:
         for i in range(n):
             self.core.add_edu("m.other", {"i": i})
+
+    @rule(room=st.sampled_from(ROOMS))
+    def hold(self, room: str) -> None:
+        """The receiver has not confirmed enough of the room's PDUs."""
+        self.held.add(room)
+
+    @rule(room=st.sampled_from(ROOMS))
+    def confirm(self, room: str) -> None:
+        self.held.discard(room)
 
     @rule()
     def toggle_down(self) -> None:
@@ -212,37 +241,71 @@ class CoreMachine(RuleBasedStateMachine):
             if not self.step():
                 return
 
-    def sends_at_once(self) -> PduItem | None:
-        """The oldest pending PDU when the next step must send it now: nothing in
-        flight, paused, owed to catch-up or isolation, no outbox read due."""
+    def sends_at_once(self) -> dict[str, list[PduItem]] | None:
+        """The pending PDUs of rooms not held, per room in order, when the next step
+        must send some now: nothing in flight, paused, owed to catch-up or isolation,
+        no outbox read due."""
         c = self.core
         retry_at = c.retry_at_ms()
         ready = (c.current is None and not c.work and not c.catching_up
                  and not c.outbox_dirty and not c.stopped and bool(c.pending.pdus)
                  and (retry_at is None or retry_at <= self.now) and not c.isolation)
-        return c.pending.pdus.first() if ready else None
+        if not ready:
+            return None
+        rooms: dict[str, list[PduItem]] = {}
+        for p in c.pending.pdus:
+            if p.room_id not in self.held:
+                rooms.setdefault(p.room_id, []).append(p)
+        return rooms or None
 
-    def check_sent_at_once(self, oldest: PduItem, s: object) -> None:
-        """Synapse's rule: the PDU goes now, with everything queued within the limits."""
+    def check_sent_at_once(self, sendable: dict[str, list[PduItem]], s: object) -> None:
+        """Something goes now; each room's oldest PDUs first; a sendable PDU is left only
+        when the transaction is full; no room waits too long."""
         c = self.core
         assert isinstance(s, Send), ("held back", s)
         b = s.txn.batch
-        assert b.pdus[0] is oldest
-        if c.pending.pdus:  # only a full transaction leaves PDUs behind
-            pdu_bytes = TXN_OVERHEAD_BYTES + sum(p.size + 1 for p in b.pdus)
-            assert (len(b.pdus) == c.limits.max_pdus
-                    or pdu_bytes + c.pending.pdus.first().size + 1 > c.limits.max_bytes), (
-                len(b.pdus), pdu_bytes)
+        assert b.pdus, "sendable PDUs, and none sent"
+        got: dict[str, list[PduItem]] = {}
+        for p in b.pdus:
+            got.setdefault(p.room_id, []).append(p)
+        for room, items in got.items():
+            assert items == sendable[room][:len(items)], ("a room's order", room)
+        full = len(b.pdus) == c.limits.max_pdus
+        pdu_bytes = TXN_OVERHEAD_BYTES + sum(p.size + 1 for p in b.pdus)
+        for room, items in sendable.items():
+            n = len(got.get(room, ()))
+            if n < len(items) and not full:
+                assert pdu_bytes + items[n].size + 1 > c.limits.max_bytes, (
+                    "a sendable PDU left behind in a transaction with room", room)
+        for room in list(self.starved):
+            if room not in sendable:
+                del self.starved[room]
+        for room in sendable:
+            if room in got:
+                self.starved.pop(room, None)
+            else:
+                self.starved[room] = self.starved.get(room, 0) + 1
+                assert self.starved[room] <= MAX_WAIT_TXNS, ("a room starves", room)
 
     def step(self) -> bool:
         c = self.core
         self.woken = False
-        oldest = self.sends_at_once()
+        sendable = self.sends_at_once()
         s = c.next_step(self.now)
-        if oldest is not None:
-            self.check_sent_at_once(oldest, s)
+        if sendable is not None:
+            self.check_sent_at_once(sendable, s)
         if isinstance(s, Idle):
             return False
+        if isinstance(s, AwaitConfirmation):
+            # Only held rooms' PDUs are left, and nothing else to send.
+            plans = c.episode.plans
+            assert all(p.room_id in self.held for p in c.pending.pdus)
+            assert not c.pending.has_edus() and not c.work and c.current is None
+            assert c.pending.pdus or (plans and plans[0].room_id in self.held)
+            # The confirmation of one of them comes.
+            self.held.discard(sorted(self.held)[0])
+            self.now += 1
+            return True
         if isinstance(s, Wait):
             assert s.until_ms > self.now
             if c.parks((s.until_ms - self.now) / 1000, IDLE_TTL_S):
@@ -284,6 +347,12 @@ class CoreMachine(RuleBasedStateMachine):
             t = s.txn
             b = t.batch
             assert len(b.pdus) <= 50 and len(b.edus) <= 100
+            # A PDU in a transaction for the first time is never of a held room
+            # (retries, splits and quarantine probes resend what was built before).
+            for p in b.pdus:
+                if p.event_id not in self.batched:
+                    assert p.room_id not in self.held, ("a held room's PDU sent", p.room_id)
+                    self.batched.add(p.event_id)
             content = (tuple(p.event_id for p in b.pdus), tuple(e.uid for e in b.edus))
             prev = self.txn_contents.setdefault(t.txn_id, content)
             assert prev == content, "a txn id must always carry the same content"
@@ -372,6 +441,7 @@ class CoreMachine(RuleBasedStateMachine):
                     or self.core.short_retry.until_ms)
 
     def teardown(self) -> None:
+        self.held.clear()
         self.down = False
         self.rate_limiting = None
         if self.refusing:

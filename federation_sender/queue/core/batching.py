@@ -142,7 +142,9 @@ class Batch:
         return make(first, False, prune_first), make(second, True, prune_second)
 
 
-class _Budget:
+class Budget:
+    """What one transaction under construction has used of its byte budget."""
+
     def __init__(self, limits: Limits, used_bytes: int = TXN_OVERHEAD_BYTES) -> None:
         self.limits = limits
         self.used = used_bytes
@@ -159,7 +161,7 @@ class _Budget:
 
 def take_batch(pending: PendingItems, limits: Limits) -> Batch:
     """Remove and return the next transaction's content from ``pending``."""
-    budget = _Budget(limits)
+    budget = Budget(limits)
     queue = pending.pdus
     pdus = queue.head(limits.max_pdus)
     n = len(pdus)
@@ -182,10 +184,10 @@ def take_batch(pending: PendingItems, limits: Limits) -> Batch:
 
 
 def take_edus(
-    pending: PendingItems, limits: Limits, budget: _Budget | None = None
+    pending: PendingItems, limits: Limits, budget: Budget | None = None
 ) -> list[EduItem]:
     """EDUs in transaction order; used alone for catch-up transactions."""
-    budget = budget or _Budget(limits)
+    budget = budget or Budget(limits)
     edus: list[EduItem] = []
     room = limits.max_edus
 
@@ -229,7 +231,7 @@ def take_edus(
     return edus
 
 
-def _drain(q: list[EduItem], room: int, budget: _Budget, out: list[EduItem]) -> int:
+def _drain(q: list[EduItem], room: int, budget: Budget, out: list[EduItem]) -> int:
     n = 0
     while n < len(q) and room > 0 and budget.fits(q[n].size):
         budget.add(q[n].size)

@@ -187,13 +187,15 @@ def pack_next(
     rooms_per_txn: int,
     limits: Limits,
     parse: Callable[[EventRow], PduItem] = pdu_item,
+    held: Collection[str] = (),
 ) -> Batch:
     """Pop the next catch-up batch off ``plans`` (ascending by row; not empty).
 
     Up to ``rooms_per_txn`` rooms within the PDU and byte limits. A room with more events
     than one transaction holds sends its leading chunk alone, without advancing the
     position, and stays at the head with the rest. A page of a long gap (``more``) ends
-    the batch and advances nothing."""
+    the batch and advances nothing. A room of ``held`` (its PDUs await the receiver's
+    confirmation) ends the batch before it, unless it is the first."""
     pdus: list[PduItem] = []
     prune: list[tuple[str, int]] = []
     position: int | None = None
@@ -201,6 +203,8 @@ def pack_next(
     rooms = 0
     while plans and rooms < max(1, rooms_per_txn):
         plan = plans[0]
+        if rooms and plan.room_id in held:
+            break
         items = [parse(e) for e in plan.events]
         if len(items) > limits.max_pdus:
             if rooms:

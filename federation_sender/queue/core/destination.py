@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from federation_sender.model import EventRow
@@ -51,8 +52,9 @@ from federation_sender.queue.core.backoff import (
     RateLimit,
     ShortRetry,
 )
-from federation_sender.queue.core.batching import Batch, Limits, fill_edus, take_batch
+from federation_sender.queue.core.batching import Batch, Limits, fill_edus
 from federation_sender.queue.core.catchup import RoomPlan, pdu_item
+from federation_sender.queue.core.composer import RoomRotation, compose, edus_only
 from federation_sender.queue.core.episode import CatchupEpisode
 from federation_sender.queue.core.isolation import ItemIsolation, Verdict
 from federation_sender.queue.core.items import (
@@ -66,6 +68,7 @@ from federation_sender.queue.core.items import (
 from federation_sender.queue.core.loop_policy import LoopPolicy
 from federation_sender.queue.core.states import DestinationState, DestinationStateMachine
 from federation_sender.queue.core.steps import (
+    AwaitConfirmation,
     Effects,
     FrozenTxn,
     Idle,
@@ -84,10 +87,10 @@ class DestinationCore:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
         "_next_txn_id", "backoff", "current", "destination", "device_list_cursor",
-        "episode", "isolation", "last_error", "last_success_ms", "last_successful",
-        "limits", "loop_policy", "max_done", "outbox_dirty", "parse_pdu", "pending",
-        "policy", "rate_limit", "return_probe_last_ms", "return_seen", "rng", "short_retry",
-        "sm", "stopped", "to_device_cursor", "work",
+        "episode", "held_rooms", "isolation", "last_error", "last_success_ms",
+        "last_successful", "limits", "loop_policy", "max_done", "outbox_dirty", "parse_pdu",
+        "pending", "policy", "rate_limit", "return_probe_last_ms", "return_seen", "rng",
+        "rotation", "short_retry", "sm", "stopped", "to_device_cursor", "work",
     )
 
     def __init__(
@@ -143,6 +146,12 @@ class DestinationCore:
         """A return probe found the destination up: its backoff no longer holds the
         next attempt (which, failing, backs off further, without a new short-retry
         phase)."""
+        self.held_rooms: AbstractSet[str] = frozenset()
+        """Rooms whose PDUs wait for the receiver's confirmation (pacing,
+        :class:`~federation_sender.queue.core.pacing.RoomPacer`, whose set this is once
+        the shell paces the queue): the composer leaves their PDUs pending."""
+        self.rotation = RoomRotation()
+        """The composer's round-robin over backlogged rooms."""
 
     @property
     def catching_up(self) -> bool:
@@ -333,13 +342,31 @@ class DestinationCore:
         self._to_sending()
         return Wait(ready_at)
 
+    def _held_back(self, _now_ms: int) -> bool:
+        """PDUs are left, all of rooms that wait for the receiver's confirmation."""
+        if not self.held_rooms:
+            return False
+        plans = self.episode.plans
+        return bool(self.pending.pdus) or bool(plans and plans[0].room_id in self.held_rooms)
+
+    def _await_confirmation(self, _now_ms: int) -> Step:
+        self._to_sending()
+        return AwaitConfirmation()
+
     def _go_idle(self, _now_ms: int) -> Step:
         self.sm.to(DestinationState.IDLE)
         return Idle()
 
     def _next_batch(self, now_ms: int) -> Batch | None:
-        if not self.work and self.episode.plans:
-            self.work.append(self.episode.next_batch(self.limits, self.parse_pdu))
+        plans = self.episode.plans
+        if not self.work and plans:
+            if plans[0].room_id in self.held_rooms:
+                # The room's next page waits for its confirmation; the EDUs do not,
+                # nor a quarantined batch due.
+                edus = edus_only(self.pending, self.limits)
+                return edus if edus else self.isolation.take_ready(now_ms, False)
+            self.work.append(
+                self.episode.next_batch(self.limits, self.parse_pdu, self.held_rooms))
         if self.work:
             batch = self.work.pop(0)
             if batch.catchup and len(batch.edus) == 0:
@@ -349,7 +376,11 @@ class DestinationCore:
         if held is not None:
             return held
         if self.pending:
-            return take_batch(self.pending, self.limits)
+            batch = compose(self.pending, self.limits, self.held_rooms, self.rotation)
+            if batch:
+                return batch
+            # Everything pending waits for a confirmation: a quarantined batch due goes.
+            return self.isolation.take_ready(now_ms, others_waiting=False)
         return None
 
     def _send(self, txn: FrozenTxn) -> Send:
@@ -642,6 +673,8 @@ NEXT_STEP: tuple[Rule, ...] = (
          _always, DestinationCore._send_next_batch),
     Rule("only quarantined items: wait for the next retry",
          _always, DestinationCore._wait_for_quarantine),
+    Rule("only PDUs of rooms awaiting the receiver's confirmation: wait for one",
+         DestinationCore._held_back, DestinationCore._await_confirmation),
     Rule("nothing: idle", _always, DestinationCore._go_idle),
 )
 """What a queue does next, in order: the first row whose condition holds and that

@@ -15,7 +15,7 @@ missed (one more read before the episode ends).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 
 from federation_sender.model import EventRow
@@ -106,8 +106,10 @@ class CatchupEpisode:
         self._recheck = False
         self._exhausted = exhausted
 
-    def next_batch(self, limits: Limits, parse: Callable[[EventRow], PduItem]) -> Batch:
-        return pack_next(self.plans, self.rooms_per_txn, limits, parse)
+    def next_batch(self, limits: Limits, parse: Callable[[EventRow], PduItem],
+                   held: Collection[str] = ()) -> Batch:
+        """The next transaction of the plans, stopping before a ``held`` room."""
+        return pack_next(self.plans, self.rooms_per_txn, limits, parse, held)
 
     def answered(self, duration_s: float) -> None:
         """A catch-up transaction got its 200 after ``duration_s``: adapt the packing."""

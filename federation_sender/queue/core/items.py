@@ -89,13 +89,16 @@ class PduRuns:
     lists of 1,000 references each (80 MB; issue #32). Taken from the front a
     transaction's worth at a time."""
 
-    __slots__ = ("_count", "_head", "_runs")
+    __slots__ = ("_count", "_head", "_rooms", "_runs")
 
     def __init__(self) -> None:
         self._runs: list[Sequence[PduItem]] = []
         self._head = 0
         """How many items of ``_runs[0]`` were taken already."""
         self._count = 0
+        self._rooms: list[str | None] = []
+        """Per run of ``_runs[:len(_rooms)]``: its one room, or None (several rooms):
+        worked out when :meth:`single_room` is first asked, once per run and queue."""
 
     def extend(self, items: Sequence[PduItem]) -> None:
         """Append ``items``, kept by reference: the caller must not change them (the
@@ -103,6 +106,42 @@ class PduRuns:
         if items:
             self._runs.append(items)
             self._count += len(items)
+
+    def single_room(self) -> str | None:
+        """The room of every pending item if they are all of one room, else None (and
+        None when empty). Each run is looked at once (the answer is kept per run)."""
+        runs, rooms = self._runs, self._rooms
+        for run in itertools.islice(runs, len(rooms), None):
+            room: str | None = run[0].room_id
+            for item in run:
+                if item.room_id != room:
+                    room = None
+                    break
+            rooms.append(room)
+        if not rooms:
+            return None
+        first = rooms[0]
+        if first is None:
+            return None
+        for room in itertools.islice(rooms, 1, None):
+            if room != first:
+                return None
+        return first
+
+    def take(self, indexes: Sequence[int], scanned: int) -> None:
+        """Remove the items at ``indexes`` (ascending) of the oldest ``scanned``, keeping
+        the order of the rest (they become one run)."""
+        if not indexes:
+            return
+        head = list(itertools.islice(self, scanned))
+        gone = set(indexes)
+        kept = tuple(item for i, item in enumerate(head) if i not in gone)
+        self.drop(len(head))
+        if kept:
+            self._runs.insert(0, kept)
+            self._count += len(kept)
+            self._head = 0
+            self._rooms.clear()  # worked out again when next asked
 
     def __len__(self) -> int:
         return self._count
@@ -145,7 +184,7 @@ class PduRuns:
         """Remove the oldest ``n`` items."""
         n = min(n, self._count)
         self._count -= n
-        runs = self._runs
+        runs, rooms = self._runs, self._rooms
         while n:
             left = len(runs[0]) - self._head
             if n < left:
@@ -153,13 +192,18 @@ class PduRuns:
                 return
             n -= left
             del runs[0]
+            if rooms:
+                del rooms[0]
             self._head = 0
         if runs and self._head == len(runs[0]):
             del runs[0]
+            if rooms:
+                del rooms[0]
             self._head = 0
 
     def clear(self) -> None:
         self._runs.clear()
+        self._rooms.clear()
         self._head = self._count = 0
 
 

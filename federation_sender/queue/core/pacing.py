@@ -52,7 +52,7 @@ Pure: the runner does the requests and the waiting.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterator, KeysView
 from dataclasses import dataclass
 
 from federation_sender.queue.core.batching import Batch
@@ -95,11 +95,14 @@ class PacingPolicy:
 class RoomPacer:
     """The unconfirmed PDUs of one destination, per room (pure, one per queue)."""
 
-    __slots__ = ("_replayed", "_rooms", "max_rooms", "policy")
+    __slots__ = ("_held", "_replayed", "_rooms", "max_rooms", "policy")
 
     def __init__(self, policy: PacingPolicy, max_rooms: int = 10_000) -> None:
         self.policy = policy
         self.max_rooms = max_rooms
+        self._held: dict[str, None] = {}
+        """The rooms with ``confirm_after`` PDUs unconfirmed, in the order they got
+        there (a dict: :meth:`due` asks in a stable order)."""
         self._rooms: dict[str, tuple[str, ...]] = {}
         """room -> the event ids of its newest unconfirmed PDUs, oldest first: at most
         ``confirm_after`` of them, all that :meth:`to_confirm` can ask for (a room
@@ -141,30 +144,46 @@ class RoomPacer:
         keep = self.policy.confirm_after
         old = self._rooms.get(room_id)
         if old is not None and len(ids) < keep:
-            self._rooms[room_id] = (old + tuple(ids))[-keep:]
+            now = self._rooms[room_id] = (old + tuple(ids))[-keep:]
         else:
-            self._rooms[room_id] = tuple(ids[-keep:])
+            now = self._rooms[room_id] = tuple(ids[-keep:])
+        if len(now) >= keep:
+            self._held[room_id] = None
 
     def _drop(self, room_id: str) -> None:
         del self._rooms[room_id]
+        self._held.pop(room_id, None)
         if self._replayed is not None:
             self._replayed.discard(room_id)
             if not self._replayed:
                 self._replayed = None
 
+    @property
+    def held(self) -> KeysView[str]:
+        """The rooms with ``confirm_after`` PDUs unconfirmed: due for a confirmation,
+        their next PDUs held back until it comes (a live view; the composer reads it)."""
+        return self._held.keys()
+
     def to_confirm(self) -> tuple[str, str] | None:
-        """(room, event id) the receiver must hold before the next transaction, or
-        None: send on. Holding it leaves ``confirm_after - 1`` of the room's PDUs
-        unconfirmed; it is the newest for a room with replayed PDUs unconfirmed, or
-        when ``confirm_after`` is 1."""
+        """The first of :meth:`due`, or None: nothing is held back."""
+        due = self.due()
+        return due[0] if due else None
+
+    def due(self) -> list[tuple[str, str]]:
+        """(room, event id) for each held room: the event the receiver must hold before
+        the room's next PDUs go. Holding it leaves ``confirm_after - 1`` of the room's
+        PDUs unconfirmed; it is the newest for a room with replayed PDUs unconfirmed,
+        or when ``confirm_after`` is 1."""
         confirm_after = self.policy.confirm_after
         replayed = self._replayed
-        for room, ids in self._rooms.items():
-            if len(ids) >= confirm_after:
-                if replayed is not None and room in replayed:
-                    return room, ids[-1]
-                return room, ids[len(ids) - confirm_after]
-        return None
+        out: list[tuple[str, str]] = []
+        for room in self._held:
+            ids = self._rooms[room]
+            if replayed is not None and room in replayed:
+                out.append((room, ids[-1]))
+            else:
+                out.append((room, ids[len(ids) - confirm_after]))
+        return out
 
     def confirmed(self, room_id: str, event_id: str) -> None:
         """The receiver holds ``event_id``, and so the room's PDUs sent before it."""
@@ -174,12 +193,15 @@ class RoomPacer:
         rest = ids[ids.index(event_id) + 1:]
         if rest:
             self._rooms[room_id] = rest
+            if len(rest) < self.policy.confirm_after:
+                self._held.pop(room_id, None)
         else:
             self._drop(room_id)
 
     def forget(self) -> None:
         """A confirmation was given up: nothing is waited for until sent again."""
         self._rooms.clear()
+        self._held.clear()
         self._replayed = None
 
 

@@ -57,7 +57,14 @@ class ProbeReturn:
     DestinationCore.on_return_probe`."""
 
 
-Step = Idle | Wait | NeedCatchup | NeedOutbox | Send | ProbeReturn
+@dataclass(frozen=True, slots=True)
+class AwaitConfirmation:
+    """Everything left to send is of rooms whose PDUs wait for the receiver's
+    confirmation (pacing): wait until one is confirmed (or given up), or a new item
+    comes."""
+
+
+Step = Idle | Wait | NeedCatchup | NeedOutbox | Send | ProbeReturn | AwaitConfirmation
 
 
 @dataclass(slots=True)
