@@ -22,7 +22,7 @@ import functools
 import json
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from federation_sender.model import (
@@ -189,10 +189,12 @@ class QueuePersistence:
         rooms_limit: int,
         max_gap_events: int,
         floors: Mapping[str, int] | None = None,
+        skip_rooms: Collection[str] = (),
     ) -> list[RoomPlan]:
         """Plans for the ``rooms_limit`` oldest rows past ``cursor``, replaying gaps from
         ``after`` (the episode's base position) or a room's floor (``floors``: where
-        this episode left the room). Empty: caught up."""
+        this episode left the room), none of ``skip_rooms`` (a read beside rooms whose
+        pages await a confirmation). Empty: caught up (or nothing beside them)."""
         return await self.storage.run(
             functools.partial(
                 plan_rows,
@@ -203,6 +205,7 @@ class QueuePersistence:
                 rooms_limit=rooms_limit,
                 max_gap_events=max_gap_events,
                 floors=floors,
+                skip_rooms=skip_rooms,
             ),
         )
 
@@ -449,13 +452,15 @@ async def plan_rows(
     max_gap_events: int,
     floors: Mapping[str, int] | None = None,
     page_events: int = GAP_PAGE_EVENTS,
+    skip_rooms: Collection[str] = (),
 ) -> list[RoomPlan]:
     """Plans for the rows past ``cursor``. A room's gap is read from ``after`` (the
     episode's base), or from its floor (``floors``: the last event read of a room this
     episode already paged through), one page (``page_events``) at a time: a gap longer
     than a page and at most ``max_gap_events`` long ends the read with a ``more``
     plan of its first page holding something to send (``queue/core/catchup.py``)."""
-    rows = await tx.catchup.catchup_rows(destination, cursor[0], rooms_limit, cursor[1])
+    rows = await tx.catchup.catchup_rows(destination, cursor[0], rooms_limit, cursor[1],
+                                         skip_rooms)
     if not rows:
         return []
     page = max(1, min(page_events, max_gap_events))

@@ -362,7 +362,16 @@ class DestinationRunner:
                     self.config.catchup_rooms_per_batch,
                     self.config.catchup_max_gap_events,
                     c.episode.room_floor,
+                    step.skip_rooms,
                 )
+        if step.skip_rooms:
+            # Beside rooms awaiting a confirmation: neither the end of the episode nor
+            # of its reads.
+            c.offer_catchup(plans, side=True, limit=self.config.catchup_rooms_per_batch)
+            if plans:
+                self.observer.catchup_progress(
+                    self.destination, len(plans), sum(len(p.events) for p in plans))
+            return
         if plans:
             c.offer_catchup(plans, len(plans) < self.config.catchup_rooms_per_batch)
             self.observer.catchup_progress(

@@ -19,7 +19,8 @@ from federation_sender.model import MembershipRow
 from federation_sender.storage.schema import destination_rooms
 
 
-def _catchup_rows(rooms: Table, keyset: bool, events: Table | None) -> Select[Any]:
+def _catchup_rows(rooms: Table, keyset: bool, events: Table | None,
+                  skip: bool = False) -> Select[Any]:
     past = rooms.c.stream_ordering > bindparam("after")
     if keyset:
         past = or_(
@@ -29,6 +30,8 @@ def _catchup_rows(rooms: Table, keyset: bool, events: Table | None) -> Select[An
                 rooms.c.room_id > bindparam("room"),
             ),
         )
+    if skip:
+        past = and_(past, rooms.c.room_id.not_in(bindparam("skip", expanding=True)))
     q = select(rooms.c.room_id, rooms.c.stream_ordering)
     if events is not None:
         q = q.join(events, events.c.stream_ordering == rooms.c.stream_ordering)
@@ -44,21 +47,23 @@ class CatchupQuery:
     ``destination_rooms`` past the keyset (``after``, ``after_room``), ordered by
     (stream_ordering, room_id); without ``after_room``, simply past ``after``. With
     ``events``, only rows whose event still exists (Synapse's
-    ``get_catch_up_room_event_ids``)."""
+    ``get_catch_up_room_event_ids``). With ``skip``, none of those rooms' rows (a
+    read beside rooms whose pages await the receiver's confirmation)."""
 
     def __init__(self, rooms: Table, events: Table | None = None) -> None:
-        self._plain = _catchup_rows(rooms, False, events)
-        self._keyset = _catchup_rows(rooms, True, events)
+        self._q = {(keyset, skip): _catchup_rows(rooms, keyset, events, skip)
+                   for keyset in (False, True) for skip in (False, True)}
 
     async def rows(
         self, conn: AsyncConnection, destination: str, after: int, limit: int,
-        after_room: str | None = None,
+        after_room: str | None = None, skip: Collection[str] = (),
     ) -> list[tuple[str, int]]:
         params: dict[str, object] = {"dest": destination, "after": after, "limit": limit}
-        if after_room is None:
-            res = await conn.execute(self._plain, params)
-        else:
-            res = await conn.execute(self._keyset, {**params, "room": after_room})
+        if after_room is not None:
+            params["room"] = after_room
+        if skip:
+            params["skip"] = sorted(skip)
+        res = await conn.execute(self._q[after_room is not None, bool(skip)], params)
         return [(str(r[0]), int(r[1])) for r in res]
 
 
@@ -84,9 +89,10 @@ class CatchUpReads:
         self._history = history
 
     async def catchup_rows(
-        self, destination: str, after: int, limit: int, after_room: str | None = None
+        self, destination: str, after: int, limit: int, after_room: str | None = None,
+        skip: Collection[str] = (),
     ) -> list[tuple[str, int]]:
-        return await self._q.rows(self._c, destination, after, limit, after_room)
+        return await self._q.rows(self._c, destination, after, limit, after_room, skip)
 
     async def server_membership_history(
         self, server_name: str, room_ids: Collection[str]

@@ -35,6 +35,8 @@ Rules every backend keeps (``tests/storage/test_backend_contract.py`` checks the
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol, TypeVar
 
 from federation_sender.model import (
@@ -201,11 +203,13 @@ class CatchUpReader(Protocol):
     """What catch-up planning reads besides events."""
 
     async def catchup_rows(
-        self, destination: str, after: int, limit: int, after_room: str | None = None
+        self, destination: str, after: int, limit: int, after_room: str | None = None,
+        skip: Collection[str] = (),
     ) -> list[tuple[str, int]]:
         """The ``limit`` oldest (room_id, stream_ordering) ``destination_rooms`` rows of
         the destination past the keyset (``after``, ``after_room``) in (stream_ordering,
-        room_id) order; without ``after_room``, simply past ``after``."""
+        room_id) order; without ``after_room``, simply past ``after``; none of the
+        rooms in ``skip``."""
         ...
 
     async def server_membership_history(

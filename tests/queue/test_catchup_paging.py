@@ -129,3 +129,67 @@ async def test_a_page_the_receiver_already_holds_is_not_sent_again(hdb: Harness)
     assert ours[GAP_PAGE_EVENTS - 1].event_id in probe.asked
     row = await h.dest_row(D)
     assert row.last_successful_stream_ordering == ours[-1].stream_ordering
+
+
+class Unconfirmed:
+    """The harness's sender; ``event_persisted`` answers NOT_YET until ``confirm``, then
+    YES for what the fake homeserver holds."""
+
+    def __init__(self, h: Harness) -> None:
+        self.h = h
+        self.inner = h.sender
+        self.confirm = False
+
+    async def send_transaction(self, txn: Transaction) -> SendResult:
+        result: SendResult = await self.inner.send_transaction(txn)
+        return result
+
+    async def event_persisted(self, destination: str, event_id: str) -> EventHeld:
+        held = self.confirm and event_id in self.h.fake.received_event_ids(destination)
+        return EventHeld.YES if held else EventHeld.NOT_YET
+
+
+async def test_a_long_gap_waiting_for_its_confirmation_holds_back_no_other_room(
+    hdb: Harness,
+) -> None:
+    """Issue #44: while a room's long gap waits for the receiver to confirm a page, the
+    queue reads the other rooms' rows beside it (their gaps and the event that arrives
+    meanwhile go out), then finishes the long gap; each event once, each room in
+    order, and the position moves only at the end."""
+    h = hdb
+    w = h.writer
+    for room in ("!long:l", "!after:l", "!new:l"):
+        await room_with(h, room, D)
+    base = w.stream_ordering
+    ours = await w.messages("!long:l", ALICE, 3 * GAP_PAGE_EVENTS)
+    after = await w.messages("!after:l", ALICE, 3)
+    await _outage(h, [("!long:l", ours[-1].stream_ordering),
+                      ("!after:l", after[-1].stream_ordering)], base)
+    probe = Unconfirmed(h)
+    h.sender = probe  # type: ignore[assignment]
+    await h.start()
+    await h.m.wake_due_destinations()
+    long_ids = {e.event_id for e in ours}
+    await wait_until(lambda: set(h.fake.received_event_ids(D)) >= {e.event_id for e in after},
+                     "the other room's gap, beside the waiting one", timeout_s=10)
+    assert len(long_ids & set(h.fake.received_event_ids(D))) == GAP_PAGE_EVENTS
+    # An event arrives meanwhile (in catch-up mode it is not queued, only recorded).
+    new = await w.message("!new:l", ALICE)
+    async with h.engine.begin() as conn:
+        await dst.upsert_destination_rooms(conn, [(D, "!new:l", new.stream_ordering)])
+    h.poke()
+    await wait_until(lambda: new.event_id in h.fake.received_event_ids(D),
+                     "the new room's event, beside the waiting one", timeout_s=10)
+    row = await h.dest_row(D)
+    assert row.last_successful_stream_ordering == base  # the episode is not over
+    probe.confirm = True
+    await h.advance(2.0)
+    await wait_until(lambda: set(h.fake.received_event_ids(D)) >= long_ids,
+                     "the long gap, once confirmed", timeout_s=10)
+    await h.settle()
+    got = h.fake.received_event_ids(D)
+    want = [e.event_id for e in ours + after] + [new.event_id]
+    assert sorted(got) == sorted(want)  # each once
+    assert [e for e in got if e in long_ids] == [e.event_id for e in ours]
+    row = await h.dest_row(D)
+    assert row.last_successful_stream_ordering >= new.stream_ordering

@@ -8,14 +8,13 @@ as the receiver's limit is: a held room holds back only its own PDUs. Around tha
 transaction is filled in this order, within ``max_pdus``, ``max_edus`` and ``max_bytes``:
 
 1. what is new: the PDUs of *live* rooms, rooms with at most :data:`LIVE_ROOM_PDUS`
-   pending, oldest first, up to every PDU slot, or up to half of them when a backlogged
-   room could send too (so neither starves the other);
+   pending, oldest first, up to every PDU slot, or up to half of them and half the
+   bytes when a backlogged room could send too (so neither starves the other);
 2. the next page of *backlogged* rooms (more than :data:`LIVE_ROOM_PDUS` pending),
-   round-robin: the rooms not yet served this round, in the order their oldest pending
-   PDU came, each given the slots left; a round ends when every backlogged room that
-   could send was served. Slots still left go to the rooms served earlier in the
-   round, then to the live PDUs past the half: a transaction leaves a sendable PDU
-   behind only when it is full (its PDU limit, or the byte limit for that PDU);
+   round-robin (:class:`RoomRotation`): in turn order, each given the slots left; a
+   room that got some goes to the back. Slots still left go to the live PDUs past the
+   half: a transaction leaves a sendable PDU behind only when it is full (its PDU
+   limit, or the byte limit for that PDU);
 3. EDUs (presence, receipts, to-device, device lists, typing...), as
    :func:`~federation_sender.queue.core.batching.take_edus` orders them: they never
    wait behind PDUs, held or not.
@@ -62,9 +61,11 @@ SCAN_LIMIT = 5_000
 
 @dataclass(slots=True)
 class RoomRotation:
-    """The round-robin over backlogged rooms: those served in the current round."""
+    """The round-robin over backlogged rooms: their turn order (a dict as an ordered
+    set): a room that got PDUs into a transaction goes to the back, a new one joins
+    there."""
 
-    served: set[str] = field(default_factory=set)
+    order: dict[str, None] = field(default_factory=dict)
 
 
 def compose(pending: PendingItems, limits: Limits, held: AbstractSet[str],
@@ -115,38 +116,48 @@ def _compose_rooms(pending: PendingItems, limits: Limits, held: AbstractSet[str]
     slots = limits.max_pdus
     live.sort()
     cap = slots // 2 if backlogged else slots
-    # The order PDUs are offered to the transaction in (each room's in its own order).
-    order = live[:cap]
-    due: list[str] = []
-    served = rotation.served
-    if backlogged:
-        due = [r for r in backlogged if r not in served]
-        if not due:
-            served.clear()
-            due = backlogged
-        # The rooms not served this round first; then, with slots left, those served.
-        for room_id in (*due, *(r for r in backlogged if r in served)):
-            order.extend(by_room[room_id])
-    order.extend(live[cap:])  # what the backlog leaves room for
+    live_bytes = limits.max_bytes // 2 if backlogged else limits.max_bytes
     budget = Budget(limits)
     taken: list[int] = []
     stopped: set[str] = set()
-    for i in order:
-        if len(taken) == slots:
+
+    def offer(indexes: list[int]) -> None:
+        for i in indexes:
+            if len(taken) == slots:
+                return
+            item = window[i]
+            if item.room_id in stopped:
+                continue
+            if not budget.fits(item.size):
+                stopped.add(item.room_id)  # the room's order: none of its later PDUs
+                continue
+            budget.add(item.size)
+            taken.append(i)
+
+    # What is new: up to half the slots and half the bytes while a backlog can send.
+    n = 0
+    for i in live[:cap]:
+        if taken and budget.used + window[i].size + 1 > live_bytes:
             break
-        item = window[i]
-        if item.room_id in stopped:
-            continue
-        if not budget.fits(item.size):
-            stopped.add(item.room_id)  # the room's order: none of its later PDUs either
-            continue
-        budget.add(item.size)
-        taken.append(i)
-    got = {window[i].room_id for i in taken}
-    served.update(r for r in due if r in got)
-    if len(served) > len(by_room):
-        # Rooms served that hold nothing any more: the set stays bounded.
-        served &= by_room.keys()
+        offer([i])
+        n += 1
+    if backlogged:
+        turns = rotation.order
+        for room_id in backlogged:
+            if room_id not in turns:
+                turns[room_id] = None
+        for room_id in [r for r in turns if r not in by_room]:
+            del turns[room_id]  # nothing pending any more: the order stays bounded
+        before = len(taken)
+        for room_id in list(turns):
+            if room_id in held or len(by_room[room_id]) <= LIVE_ROOM_PDUS:
+                continue
+            offer(by_room[room_id])
+            if len(taken) > before:
+                del turns[room_id]
+                turns[room_id] = None  # its turn is over: to the back
+                before = len(taken)
+    offer(live[n:])  # what the backlog leaves room for
     taken.sort()
     batch_pdus: tuple[PduItem, ...] = tuple(window[i] for i in taken)
     pending.pdus.take(taken, len(window))

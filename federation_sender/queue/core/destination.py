@@ -342,6 +342,18 @@ class DestinationCore:
         self._to_sending()
         return Wait(ready_at)
 
+    def _side_read_due(self, _now_ms: int) -> bool:
+        """Catching up, and the next page's room awaits its confirmation: other rooms'
+        rows may wait past the cursor (:meth:`CatchupEpisode.side_read`)."""
+        ep = self.episode
+        return (ep.active and ep.side_due and not self.work and bool(ep.plans)
+                and ep.plans[0].room_id in self.held_rooms)
+
+    def _read_beside(self, _now_ms: int) -> Step:
+        self.sm.to(DestinationState.CATCHING_UP)
+        cursor = self.episode.side_read()
+        return NeedCatchup(self.last_successful, cursor, False, tuple(sorted(self.held_rooms)))
+
     def _held_back(self, _now_ms: int) -> bool:
         """PDUs are left, all of rooms that wait for the receiver's confirmation."""
         if not self.held_rooms:
@@ -360,11 +372,17 @@ class DestinationCore:
     def _next_batch(self, now_ms: int) -> Batch | None:
         plans = self.episode.plans
         if not self.work and plans:
-            if plans[0].room_id in self.held_rooms:
-                # The room's next page waits for its confirmation; the EDUs do not,
-                # nor a quarantined batch due.
-                edus = edus_only(self.pending, self.limits)
-                return edus if edus else self.isolation.take_ready(now_ms, False)
+            waiting = self.held_rooms
+            if plans[0].room_id in waiting:
+                # The room's next page waits for its confirmation. Another room's plan
+                # goes first (a read beside it planned it); else the EDUs do, or a
+                # quarantined batch due.
+                free = next((i for i, p in enumerate(plans) if p.room_id not in waiting),
+                            None)
+                if free is None:
+                    edus = edus_only(self.pending, self.limits)
+                    return edus if edus else self.isolation.take_ready(now_ms, False)
+                plans.insert(0, plans.pop(free))
             self.work.append(
                 self.episode.next_batch(self.limits, self.parse_pdu, self.held_rooms))
         if self.work:
@@ -536,10 +554,12 @@ class DestinationCore:
 
     # --- catch-up -------------------------------------------------------------------------
 
-    def offer_catchup(self, plans: Sequence[RoomPlan], exhausted: bool = False) -> None:
+    def offer_catchup(self, plans: Sequence[RoomPlan], exhausted: bool = False,
+                      side: bool = False, limit: int = 0) -> None:
         """The shell planned these from ``destination_rooms`` past the cursor; send them
-        in order. Events of a room already handled in this episode are not resent."""
-        self.episode.offer(plans, exhausted)
+        in order. Events of a room already handled in this episode are not resent.
+        ``side``: read beside rooms awaiting a confirmation (``limit`` rows asked)."""
+        self.episode.offer(plans, exhausted, side, limit)
 
     def catchup_finished(self) -> Effects:
         """The shell found no rows past the cursor and everything planned was delivered:
@@ -671,6 +691,8 @@ NEXT_STEP: tuple[Rule, ...] = (
          DestinationCore._catchup_rows_to_read, DestinationCore._read_catchup_rows),
     Rule("anything to send (work, catch-up page, quarantine due, pending): send it",
          _always, DestinationCore._send_next_batch),
+    Rule("catching up, the next page's room awaits its confirmation: read the other rooms",
+         DestinationCore._side_read_due, DestinationCore._read_beside),
     Rule("only quarantined items: wait for the next retry",
          _always, DestinationCore._wait_for_quarantine),
     Rule("only PDUs of rooms awaiting the receiver's confirmation: wait for one",

@@ -11,6 +11,16 @@ may still hold missed events older than rows already handled.
 While in catch-up mode no PDU is held in memory; ``last_skipped`` remembers the newest
 PDU that arrived meanwhile, so an event recorded while the rows were being read is not
 missed (one more read before the episode ends).
+
+A room's long gap goes a page at a time, each page confirmed processed by the receiver
+before the next (pacing), and the cursor stays before the room's row until its gap is
+done. So that this holds back no other room, while the next page's room awaits its
+confirmation the queue reads *beside* it (:meth:`side_read`): the rows past the side
+cursor of every room but those waiting, planned as usual (a room's floor then records
+what was handled, so the main read, when it gets there, sends nothing twice). Side
+reads leave the cursor, the end-of-episode rule and the position alone; one is due
+after a page leaves rows unread behind it, after an event arrives, and while the last
+one filled its limit.
 """
 
 from __future__ import annotations
@@ -36,6 +46,8 @@ class CatchupEpisode:
         "plans",
         "room_floor",
         "rooms_per_txn",
+        "side_cursor",
+        "side_due",
     )
 
     def __init__(
@@ -55,6 +67,8 @@ class CatchupEpisode:
         self.fast_answer_s = fast_answer_s
         self._recheck = False
         self._exhausted = False
+        self.side_cursor: tuple[int, str | None] = self.cursor
+        self.side_due = False
 
     @property
     def exhausted(self) -> bool:
@@ -66,6 +80,8 @@ class CatchupEpisode:
         self._exhausted = False
         self.cursor = (base, None)
         self.room_floor = {}
+        self.side_cursor = self.cursor
+        self.side_due = False
 
     def enter(self, base: int) -> bool:
         """Enter catch-up mode, dropping the plans in progress; True if it was off."""
@@ -79,12 +95,26 @@ class CatchupEpisode:
         """A PDU arrived in catch-up mode: the fan-out recorded it in the table."""
         if stream_ordering > self.last_skipped:
             self.last_skipped = stream_ordering
+        self.side_due = True
 
-    def offer(self, plans: Sequence[RoomPlan], exhausted: bool) -> None:
+    def side_read(self) -> tuple[int, str | None]:
+        """A read beside the waiting rooms starts: from where, past the main cursor."""
+        self.side_due = False
+        if _key(self.side_cursor) < _key(self.cursor):
+            self.side_cursor = self.cursor
+        return self.side_cursor
+
+    def offer(self, plans: Sequence[RoomPlan], exhausted: bool, side: bool = False,
+              limit: int = 0) -> None:
         """Plans read past the cursor, in the database's keyset order. Events of a room
         already handled in this episode are not resent. A page of a long gap
         (``RoomPlan.more``) leaves the cursor before its room and the episode not
-        exhausted: the next read continues the room past ``read_upto``."""
+        exhausted: the next read continues the room past ``read_upto``. ``side``: a
+        read beside waiting rooms (``limit``: the rows it asked for), which moves the
+        side cursor instead."""
+        if side:
+            self._offer_side(plans, limit)
+            return
         for plan in plans:
             floor = self.room_floor.get(plan.room_id)
             if floor is not None:
@@ -105,6 +135,28 @@ class CatchupEpisode:
             self.cursor = (plan.row_stream_ordering, plan.room_id)
         self._recheck = False
         self._exhausted = exhausted
+        if any(p.more for p in plans):
+            self.side_due = True  # rows past the paged room are still to be read
+
+    def _offer_side(self, plans: Sequence[RoomPlan], limit: int) -> None:
+        for plan in plans:
+            floor = self.room_floor.get(plan.room_id)
+            if floor is not None:
+                plan = replace(
+                    plan, events=tuple(e for e in plan.events if e.stream_ordering > floor)
+                )
+            self.plans.append(plan)
+            if plan.more:
+                # Another long gap: its next page is read from its floor, and the side
+                # cursor stays before its row (the next side read skips it while it
+                # waits, and takes it again once it does not).
+                self.room_floor[plan.room_id] = plan.read_upto
+                self.side_due = True
+                return
+            self.room_floor[plan.room_id] = max(floor or -1, plan.row_stream_ordering)
+            self.side_cursor = (plan.row_stream_ordering, plan.room_id)
+        if limit and len(plans) >= limit:
+            self.side_due = True  # a full read: more rows may follow
 
     def next_batch(self, limits: Limits, parse: Callable[[EventRow], PduItem],
                    held: Collection[str] = ()) -> Batch:
@@ -130,3 +182,10 @@ class CatchupEpisode:
         self.active = False
         self.last_skipped = -1
         return self.cursor[0]
+
+
+def _key(cursor: tuple[int, str | None]) -> tuple[int, int, str]:
+    """A keyset cursor's place: (S, None) is past every row at S (the read without a
+    room asks for rows past S), so after (S, any room)."""
+    so, room = cursor
+    return (so, 1, "") if room is None else (so, 0, room)

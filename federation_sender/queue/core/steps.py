@@ -30,6 +30,10 @@ class NeedCatchup:
     """Read ``destination_rooms`` rows past this (stream_ordering, room_id) keyset."""
     exhausted: bool = False
     """The last read returned fewer rows than asked: no need to read again."""
+    skip_rooms: tuple[str, ...] = ()
+    """Not empty: a read *beside* these rooms, whose next pages await the receiver's
+    confirmation: the rows of other rooms past ``cursor`` (the episode's side cursor),
+    so that a room's long gap holds back no other room."""
 
 
 @dataclass(frozen=True, slots=True)
