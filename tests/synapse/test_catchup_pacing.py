@@ -13,9 +13,11 @@ page confirmed processed by the receiver before the next (``queue/core/pacing.py
 event must then be live at the receiver (neither an outlier nor backfilled, in the
 room's timeline as its user reads it through /messages), its staging queue of the room
 empty, and its log without a ``Pruning`` line. A second SIGKILL, in the middle of
-the catch-up, loses nothing either.
+the catch-up, loses nothing either. While the first two backlogs are paced, a message
+in another room and a to-device message must reach the receiver within seconds: pacing
+holds back only the room it paces (issue #44.1).
 
-``BACKLOG_LONG=1``: 1,000 messages instead of 150 (minutes).
+``BACKLOG_LONG=1``: 1,000 messages instead of 150 (200 for the first two; minutes).
 bench/catchup_backlog.py measures the same beside Synapse's own sender.
 """
 
@@ -86,31 +88,8 @@ def _check(ours: OurWorker, receiver: SynapseDeployment, room: SendingRoom, bob:
     # As the receiver's user reads the room: every message, in the order sent.
     timeline = timeline_ids(receiver, bob, room.room_id, len(ids) + 20)
     assert [e for e in timeline if e in set(ids)] == ids
-    log.info("%d events after %s: all live %.1f s after the restart", COUNT, case, took)
-
-
-def test_a_backlog_after_a_stop_is_all_live_at_the_receiver(
-    paced: OurWorker, receiver: SynapseDeployment
-) -> None:
-    room, bob = _room(paced, receiver)
-    paced.stop()
-    try:
-        ids = send_burst(paced.d, room.user, room.room_id, COUNT)
-    finally:
-        paced.start()
-    _check(paced, receiver, room, bob, ids, "a stop")
-
-
-def test_a_backlog_after_a_sigkill_mid_burst_is_all_live_at_the_receiver(
-    paced: OurWorker, receiver: SynapseDeployment
-) -> None:
-    room, bob = _room(paced, receiver)
-    try:
-        ids = send_burst(paced.d, room.user, room.room_id, COUNT, after=COUNT // 5,
-                         then=lambda: paced.stop(kill=True))
-    finally:
-        paced.start()
-    _check(paced, receiver, room, bob, ids, "a SIGKILL mid-burst")
+    log.info("%d events after %s: all live %.1f s after the check began", len(ids), case,
+             took)
 
 
 def test_a_second_sigkill_in_the_middle_of_the_catch_up_loses_nothing(
@@ -154,27 +133,30 @@ def _to_device_seen(receiver: SynapseDeployment, user: User, marker: str,
     return got, page.get("next_batch")
 
 
-def test_a_paced_backlog_holds_back_neither_another_room_nor_to_device(
-    paced: OurWorker, receiver: SynapseDeployment
-) -> None:
-    """Issue #44.1: a backlog in room R is paced to the receiver (the worker stopped
-    while it was sent, then started: the fan-out hands it over); meanwhile a message in
-    another room R2 and a to-device message to the receiver's user are live there within
-    seconds, not after R's backlog; and R's backlog is still all live, unpruned."""
+def _prompt_behind_a_backlog(paced: OurWorker, receiver: SynapseDeployment,
+                             kill: bool) -> None:
     room, bob = _room(paced, receiver)
     other, carol = _room(paced, receiver)
     _, since = _to_device_seen(receiver, carol, "-", None)
-    count = max(COUNT, 300)
-    paced.stop()
-    try:
-        ids = send_burst(paced.d, room.user, room.room_id, count)
-    finally:
-        paced.start()
+    count = max(COUNT, 200)
+    if kill:
+        try:
+            ids = send_burst(paced.d, room.user, room.room_id, count, after=count // 5,
+                             then=lambda: paced.stop(kill=True))
+        finally:
+            paced.start()
+    else:
+        paced.stop()
+        try:
+            ids = send_burst(paced.d, room.user, room.room_id, count)
+        finally:
+            paced.start()
     # The backlog is under way: its first page is live, most of it is not.
     state = wait_until_blocking(
         lambda: receiver_state(receiver, room.room_id, ids),
-        "the backlog's first page live at the receiver", timeout_s=WAIT_S,
-        accept=lambda s: s.live >= GAP_PAGE_EVENTS, every_s=0.05)
+        "the backlog's next page live at the receiver", timeout_s=WAIT_S,
+        accept=lambda s: s.live >= (count // 5 if kill else 0) + GAP_PAGE_EVENTS,
+        every_s=0.05)
     assert state.live < count - GAP_PAGE_EVENTS, state
     marker = uuid.uuid4().hex
     sent_at = time.monotonic()
@@ -192,11 +174,31 @@ def test_a_paced_backlog_holds_back_neither_another_room_nor_to_device(
                 to_device_s = time.monotonic() - sent_at
         time.sleep(0.02)
     backlog_left = count - receiver_state(receiver, room.room_id, ids).live
-    log.info("behind a paced backlog (%d of %d events left): a message in another room "
-             "live after %s s, a to-device message after %s s",
-             backlog_left, count, message_s, to_device_s)
+    case = "a SIGKILL mid-burst (catch-up)" if kill else "a stop (live)"
+    log.info("behind a paced backlog after %s (%d of %d events left): a message in "
+             "another room live after %s s, a to-device message after %s s",
+             case, backlog_left, count, message_s, to_device_s)
     assert message_s is not None and message_s <= PROMPT_S, (message_s, paced.log_tail())
     assert to_device_s is not None and to_device_s <= PROMPT_S, (to_device_s,
                                                                  paced.log_tail())
     assert backlog_left > 0, "the backlog was over before the message: nothing measured"
-    _check(paced, receiver, room, bob, ids, "a stop, with other traffic meanwhile")
+    _check(paced, receiver, room, bob, ids, f"{case}, with other traffic meanwhile")
+
+
+def test_a_backlog_after_a_stop_is_all_live_at_the_receiver(
+    paced: OurWorker, receiver: SynapseDeployment
+) -> None:
+    """A backlog in room R (the worker stopped while it was sent, then started: the
+    fan-out hands it over live) is paced to the receiver and all live there, unpruned;
+    meanwhile a message in another room R2 and a to-device message to the receiver's
+    user are live within seconds, not after R's backlog (issue #44.1)."""
+    _prompt_behind_a_backlog(paced, receiver, kill=False)
+
+
+def test_a_backlog_after_a_sigkill_mid_burst_is_all_live_at_the_receiver(
+    paced: OurWorker, receiver: SynapseDeployment
+) -> None:
+    """The same when the backlog comes from catch-up (the worker killed mid-burst: the
+    destination starts in catch-up and pages through R's gap): R2's message, recorded
+    while R's next page awaits its confirmation, is read beside R and goes at once."""
+    _prompt_behind_a_backlog(paced, receiver, kill=True)
