@@ -23,6 +23,7 @@ bench/catchup_backlog.py measures the same beside Synapse's own sender.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import time
@@ -202,3 +203,44 @@ def test_a_backlog_after_a_sigkill_mid_burst_is_all_live_at_the_receiver(
     destination starts in catch-up and pages through R's gap): R2's message, recorded
     while R's next page awaits its confirmation, is read beside R and goes at once."""
     _prompt_behind_a_backlog(paced, receiver, kill=True)
+
+
+ROOMS = 10 if LONG else 3
+ROOM_EVENTS = 200 if LONG else 120
+"""More than two pages a room: sent one room after the other, the oldest-first order of
+the queue before the composer gave the third room its first page in transaction 5."""
+
+
+def test_backlogs_in_several_rooms_take_turns_and_are_all_live(
+    paced: OurWorker, receiver: SynapseDeployment
+) -> None:
+    """Issue #44.1: backlogs in several rooms at once (the worker stopped while they
+    were sent): every room is complete and live at the receiver, unpruned, and each
+    room's first page goes out within the first ``ROOMS`` transactions that carry any
+    of them (round-robin, read from our transaction log). ``BACKLOG_LONG=1``: ten rooms
+    of 200 events each."""
+    rooms = [_room(paced, receiver) for _ in range(ROOMS)]
+    paced.stop()
+    ids: dict[str, list[str]] = {}
+    try:
+        for room, _ in rooms:  # one room's backlog after the other's
+            ids[room.room_id] = send_burst(paced.d, room.user, room.room_id, ROOM_EVENTS)
+    finally:
+        paced.start()
+    for room, bob in rooms:
+        _check(paced, receiver, room, bob, ids[room.room_id], f"backlogs in {ROOMS} rooms")
+    owner = {e: r for r, evs in ids.items() for e in evs}
+    rows = paced.d.sql(
+        "SELECT pdu_event_ids FROM federation_sender.federation_transaction_log "
+        f"WHERE destination = '{receiver.server_name}' AND status = 'success' ORDER BY id")
+    first: dict[str, int] = {}
+    n = 0
+    for line in rows.splitlines():
+        got = {owner[e] for e in json.loads(line) if e in owner}
+        if got:
+            n += 1
+            for r in got:
+                first.setdefault(r, n)
+    log.info("%d rooms of %d events: first page of each in transaction %s of %d",
+             ROOMS, ROOM_EVENTS, sorted(first.values()), n)
+    assert len(first) == ROOMS and max(first.values()) <= ROOMS, first
