@@ -74,7 +74,14 @@ the same conditions, they are not absolute.
         [--senders ours base --base-source DIR]
 
 ``--senders ours base --base-source DIR`` races two versions of ours (``DIR`` holding
-another checkout's ``federation_sender`` package) the same way.
+another checkout's ``federation_sender`` package) the same way; ``--senders ours
+unfiltered`` races ours against itself with ``queue.send_time_filter: false`` (the
+send-time read of erasures and redactions off: its cost per transaction). Per sample
+``cpu_ms_per_txn`` and ``total_cpu_ms_per_txn`` are the CPU figures per transaction
+carrying the sample's PDUs, and ``erased_users_scans`` counts the scans of
+``erased_users`` during the sample (``pg_stat_user_tables``; one per send-time read,
+gathered reads counting once; read 11 s after the last delivery, by when PostgreSQL has
+published an idle backend's statistics).
 """
 
 from __future__ import annotations
@@ -109,7 +116,8 @@ from federation_sender.testing.synapse_deployment import (
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
-APP_NAMES = {"ours": "bench-ours", "synapse": "bench-synapse", "base": "bench-base"}
+APP_NAMES = {"ours": "bench-ours", "synapse": "bench-synapse", "base": "bench-base",
+             "unfiltered": "bench-unfiltered"}
 """``application_name`` of each sender's PostgreSQL connections (through PGAPPNAME)."""
 
 
@@ -133,12 +141,16 @@ class Result:
     cpu_ms_per_pdu: float | None = None
     db_cpu_ms_per_pdu: float | None = None
     total_cpu_ms_per_pdu: float | None = None
+    cpu_ms_per_txn: float | None = None
+    total_cpu_ms_per_txn: float | None = None
     db_backends: int = 0
     harness_cores: float | None = None
     main_cores: float | None = None
     duplicates: int = 0
     missing: int = 0
     reset_destinations: int = 0
+    transactions: int = 0
+    erased_users_scans: int | None = None
     error: str | None = None
 
 
@@ -154,6 +166,15 @@ WHERE retry_interval > 0 OR EXISTS (
 RETURNING destination)
 SELECT count(*) FROM done
 """
+
+
+ERASED_USERS_SCANS = ("SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) "
+                      "FROM pg_stat_user_tables WHERE relname = 'erased_users'")
+
+
+def erased_users_scans(d: SynapseDeployment) -> int:
+    out = d.sql(ERASED_USERS_SCANS).strip()
+    return int(out) if out else 0
 
 
 def reset_behind(d: SynapseDeployment) -> int:
@@ -246,8 +267,12 @@ class Sender:
                  settings: dict[str, Any] | None = None,
                  worker_args: tuple[str, ...] = (), base_source: Path | None = None) -> None:
         """``kind`` "base": our worker from ``base_source`` (another checkout's
-        package, e.g. ``git archive main``), to compare two versions of ours."""
+        package, e.g. ``git archive main``), to compare two versions of ours;
+        "unfiltered": ours without the send-time filter."""
         self.kind, self.d = kind, d
+        if kind == "unfiltered":
+            settings = dict(settings or {})
+            settings["queue"] = {**settings.get("queue", {}), "send_time_filter": False}
         self.ours = (OurSender(d, workdir / kind, settings, worker_args,
                                base_source if kind == "base" else None)
                      if kind != "synapse" else None)
@@ -385,6 +410,7 @@ def measure(peers: list[FederationPeer], persisted: dict[str, float], r: Result)
         r.delay_p50_s, r.delay_p99_s = round(q[49], 3), round(q[98], 3)
         r.drain_s = round(last - max(persisted.values()), 3)
     r.pdus_per_txn = round(pdus / txns, 2) if txns else None
+    r.transactions = txns
     if intervals:
         r.txn_interval_p50_s = round(statistics.median(intervals), 3)
 
@@ -450,6 +476,7 @@ def run_sample(scene: Scene, sender: Sender, load: str, sample: int, a: argparse
             sender.stop()  # the spike is persisted while no sender runs
         cpu0 = cpu_s(pid)
         db.start()
+        scans0 = erased_users_scans(d)
         t0 = time.monotonic()
         around = _Around(d)
         if load == "spike":
@@ -471,6 +498,9 @@ def run_sample(scene: Scene, sender: Sender, load: str, sample: int, a: argparse
         wait_delivered(net, peers, set(persisted), a.timeout_s, sender, db.poll)
         cpu = cpu_s(pid) - cpu0
         db_cpu = db.total_s()
+        # An idle backend publishes its table statistics within 10 s (PostgreSQL 15).
+        time.sleep(11.0)
+        r.erased_users_scans = erased_users_scans(d) - scans0
         r.harness_cores, r.main_cores = around.cores()
         r.db_backends = len(db.last)
         with net.locked():
@@ -480,6 +510,9 @@ def run_sample(scene: Scene, sender: Sender, load: str, sample: int, a: argparse
             r.cpu_ms_per_pdu = round(1000 * cpu / delivered, 4)
             r.db_cpu_ms_per_pdu = round(1000 * db_cpu / delivered, 4)
             r.total_cpu_ms_per_pdu = round(1000 * (cpu + db_cpu) / delivered, 4)
+        if r.transactions:
+            r.cpu_ms_per_txn = round(1000 * cpu / r.transactions, 4)
+            r.total_cpu_ms_per_txn = round(1000 * (cpu + db_cpu) / r.transactions, 4)
     except (RuntimeError, TimeoutError, OSError, OurSenderError) as e:
         r.error = str(e).splitlines()[0][:300]
     finally:
@@ -522,7 +555,8 @@ def run_load(load: str, a: argparse.Namespace, cluster: PostgresCluster, root: P
 
 
 SUMMARY_KEYS = ("delay_p50_s", "delay_p99_s", "drain_s", "pdus_per_txn", "txn_interval_p50_s",
-                "cpu_ms_per_pdu", "db_cpu_ms_per_pdu", "total_cpu_ms_per_pdu")
+                "cpu_ms_per_pdu", "db_cpu_ms_per_pdu", "total_cpu_ms_per_pdu",
+                "cpu_ms_per_txn", "total_cpu_ms_per_txn")
 
 
 def summarize(results: list[Result]) -> list[dict[str, Any]]:
@@ -546,7 +580,7 @@ def summarize(results: list[Result]) -> list[dict[str, Any]]:
                     medians.setdefault(kind, {})[key] = statistics.median(vals)
             rows.append(row)
         ours = medians.get("ours")
-        for other in ("synapse", "base"):
+        for other in ("synapse", "base", "unfiltered"):
             theirs = medians.get(other)
             if ours and theirs:
                 rows.append({"load": load, f"ratio_{other}_over_ours": {
@@ -560,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--loads", nargs="+", default=["spike", "light"],
                    choices=["spike", "light"])
     p.add_argument("--senders", nargs="+", default=["ours", "synapse"],
-                   choices=["synapse", "ours", "base"])
+                   choices=["synapse", "ours", "base", "unfiltered"])
     p.add_argument("--base-source", type=Path,
                    help="sender 'base': our worker from this directory's federation_sender "
                         "package (e.g. git archive main federation_sender | tar -x -C DIR)")

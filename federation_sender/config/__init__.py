@@ -162,6 +162,11 @@ class QueueSettings:
     for less than ``catchup_threshold_s`` is asked this often whether it is back (``GET
     /_matrix/federation/v1/version``), and sent to at once when it is (ours; Synapse
     waits the backoff out). 0 turns it off."""
+    send_time_filter: bool = True
+    """Just before each transaction goes out, withhold the PDUs whose sender was erased
+    since they were queued and prune those redacted since (one database read per
+    transaction with PDUs; ``queue/send_time.py``). False sends them as queued, as
+    Synapse's own sender does."""
 
 
 @dataclass(frozen=True)

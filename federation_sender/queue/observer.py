@@ -93,6 +93,13 @@ class QueueObserver(Protocol):
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         return None
 
+    def send_time_filtered(self, destination: str, withheld: Mapping[str, int],
+                           pruned: int) -> None:
+        """Just before a transaction went out (``queue/send_time.py``): PDUs withheld,
+        by reason (``erased_sender``, ``unknown_room_version``), and PDUs sent pruned
+        because they were redacted since they were queued."""
+        return None
+
     def pacing_confirmed(self, destination: str, outcome: str, waited_s: float) -> None:
         """A pacing wait (``queue/core/pacing.py``): ``confirmed`` (the receiver holds the
         event), ``not_yet`` or ``no_answer`` (the deadline passed), ``unsupported``

@@ -21,6 +21,8 @@ class RunnerConfig:
     catchup_max_gap_events: int
     outbox_read_limit: int
     pacing: PacingPolicy = NO_PACING
+    send_time_filter: bool = True
+    """Erasures and redactions checked just before each transaction (``send_time.py``)."""
 
     @classmethod
     def from_settings(
@@ -35,4 +37,5 @@ class RunnerConfig:
             catchup_max_gap_events=q.catchup_max_gap_events,
             outbox_read_limit=q.max_edus_per_txn,
             pacing=PacingPolicy(deadline_s=q.pacing_confirm_deadline_s),
+            send_time_filter=q.send_time_filter,
         )

@@ -142,6 +142,10 @@ class TelemetryObserver:
     def return_probe(self, destination: str, up: bool) -> None:
         self._metrics.return_probe(up)
 
+    def send_time_filtered(self, destination: str, withheld: Mapping[str, int],
+                           pruned: int) -> None:
+        self._metrics.send_time_filtered(withheld, pruned)
+
     def catchup_progress(self, destination: str, rooms: int, pdus: int) -> None:
         self._metrics.catchup_step("success")
         step = trace.get_current_span()  # called inside catchup_step

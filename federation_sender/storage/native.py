@@ -35,7 +35,12 @@ from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.catchup import CATCHUP, CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.event_reads import EventReads
-from federation_sender.storage.protocols import CatchUpVisibility, Tx
+from federation_sender.storage.protocols import (
+    NOTHING_CHANGED,
+    CatchUpVisibility,
+    SendTimeFacts,
+    Tx,
+)
 from federation_sender.storage.stream_fetchers import common_fetchers, native_gap_notes
 
 T = TypeVar("T")
@@ -62,6 +67,14 @@ class NativeBackend:
             return await fn(NativeTx(conn, self.hosts_cache))
 
         return await run_in_transaction(self.engine, in_tx)
+
+    async def send_time_facts(
+        self, event_ids: Collection[str], senders: Collection[str]
+    ) -> SendTimeFacts:
+        """Nothing, without a query: the native schema (the simulator's) has no table of
+        erased users and no redactions, so nothing queued can have been erased or
+        redacted since."""
+        return NOTHING_CHANGED
 
 
 class NativeTx:

@@ -234,6 +234,38 @@ class CatchUpVisibility(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class SendTimeFacts:
+    """What may have changed about a transaction's PDUs since they were queued
+    (``queue/send_time.py`` acts on it)."""
+
+    erased_senders: frozenset[str] = frozenset()
+    """Those of the senders asked about that were erased (deactivated with ``erase:
+    true``)."""
+    redacted: Mapping[str, str | None] = field(default_factory=lambda: MappingProxyType({}))
+    """The events asked about that a valid redaction redacts, each with its room's
+    version (None when the backend does not know it)."""
+
+
+NOTHING_CHANGED = SendTimeFacts()
+
+
+class SendTimeReader(Protocol):
+    """Erasures and redactions read just before a transaction goes out, so that what a
+    user erased or redacted after their events were queued is not sent as it was."""
+
+    async def send_time_facts(
+        self, event_ids: Collection[str], senders: Collection[str]
+    ) -> SendTimeFacts:
+        """Of ``senders``, the erased ones; of ``event_ids``, the validly redacted ones
+        (as the homeserver would apply the redaction when it reads the event). One
+        bounded read for the whole transaction, never one per event; retried on
+        transient database errors like :meth:`Backend.run`, and raises past them. The
+        caller holds no database slot: the backend bounds its own connections (the
+        Synapse one reads one at a time, gathering the questions asked meanwhile)."""
+        ...
+
+
 class OutboxStore(Protocol):
     """The durable EDU outboxes (to-device messages, device-list updates), read per
     destination past a stream id. Acknowledging a row (after the remote's 200) makes it
@@ -379,9 +411,10 @@ class Tx(Protocol):
     def admin(self) -> AdminReads: ...
 
 
-class Backend(Protocol):
+class Backend(SendTimeReader, Protocol):
     """Owns connections and transactions (and any cache that outlives one, such as the
-    native room-membership cache)."""
+    native room-membership cache). Its :meth:`~SendTimeReader.send_time_facts` is one
+    read of its own, outside :meth:`run`: no transaction is needed for one statement."""
 
     @property
     def name(self) -> str:

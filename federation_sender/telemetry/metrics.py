@@ -258,6 +258,11 @@ class Metrics:
         """Catch-up steps, pacing waits, the shard membership."""
         self._catchup_steps = Counter(n.CATCHUP_STEPS, "Catch-up steps by outcome",
                                       ["outcome"], registry=r)
+        self._send_time_withheld = Counter(n.SEND_TIME_WITHHELD, "PDUs withheld just before "
+                                           "their transaction went out, by reason",
+                                           ["reason"], registry=r)
+        self._send_time_pruned = Counter(n.SEND_TIME_PRUNED, "PDUs sent pruned: redacted "
+                                         "since they were queued", registry=r)
         self._pacing_confirmations = Counter(
             n.PACING_CONFIRMATIONS,
             "Waits for a receiver to process what it accepted, by outcome "
@@ -432,6 +437,12 @@ class Metrics:
 
     def catchup_step(self, outcome: str) -> None:
         self._catchup_steps.labels(outcome).inc()
+
+    def send_time_filtered(self, withheld: Mapping[str, int], pruned: int) -> None:
+        for reason, count in withheld.items():
+            self._send_time_withheld.labels(reason).inc(count)
+        if pruned:
+            self._send_time_pruned.inc(pruned)
 
     def pacing_confirmation(self, outcome: str, waited_s: float) -> None:
         self._pacing_confirmations.labels(outcome).inc()

@@ -68,6 +68,12 @@ RETURN_PROBES = "federation_sender_return_probes"
 """Return probes (``GET /_matrix/federation/v1/version`` of a destination in its
 persisted backoff with something to send, at most one a minute each), label
 ``outcome``: ``up`` (sent to at once) or ``down``."""
+SEND_TIME_WITHHELD = "federation_sender_send_time_withheld_pdus"
+"""PDUs left out of a transaction just before it went out (``queue/send_time.py``),
+label ``reason``: ``erased_sender`` (erased since it was queued) or
+``unknown_room_version`` (redacted, in a room whose redaction rules we do not know)."""
+SEND_TIME_PRUNED = "federation_sender_send_time_pruned_pdus"
+"""PDUs sent in their redacted (pruned) form: redacted since they were queued."""
 IN_FLIGHT_TRANSACTIONS = "federation_sender_in_flight_transactions"
 DB_GROUP_COMMITS = "federation_sender_db_group_commits"
 """Database transactions that wrote transaction results (group commits)."""

@@ -30,7 +30,7 @@ from federation_sender.storage.catchup import CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
-from federation_sender.storage.protocols import Backend, Tx
+from federation_sender.storage.protocols import Backend, SendTimeFacts, Tx
 from federation_sender.storage.synapse import catchup
 from federation_sender.storage.synapse import destinations as wr
 from federation_sender.storage.synapse import device_lists as dl
@@ -45,6 +45,7 @@ from federation_sender.storage.synapse.hosts import (
 )
 from federation_sender.storage.synapse.rooms import RoomReads, SynapseRooms
 from federation_sender.storage.synapse.schema import cache_invalidation_stream_by_instance
+from federation_sender.storage.synapse.send_time import SynapseSendTime
 from federation_sender.storage.synapse.signals import PendingSignals, ReplicationSignals
 from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers, synapse_gap_notes
 from federation_sender.storage.synapse_visibility import SynapseVisibility
@@ -87,6 +88,7 @@ class SynapseBackend:
         self.clock = clock
         self.external = external
         self.groups = StateGroupHostsCache()
+        self._send_time = SynapseSendTime(engine)
         self.signals = ReplicationSignals(instance_name)
         self.positions_reset = False
         self.replay_upto: dict[str, int] = {}
@@ -126,6 +128,12 @@ class SynapseBackend:
         position = max(self.signals.caches_position, await run_in_transaction(self.engine, fn))
         self.signals.caches_position = position
         return position
+
+    async def send_time_facts(
+        self, event_ids: Collection[str], senders: Collection[str]
+    ) -> SendTimeFacts:
+        """Erasures and valid redactions from Synapse's tables (:mod:`.send_time`)."""
+        return await self._send_time.send_time_facts(event_ids, senders)
 
     async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
         signals: list[PendingSignals] = []
