@@ -15,6 +15,10 @@ joins; then
 * ``sigkill``: ``--events`` messages are sent, the federation sender is killed
   (SIGKILL) after the first 10% of them, and started again once all are sent.
 
+With ``--other-traffic`` (issue #44), 2 s after the restart, while the backlog is under
+way, a message in another room (a second receiver user joined it) and a to-device
+message to that user are sent: seconds until each is at the receiver.
+
 Reported per sender and mode (``testing/backlog.py``): of the messages, how many the
 receiver holds as live events (neither outliers nor backfilled), how many as outliers
 or backfilled, how many are still staged, whether its log has a ``Pruning`` line for
@@ -23,7 +27,8 @@ queue drained (None: not within ``--wait-s``, or nothing changed at the receiver
 ``--stall-s`` with nothing staged: Synapse's own sender, which sends no more).
 
     .venv/bin/python bench/catchup_backlog.py [--events 1000] [--senders synapse ours] \
-        [--modes stop sigkill] [--wait-s 600] [--stall-s 60] [--gap N] [--json out.json]
+        [--modes stop sigkill] [--wait-s 600] [--stall-s 60] [--gap N] [--other-traffic] \
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import contextlib
 import json
 import sys
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -40,7 +46,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from federation_sender.clock import SystemClock
-from federation_sender.testing.backlog import receiver_state, send_burst, wait_live
+from federation_sender.testing.backlog import (
+    other_traffic,
+    receiver_state,
+    send_burst,
+    sync_token,
+    wait_live,
+)
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.our_sender import OurSender
 from federation_sender.testing.outage import SendingRoom, join_rooms
@@ -61,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stall-s", type=float, default=60.0)
     p.add_argument("--gap", type=int, default=None,
                    help="our queue.catchup_max_gap_events (default: our default)")
+    p.add_argument("--other-traffic", action="store_true",
+                   help="also time a message in another room and a to-device message")
     p.add_argument("--json", type=Path)
     a = p.parse_args(argv)
     clock = SystemClock()
@@ -110,6 +124,11 @@ def main(argv: list[str] | None = None) -> int:
                 room = SendingRoom(d, alice, d.client.create_room(alice))
                 bob = receiver.client.register(f"bob_{kind}_{mode}")
                 join_rooms(receiver, bob, {kind: room})
+                if a.other_traffic:
+                    other = SendingRoom(d, alice, d.client.create_room(alice))
+                    carol = receiver.client.register(f"carol_{kind}_{mode}")
+                    join_rooms(receiver, carol, {kind: other})
+                    since = sync_token(receiver, carol)
                 if mode == "stop":
                     stop(False)
                     ids = send_burst(d, alice, room.room_id, a.events)
@@ -120,11 +139,20 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = clock.monotonic_s()
                 start()
                 restart_s = round(clock.monotonic_s() - t0, 2)
+                extra: dict[str, Any] = {}
+                if a.other_traffic:
+                    time.sleep(2.0)
+                    extra = asdict(other_traffic(d, alice, other.room_id, receiver, carol,
+                                                 since))
+                    extra["backlog_live_then"] = receiver_state(receiver, room.room_id,
+                                                                ids).live
+                waiting_from = clock.monotonic_s() - t0
                 took, _ = wait_live(receiver, room.room_id, ids, a.wait_s, a.stall_s)
                 state = receiver_state(receiver, room.room_id, ids)
                 run = {"sender": kind, "mode": mode, "restart_s": restart_s,
-                       "all_live_after_s": None if took is None else round(took + restart_s, 2),
-                       **asdict(state)}
+                       "all_live_after_s": None if took is None
+                       else round(took + waiting_from, 2),
+                       **asdict(state), **extra}
                 complete = complete and took is not None and not state.pruned
                 out["runs"].append(run)
                 print(json.dumps(run), flush=True)

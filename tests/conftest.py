@@ -11,7 +11,7 @@ import logging
 import os
 import shutil
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -55,6 +55,7 @@ _SERVICE_FIXTURES = {
     "redis_server": "Redis",
     "synapse_deployment": "Synapse",
     "contract_synapse_template": "Synapse",
+    "synapse_redactor": "Synapse",  # tests/test_pruning.py: Synapse's virtualenv
 }
 # Parameters that pick a backend on PostgreSQL (db_url, storage/conftest.py's subject).
 _POSTGRES_PARAMS = {"postgresql", "native-postgresql", "synapse-postgresql"}
@@ -136,6 +137,66 @@ def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> None:
 # py4j logs "Closing down clientserver connection" from __del__ at interpreter exit, after
 # pytest closed its capture streams ("--- Logging error ---"); nothing of ours is lost.
 logging.getLogger("py4j").setLevel(logging.WARNING)
+
+
+DEMO_DESTINATIONS = 8
+
+
+@dataclass(frozen=True)
+class DemoRun:
+    """One ``federation-sender demo`` run of the session (its own process, as the README
+    runs it; --keep-running: the dashboard stays up after the delivery check until
+    Ctrl-C)."""
+
+    directory: Path
+    """Its working directory (``data/demo/demo.db``, ``data/demo/worker.log``)."""
+    port_base: int
+    status: int
+    output: str
+    dashboard_status: int | None
+    """What ``/dashboard`` answered once the run was over (None: no answer)."""
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory: pytest.TempPathFactory) -> DemoRun:
+    """The demo, run once for the tests that check it (``tests/worker/test_demo.py``)
+    and read its database (``tests/batch/test_sqlite.py``, on a copy)."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from federation_sender.testing.ports import free_port_block
+    from federation_sender.testing.waiting import wait_until_blocking
+
+    work = tmp_path_factory.mktemp("demo-run")
+    base = free_port_block(10 + DEMO_DESTINATIONS)
+    out_path = work / "demo.out"
+    with out_path.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "federation_sender", "demo", "--destinations",
+             str(DEMO_DESTINATIONS), "--port-base", str(base), "--rooms", "5",
+             "--events", "150", "--duration", "8", "--no-live", "--keep-running"],
+            stdout=out, stderr=subprocess.STDOUT, text=True, cwd=work,
+        )
+    dashboard: int | None = None
+    try:
+        def run_over() -> bool:
+            assert proc.poll() is None, out_path.read_text()[-3000:]
+            return "still running (--keep-running)" in out_path.read_text()
+
+        wait_until_blocking(run_over, "the demo's run to end", timeout_s=180, every_s=0.2,
+                            details=lambda: out_path.read_text()[-3000:])
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{base}/dashboard",
+                                        timeout=10) as r:
+                dashboard = r.status
+        except OSError:
+            dashboard = None
+    finally:
+        proc.send_signal(signal.SIGINT)
+        status = proc.wait(timeout=60)
+    return DemoRun(work, base, status, out_path.read_text(), dashboard)
 
 
 @pytest.fixture(scope="session")

@@ -518,11 +518,16 @@ async def _read_gaps(
     row, at most one page and one event more (``missed``)."""
     row_so = dict(rows)
     upto = max(row_so.values())
-    # A floor inside a row's gap: the room was paged through (or handled) this episode.
-    fresh = [r for r, so in rows if not after < floors.get(r, after) < so]
+    # A floor inside a row's gap: the room was paged through (or handled) this episode;
+    # at or past its row: handled through it (a read beside a waiting room did), nothing
+    # to read again.
+    done = {r for r, so in rows if after < floors.get(r, after) and floors[r] >= so}
+    fresh = [r for r, so in rows if r not in done and not after < floors.get(r, after) < so]
     missed = await tx.events.room_events_between(fresh, after, upto, page + 1)
     for room, so in rows:
-        if room not in fresh:
+        if room in done:
+            missed[room] = []
+        elif room not in fresh:
             missed.update(await tx.events.room_events_between([room], floors[room], so,
                                                                page + 1))
     for room, evs in missed.items():

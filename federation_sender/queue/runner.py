@@ -43,6 +43,7 @@ from federation_sender.queue.core.steps import (
 from federation_sender.queue.observer import QueueObserver, report
 from federation_sender.queue.persistence import QueuePersistence, log_row_for
 from federation_sender.queue.runner_config import RunnerConfig
+from federation_sender.queue.send_time import filter_at_send
 from federation_sender.telemetry.logging import log_context
 from federation_sender.transport.result import (
     EventProbe,
@@ -423,9 +424,14 @@ class DestinationRunner:
         started_ms = time_ms(self.clock)
         sent = Batch(tuple(p for p in batch.pdus if p.event_id not in held),
                      batch.edus) if held else batch
+        if sent.pdus and self.config.send_time_filter:
+            # Erased senders' PDUs withheld, redacted ones pruned (send_time.py). No
+            # db slot: the backend reads one at a time, gathering the queues' questions.
+            sent = await filter_at_send(sent, self.store.storage, self.observer,
+                                        self.destination)
         if not sent:
             # A catch-up batch whose rooms had nothing to send, or whose every PDU the
-            # receiver holds: advance locally.
+            # receiver holds or send_time.py withholds: advance locally.
             result = SendResult(Outcome.SUCCESS)
             if slot is not None:
                 slot.release()
@@ -465,7 +471,10 @@ class DestinationRunner:
             )
         report(self.observer, self.destination, eff, result, was_failing)
         if batch and result.outcome is Outcome.SUCCESS:
-            self._pace(batch, result)
+            # Pacing waits only for what went out: not for PDUs the receiver held
+            # already, nor for those withheld at send time.
+            self._pace(sent if sent is batch else Batch(sent.pdus, sent.edus, batch.catchup),
+                       result)
 
     def _confirmations(self) -> Confirmations | None:
         """Pacing's state, made on first use (None: pacing off, or no probe)."""

@@ -18,6 +18,7 @@ import sqlite3
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -124,3 +125,52 @@ def timeline_ids(receiver: SynapseDeployment, user: User, room_id: str,
         if not chunk or token is None:
             break
     return ids[::-1]
+
+
+def _to_device_seen(receiver: SynapseDeployment, user: User, marker: str,
+                    since: str | None) -> tuple[bool, str | None]:
+    page = receiver.client.sync(user, since=since)
+    got = any(e.get("content", {}).get("marker") == marker
+              for e in page.get("to_device", {}).get("events", []))
+    return got, page.get("next_batch")
+
+
+@dataclass
+class OtherTraffic:
+    """A message in another room and a to-device message, sent while a backlog is
+    under way (issue #44): seconds until each was at the receiver (None: not within the
+    timeout)."""
+
+    message_s: float | None
+    to_device_s: float | None
+
+
+def sync_token(receiver: SynapseDeployment, user: User) -> str | None:
+    """``user``'s current /sync position (to-device messages after it are new)."""
+    return _to_device_seen(receiver, user, "-", None)[1]
+
+
+def other_traffic(sender: SynapseDeployment, user: User, room_id: str,
+                  receiver: SynapseDeployment, recipient: User, since: str | None,
+                  timeout_s: float = 60.0) -> OtherTraffic:
+    """Send, as ``user``, a message into ``room_id`` (which ``recipient`` of the receiver
+    is in) and a to-device message to ``recipient``'s devices; wait until the message is
+    live at the receiver and the to-device message in ``recipient``'s /sync (``since``:
+    :func:`sync_token` taken before)."""
+    marker = uuid.uuid4().hex
+    sent_at = _CLOCK.monotonic_s()
+    message = sender.client.send_message(user, room_id, "not behind the backlog")
+    sender.client.call(
+        "PUT", f"/_matrix/client/v3/sendToDevice/m.test/{uuid.uuid4().hex}",
+        {"messages": {recipient.user_id: {"*": {"marker": marker}}}}, user.access_token)
+    message_s = to_device_s = None
+    while (message_s is None or to_device_s is None) and (
+            _CLOCK.monotonic_s() - sent_at < timeout_s):
+        if message_s is None and receiver_state(receiver, room_id, [message]).live:
+            message_s = round(_CLOCK.monotonic_s() - sent_at, 3)
+        if to_device_s is None:
+            seen, since = _to_device_seen(receiver, recipient, marker, since)
+            if seen:
+                to_device_s = round(_CLOCK.monotonic_s() - sent_at, 3)
+        time.sleep(0.02)
+    return OtherTraffic(message_s, to_device_s)

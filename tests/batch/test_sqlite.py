@@ -7,9 +7,8 @@ import argparse
 import io
 import itertools
 import json
+import shutil
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +20,19 @@ from federation_sender.config import Settings
 from federation_sender.demo import SERVER_NAME
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.prereq import missing
+from tests.conftest import DemoRun
 
 pytestmark = [pytest.mark.spark]
 
 
 @pytest.fixture(scope="module")
-def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def demo_dir(demo_run: DemoRun, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of the session's demo run (``tests/conftest.py``): the jobs write to it."""
     if not Path(SQLITE_JDBC_JAR).exists():
         missing(f"{SQLITE_JDBC_JAR} (Debian package libxerial-sqlite-jdbc-java)")
-    work = tmp_path_factory.mktemp("demo")
-    proc = subprocess.run(
-        [sys.executable, "-m", "federation_sender", "demo", "--destinations", "5",
-         "--rooms", "4", "--events", "80", "--duration", "4", "--no-live"],
-        capture_output=True, text=True, cwd=work, timeout=180)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert demo_run.status == 0, demo_run.output[-3000:]
+    work = tmp_path_factory.mktemp("demo") / "run"
+    shutil.copytree(demo_run.directory / "data", work / "data")
     return work
 
 

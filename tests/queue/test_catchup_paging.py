@@ -158,12 +158,16 @@ async def test_a_long_gap_waiting_for_its_confirmation_holds_back_no_other_room(
     order, and the position moves only at the end."""
     h = hdb
     w = h.writer
-    for room in ("!long:l", "!after:l", "!new:l"):
+    for room in ("!long:l", "!long2:l", "!after:l", "!new:l"):
         await room_with(h, room, D)
     base = w.stream_ordering
     ours = await w.messages("!long:l", ALICE, 3 * GAP_PAGE_EVENTS)
+    # A second long gap: paged through beside the first, then met again by the main
+    # read, which must send none of it twice.
+    ours2 = await w.messages("!long2:l", ALICE, 2 * GAP_PAGE_EVENTS + 10)
     after = await w.messages("!after:l", ALICE, 3)
     await _outage(h, [("!long:l", ours[-1].stream_ordering),
+                      ("!long2:l", ours2[-1].stream_ordering),
                       ("!after:l", after[-1].stream_ordering)], base)
     probe = Unconfirmed(h)
     h.sender = probe  # type: ignore[assignment]
@@ -187,9 +191,14 @@ async def test_a_long_gap_waiting_for_its_confirmation_holds_back_no_other_room(
     await wait_until(lambda: set(h.fake.received_event_ids(D)) >= long_ids,
                      "the long gap, once confirmed", timeout_s=10)
     await h.settle()
+    await wait_until(lambda: set(h.fake.received_event_ids(D)) >= {e.event_id for e in ours2},
+                     "the second long gap", timeout_s=10)
+    await h.settle()
     got = h.fake.received_event_ids(D)
-    want = [e.event_id for e in ours + after] + [new.event_id]
+    want = [e.event_id for e in ours + ours2 + after] + [new.event_id]
     assert sorted(got) == sorted(want)  # each once
     assert [e for e in got if e in long_ids] == [e.event_id for e in ours]
+    long2 = {e.event_id for e in ours2}
+    assert [e for e in got if e in long2] == [e.event_id for e in ours2]
     row = await h.dest_row(D)
     assert row.last_successful_stream_ordering >= new.stream_ordering

@@ -9,39 +9,17 @@ import sys
 from pathlib import Path
 
 from federation_sender.testing.ports import free_port_block
-from federation_sender.testing.waiting import wait_until_blocking
+from tests.conftest import DEMO_DESTINATIONS as DESTINATIONS
+from tests.conftest import DemoRun
 
-DESTINATIONS = 8
 
-
-def test_demo_runs_end_to_end_and_passes_the_delivery_check(tmp_path: Path) -> None:
-    """Also --keep-running: after the check, the dashboard stays up until Ctrl-C."""
-    import signal
-    import urllib.request
-
-    base = free_port_block(10 + DESTINATIONS)
-    out_path = tmp_path / "demo.out"
-    with out_path.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "federation_sender", "demo", "--destinations",
-             str(DESTINATIONS), "--port-base", str(base), "--rooms", "5", "--events", "150",
-             "--duration", "8", "--no-live", "--keep-running"],
-            stdout=out, stderr=subprocess.STDOUT, text=True, cwd=tmp_path,
-        )
-    try:
-        def run_over() -> bool:
-            assert proc.poll() is None, out_path.read_text()[-3000:]
-            return "still running (--keep-running)" in out_path.read_text()
-
-        wait_until_blocking(run_over, "the demo's run to end", timeout_s=180, every_s=0.2,
-                            details=lambda: out_path.read_text()[-3000:])
-        # The run is over and the dashboard still answers.
-        with urllib.request.urlopen(f"http://127.0.0.1:{base}/dashboard", timeout=10) as r:
-            assert r.status == 200
-    finally:
-        proc.send_signal(signal.SIGINT)
-        status = proc.wait(timeout=60)
-    stdout = out_path.read_text()
+def test_demo_runs_end_to_end_and_passes_the_delivery_check(demo_run: DemoRun) -> None:
+    """Also --keep-running: after the check, the dashboard stays up until Ctrl-C (the
+    run is the session's, ``tests/conftest.py``; the batch jobs read its database
+    too)."""
+    tmp_path, base, status = demo_run.directory, demo_run.port_base, demo_run.status
+    assert demo_run.dashboard_status == 200, "the dashboard did not answer after the run"
+    stdout = demo_run.output
     assert status == 0, stdout[-3000:]
     assert "delivery check: OK" in stdout
     assert "totals:" in stdout

@@ -116,11 +116,7 @@ class CatchupEpisode:
             self._offer_side(plans, limit)
             return
         for plan in plans:
-            floor = self.room_floor.get(plan.room_id)
-            if floor is not None:
-                plan = replace(
-                    plan, events=tuple(e for e in plan.events if e.stream_ordering > floor)
-                )
+            plan = self._unsent(plan)
             self.plans.append(plan)
             if plan.cut:
                 exhausted = False
@@ -138,13 +134,16 @@ class CatchupEpisode:
         if any(p.more for p in plans):
             self.side_due = True  # rows past the paged room are still to be read
 
+    def _unsent(self, plan: RoomPlan) -> RoomPlan:
+        """``plan`` without the events of its room this episode already handled."""
+        floor = self.room_floor.get(plan.room_id)
+        if floor is None:
+            return plan
+        return replace(plan, events=tuple(e for e in plan.events if e.stream_ordering > floor))
+
     def _offer_side(self, plans: Sequence[RoomPlan], limit: int) -> None:
         for plan in plans:
-            floor = self.room_floor.get(plan.room_id)
-            if floor is not None:
-                plan = replace(
-                    plan, events=tuple(e for e in plan.events if e.stream_ordering > floor)
-                )
+            plan = self._unsent(plan)
             self.plans.append(plan)
             if plan.more:
                 # Another long gap: its next page is read from its floor, and the side
@@ -153,7 +152,8 @@ class CatchupEpisode:
                 self.room_floor[plan.room_id] = plan.read_upto
                 self.side_due = True
                 return
-            self.room_floor[plan.room_id] = max(floor or -1, plan.row_stream_ordering)
+            self.room_floor[plan.room_id] = max(self.room_floor.get(plan.room_id, -1),
+                                                plan.row_stream_ordering)
             self.side_cursor = (plan.row_stream_ordering, plan.room_id)
         if limit and len(plans) >= limit:
             self.side_due = True  # a full read: more rows may follow
