@@ -21,6 +21,7 @@ redacted message whole (Synapse's own sender does the same).
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import urllib.parse
 import uuid
@@ -141,3 +142,43 @@ def test_a_message_redacted_while_the_receiver_was_down_arrives_redacted(
         "GET", f"/_matrix/client/v3/rooms/{q(room.room_id, safe='')}/event/{q(secret, safe='')}",
         None, bob.access_token)
     assert seen["content"] == {} and "redacted_because" in seen.get("unsigned", {}), seen
+
+
+@pytest.mark.skipif(not os.environ.get("SEND_TIME_REFERENCE"),
+                    reason="the reference run of Synapse's own sender: SEND_TIME_REFERENCE=1")
+def test_synapse_own_sender_in_the_same_erasure_scenario(
+    ours: OurWorker, receiver: SynapseDeployment
+) -> None:
+    """The reference, in the same scenario: Synapse's own federation sender, which
+    sends what it queued. The receiver's user writes once it is back, so that main sees
+    the receiver up and wakes its sender (it has no return probe)."""
+    d = ours.d
+    room, bob = shared_room(d, receiver)
+    eve = d.client.register(f"eve_{uuid.uuid4().hex[:8]}")
+    d.client.join(eve, room.room_id)
+    hello = d.client.send_message(eve, room.room_id, "eve is here")
+    wait_until_blocking(lambda: visible(receiver, bob, room.room_id, hello),
+                        "eve's first message at the receiver", timeout_s=30, accept=bool)
+    ours.stop()
+    d.start_federation_sender()
+    try:
+        first = _down_with_backoff(ours, receiver, room.room_id, room.user)
+        eves = [d.client.send_message(eve, room.room_id, f"eve's secret {i}")
+                for i in range(5)]
+        admin = d.client.register(f"admin_{uuid.uuid4().hex[:8]}", admin=True)
+        quoted = urllib.parse.quote(eve.user_id, safe="")
+        d.client.call("POST", f"/_synapse/admin/v1/deactivate/{quoted}", {"erase": True},
+                      admin.access_token)  # fmt: skip
+        alices = d.client.send_message(room.user, room.room_id, "alice, after eve's erasure")
+        receiver.main.start()
+        wait_until_blocking(lambda: receiver.client.send_message(bob, room.room_id, "back"),
+                            "the receiver's user writing again", timeout_s=60, accept=bool)
+        for event_id in (first, alices):
+            wait_until_blocking(lambda e=event_id: visible(receiver, bob, room.room_id, e),  # type: ignore[misc]
+                                f"{event_id} at the receiver", timeout_s=120, accept=bool)
+    finally:
+        d.stop_federation_sender()
+        ours.start()
+    stored = _stored(receiver, eves)
+    bodies = [e for e, pdu in stored.items() if pdu.get("content", {}).get("body")]
+    assert len(bodies) == 5, stored  # every body reached the receiver
