@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The supported Pythons besides .venv's 3.11 (scripts/test.sh runs this beside its set-up
-# and linters, before the whole suite). For each of 3.12 and 3.13, the two side by side
+# The supported Pythons besides .venv's 3.11 (scripts/test.sh runs this beside its set-up,
+# before the linters and the whole suite). For each of 3.12 and 3.13, the two side by side
 # (each mostly waits: on two cores together they take about as long as one):
 #   install  the worker alone, as an operator installs it: `pip install .` of the working
 #            tree (pyproject.toml, README.md and federation_sender/ copied to a scratch

@@ -131,8 +131,16 @@ class Exchange(asyncio.Protocol):
             if exc is None and self._state == _TO_EOF:
                 self._keep_alive = False
                 self._complete()
+            elif exc is None:
+                self._fail(self._disconnected())
             else:
-                self._fail(exc if exc is not None else self._disconnected())
+                lost = self._disconnected()
+                # A reset before any byte of the response (a reused connection the
+                # server had closed while idle: our request met its RST) is one more
+                # disconnection, which the pool retries once on a new connection.
+                self._fail(Disconnected(f"server disconnected ({type(exc).__name__})",
+                                        started=False)
+                           if isinstance(exc, ConnectionError) and not lost.started else exc)
         pool = self._pool
         if pool is not None:
             pool.forget(self)

@@ -389,3 +389,28 @@ async def test_a_peer_answering_429_with_retry_after_0_is_not_flooded(
     lines = [r.getMessage() for r in caplog.records if "rate limiting us" in r.getMessage()]
     assert len(lines) == 1, lines
     assert f"destination {dest} is rate limiting us" in lines[0]
+
+
+async def test_a_reset_on_a_reused_connection_before_any_response_is_retried_anew(
+    peer: rp.RawPeer,
+) -> None:
+    """A peer that closed a keep-alive connection while it sat idle in our pool: our next
+    request on it meets a reset (ECONNRESET, not an orderly end) before any byte of a
+    response. That is retried once on a new connection, as an orderly close is; it was
+    a failure (a 3.12 run of the suite met it under load: the invalid-JSON peer's
+    closed connection, reused before its end was seen)."""
+    async def handler(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await rp.read_request(r)
+        body = b"{}"
+        w.write(rp.OK_HEAD + b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        await w.drain()
+        await rp.read_request(r)
+        w.transport.abort()  # a reset where the answer to the second request would be
+
+    peer.handler = handler
+    await peer.start()
+    dest = "resetting.test"
+    async with _client(plain_http=True, destination_overrides={dest: peer.address}) as client:
+        results = [await client.send_transaction(_txn(dest, f"t{i}")) for i in range(3)]
+    assert [r.outcome for r in results] == [Outcome.SUCCESS] * 3, results
+    assert peer.connections == 3  # requests 2 and 3 each tried twice

@@ -415,3 +415,34 @@ async def test_a_tls_connection_holds_no_256_kib_read_buffer(
     # holds a 256 KiB buffer, the client's end 16 KiB.
     assert len([b for b in buffers if b >= 256 * 1024]) == 1
     assert len([b for b in buffers if 16 * 1024 <= b < 32 * 1024]) == 1
+
+
+async def test_a_reset_before_any_byte_of_the_response_is_a_disconnection_to_retry() -> None:
+    """ECONNRESET before the response (our request met the RST of a connection the
+    server had closed while it sat idle in our pool) is ``Disconnected(started=False)``,
+    which the pool retries once on a new connection; it was the bare reset, a failure
+    (a 3.12 run of the suite met it under load). After a byte of the response it stays
+    the reset."""
+    from federation_sender.transport.classify import Disconnected
+    from federation_sender.transport.h1_exchange import Exchange
+
+    server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    loop = asyncio.get_running_loop()
+    try:
+        for answered, expected in ((b"", Disconnected), (b"HTTP/1.1 2", ConnectionResetError)):
+            transport, ex = await loop.create_connection(lambda: Exchange(None, 1 << 16),
+                                                         "127.0.0.1", port)
+            task = asyncio.ensure_future(ex.request(b"PUT / HTTP/1.1\r\n\r\n"))
+            await asyncio.sleep(0)  # one turn: the task writes and awaits the answer
+            assert ex._waiter is not None
+            if answered:
+                ex.data_received(answered)
+            ex.connection_lost(ConnectionResetError(104, "Connection reset by peer"))
+            with pytest.raises(expected) as err:
+                await task
+            if expected is Disconnected:
+                assert not err.value.started  # type: ignore[attr-defined]
+            transport.close()
+    finally:
+        server.close()
