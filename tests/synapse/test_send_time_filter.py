@@ -30,7 +30,12 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from federation_sender.testing.certs import LoopbackCA
-from federation_sender.testing.outage import persisted_retry_interval, shared_room, visible
+from federation_sender.testing.outage import (
+    SendingRoom,
+    persisted_retry_interval,
+    shared_room,
+    visible,
+)
 from federation_sender.testing.synapse_client import User
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.testing.waiting import wait_until_blocking
@@ -95,9 +100,10 @@ def _back(ours: OurWorker, receiver: SynapseDeployment, bob: User, room: str,
                             accept=bool)  # fmt: skip
 
 
-def test_an_erased_users_messages_queued_while_the_receiver_was_down_never_reach_it(
-    ours: OurWorker, receiver: SynapseDeployment
-) -> None:
+def _room_with_eve(ours: OurWorker, receiver: SynapseDeployment
+                   ) -> tuple[SendingRoom, User, User]:
+    """A room shared with the receiver's user (bob), which eve joined and wrote in once
+    (seen at the receiver): the room, bob, eve."""
     d = ours.d
     room, bob = shared_room(d, receiver)
     eve = d.client.register(f"eve_{uuid.uuid4().hex[:8]}")
@@ -105,13 +111,27 @@ def test_an_erased_users_messages_queued_while_the_receiver_was_down_never_reach
     hello = d.client.send_message(eve, room.room_id, "eve is here")
     wait_until_blocking(lambda: visible(receiver, bob, room.room_id, hello),
                         "eve's first message at the receiver", timeout_s=30, accept=bool)
+    return room, bob, eve
 
-    first = _down_with_backoff(ours, receiver, room.room_id, room.user)
-    eves = [d.client.send_message(eve, room.room_id, f"eve's secret {i}") for i in range(5)]
+
+def _eve_writes_then_is_erased(d: SynapseDeployment, room_id: str, eve: User) -> list[str]:
+    """Eve's 5 messages, then her deactivation with ``erase: true``; their event ids."""
+    eves = [d.client.send_message(eve, room_id, f"eve's secret {i}") for i in range(5)]
     admin = d.client.register(f"admin_{uuid.uuid4().hex[:8]}", admin=True)
     quoted = urllib.parse.quote(eve.user_id, safe="")
     d.client.call("POST", f"/_synapse/admin/v1/deactivate/{quoted}", {"erase": True},
                   admin.access_token)  # fmt: skip
+    return eves
+
+
+def test_an_erased_users_messages_queued_while_the_receiver_was_down_never_reach_it(
+    ours: OurWorker, receiver: SynapseDeployment
+) -> None:
+    d = ours.d
+    room, bob, eve = _room_with_eve(ours, receiver)
+
+    first = _down_with_backoff(ours, receiver, room.room_id, room.user)
+    eves = _eve_writes_then_is_erased(d, room.room_id, eve)
     alices = d.client.send_message(room.user, room.room_id, "alice, after eve's erasure")
     _back(ours, receiver, bob, room.room_id, [first, alices])
 
@@ -153,22 +173,12 @@ def test_synapse_own_sender_in_the_same_erasure_scenario(
     sends what it queued. The receiver's user writes once it is back, so that main sees
     the receiver up and wakes its sender (it has no return probe)."""
     d = ours.d
-    room, bob = shared_room(d, receiver)
-    eve = d.client.register(f"eve_{uuid.uuid4().hex[:8]}")
-    d.client.join(eve, room.room_id)
-    hello = d.client.send_message(eve, room.room_id, "eve is here")
-    wait_until_blocking(lambda: visible(receiver, bob, room.room_id, hello),
-                        "eve's first message at the receiver", timeout_s=30, accept=bool)
+    room, bob, eve = _room_with_eve(ours, receiver)
     ours.stop()
     d.start_federation_sender()
     try:
         first = _down_with_backoff(ours, receiver, room.room_id, room.user)
-        eves = [d.client.send_message(eve, room.room_id, f"eve's secret {i}")
-                for i in range(5)]
-        admin = d.client.register(f"admin_{uuid.uuid4().hex[:8]}", admin=True)
-        quoted = urllib.parse.quote(eve.user_id, safe="")
-        d.client.call("POST", f"/_synapse/admin/v1/deactivate/{quoted}", {"erase": True},
-                      admin.access_token)  # fmt: skip
+        eves = _eve_writes_then_is_erased(d, room.room_id, eve)
         alices = d.client.send_message(room.user, room.room_id, "alice, after eve's erasure")
         receiver.main.start()
         wait_until_blocking(lambda: receiver.client.send_message(bob, room.room_id, "back"),
