@@ -113,7 +113,52 @@ def _needs_a_service(item: pytest.Item) -> str | None:
     return None
 
 
+LONG_MODULES: dict[str, int] = {
+    "reliability/test_rel_chaos.py": 104,
+    "synapse/test_catchup_pacing.py": 71,
+    "test_install.py": 60,
+    "batch/test_cluster.py": 60,
+    "batch/test_jobs.py": 57,
+    "reliability/test_rel_hostile.py": 53,
+    "batch/test_sqlite.py": 52,
+    "synapse/test_synapse_chaos.py": 50,
+    "synapse/test_event_persisters.py": 43,
+    "batch/test_bilateral_synapse.py": 42,
+    "batch/test_bilateral.py": 42,
+    "synapse/test_backend_withholding.py": 40,
+    "batch/test_synapse_jobs.py": 40,
+    "synapse/test_return_probe_synapse.py": 39,
+    "batch/test_connect.py": 37,
+    "batch/test_defects.py": 29,
+    "test_config.py": 28,
+    "worker/test_worker_process.py": 27,
+    "synapse/test_backend_e2e.py": 25,
+    "synapse/test_short_outage.py": 24,
+    "worker/test_demo.py": 22,
+    "synapse/test_sharded_senders.py": 21,
+    "synapse/test_outbound_proxy_e2e.py": 20,
+}
+"""The longest modules, with their seconds in one sequential run of the suite on the
+2-core machine (pytest --durations=0, summed per module). They are collected first,
+longest first: scripts/test.sh runs the suite on two pytest-xdist workers a module at
+a time (``--dist loadfile``), and a long module handed out last kept one worker busy for
+minutes after the other had finished (1,018 s in collection order). Only the order
+depends on these figures; a stale one costs time, never a test."""
+
+_TESTS_DIR = Path(__file__).parent
+
+
+def _module_weight(item: pytest.Item) -> int:
+    try:
+        rel = item.path.relative_to(_TESTS_DIR).as_posix()
+    except ValueError:
+        return 0
+    return LONG_MODULES.get(rel, 0)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    # Stable: each module's own order and the order of the rest are kept.
+    items.sort(key=lambda item: -_module_weight(item))
     if not SERVICE_FREE:
         return
     keep: list[pytest.Item] = []
