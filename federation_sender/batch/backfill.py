@@ -44,7 +44,7 @@ def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
         undelivered = t.undelivered(expected, t.delivered_positions(txn_log, events),
                                     destinations)
         diff, pruned = t.split_pruned(t.diff_destination_rooms(expected, actual), undelivered,
-                                      t.rows_kept(expected, memberships, ctx.server_name))
+                                      t.departures(memberships, ctx.server_name))
         diff = diff.cache()
         by_problem = counts_by(diff, "problem")
         n_pruned = pruned.count()

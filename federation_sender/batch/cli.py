@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import secrets
 import sys
 from pathlib import Path
@@ -47,8 +49,17 @@ from federation_sender.batch.session import (
     SparkUnreachable,
     build_session,
 )
+from federation_sender.batch.sizing import (
+    BIG_TABLES,
+    DRIVER_MEMORY_KEY,
+    Sizing,
+    available_mb,
+    partitions_for,
+    size_run,
+)
 from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import DEMO_SERVER_NAME, Settings
+from federation_sender.storage import batch_reads
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -99,7 +110,7 @@ def _common() -> argparse.ArgumentParser:
     p.add_argument("--output", metavar="DIR", help="where to write results")
     p.add_argument("--partitions", type=int, default=None, metavar="N",
                    help="parallel JDBC range reads and shuffle partitions "
-                   "(default: 2 x cores in local mode)")
+                   "(default: sized from the tables' row counts, at least 2 per core)")
     p.add_argument("--server-name", help="our server name (default: server_name)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark configuration, e.g. spark.driver.memory=4g (repeatable)")
@@ -183,25 +194,41 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
     except ValueError as e:
         return _usage(str(e))
     owned = spark is None
+    sizing: Sizing | None = None
     if spark is None:
         started = _start_spark(args, job, db, conf)
         if isinstance(started, int):
             return started
-        spark = started
-    if args.partitions and not args.remote:
-        spark.conf.set("spark.sql.shuffle.partitions", str(args.partitions))
+        spark, sizing = started
+    partitions = args.partitions
+    if partitions is None and sizing is not None:
+        partitions = sizing.partitions
+        if not args.remote and _local_cores(args.master or "local[*]") is None:
+            # A cluster: two per executor core of the executors that came up.
+            partitions = max(partitions, partitions_for(
+                sizing.rows, spark.sparkContext.defaultParallelism // 2))
+    if partitions:
+        spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
     progress = Progress(job, clock, enabled=not args.quiet)
+    if sizing is not None and args.partitions is None:
+        progress.say(sizing.describe() if partitions == sizing.partitions else
+                     f"{sizing.describe()}; {partitions} on this cluster")
     master = args.remote or spark.conf.get("spark.master", None) or "?"
     try:
-        result = _run(job, args, spark, db, server_name, progress, clock, check)
+        result = _run(job, args, spark, db, server_name, progress, clock, check, partitions)
     except Exception as e:  # top of the command: report and fail
         # One line: a Py4J error's text carries the whole Java stack.
-        print(f"federation-sender batch {job}: failed: {_first_line(e)}", file=sys.stderr)
+        print(f"federation-sender batch {job}: failed: {_first_line(e)}"
+              + _out_of_memory_hint(e, spark, sizing), file=sys.stderr)
         return EXIT_FAILED
     finally:
         if owned:
             spark.stop()
     result.summary["spark_master"] = master
+    result.summary["partitions"] = partitions or int(
+        spark.conf.get("spark.sql.shuffle.partitions") or 0)
+    if sizing is not None and sizing.driver_mb is not None:
+        result.summary["driver_memory"] = f"{sizing.driver_mb}m"
     _print(result, progress, out, as_json=args.json)
     return result.exit_status
 
@@ -259,9 +286,48 @@ def _receiver_check(args: argparse.Namespace,
                          seed)
 
 
+def _local_cores(master: str) -> int | None:
+    """The cores a ``local[N]`` master runs tasks on, None for any other master (the
+    driver is the executor only in local mode)."""
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master)
+    if m is None:
+        return None
+    return os.cpu_count() or 2 if m.group(1) in (None, "*") else int(m.group(1))
+
+
+def _size(args: argparse.Namespace, db: Database | None,
+          conf: dict[str, str]) -> Sizing | None:
+    """The run sized from the database's row counts (:mod:`.sizing`); None for a
+    snapshot, or when everything was given."""
+    if db is None or args.snapshot:
+        return None
+    if args.partitions is not None and DRIVER_MEMORY_KEY in conf:
+        return None
+    schema = "synapse" if getattr(args, "synapse_config", None) else "native"
+    with db.read() as conn:
+        rows = batch_reads.estimated_rows(conn, BIG_TABLES[schema], sqlite=db.sqlite)
+    cores = _local_cores(args.master or "local[*]") if not args.remote else None
+    return size_run(rows, cores or 2, local=cores is not None and not args.remote,
+                    driver_memory_given=DRIVER_MEMORY_KEY in conf,
+                    available=available_mb())
+
+
+def _out_of_memory_hint(e: BaseException, spark: SparkSession,
+                        sizing: Sizing | None) -> str:
+    """What to give a run that ran out of heap, as the end of its one line."""
+    if "OutOfMemoryError" not in str(e):
+        return ""
+    memory = spark.conf.get(DRIVER_MEMORY_KEY, None) or "1g"
+    return (f" (the JVM ran out of heap with spark.driver.memory={memory}"
+            + (f" and {spark.conf.get('spark.sql.shuffle.partitions')} partitions"
+               if sizing else "")
+            + ": give more with --conf spark.driver.memory=, or more --partitions)")
+
+
 def _start_spark(args: argparse.Namespace, job: str, db: Database | None,
-                 conf: dict[str, str]) -> SparkSession | int:
-    """A Spark session, or the exit status when it cannot start (said in one line)."""
+                 conf: dict[str, str]) -> tuple[SparkSession, Sizing | None] | int:
+    """A Spark session and the run's sizing, or the exit status when it cannot start
+    (said in one line)."""
     try:
         if not args.remote:
             check_java()
@@ -278,11 +344,17 @@ def _start_spark(args: argparse.Namespace, job: str, db: Database | None,
             check_remote(args.remote)
     except MissingPrerequisite as e:
         return _usage(str(e))
+    sizing = _size(args, db, conf)
+    if sizing is not None and sizing.driver_mb is not None:
+        conf = {**conf, DRIVER_MEMORY_KEY: f"{sizing.driver_mb}m"}
+    if sizing is not None and (short := sizing.shortfall()) is not None:
+        print(f"federation-sender batch {job}: {short}", file=sys.stderr)
     try:
         return build_session(SessionOptions(
-            master=args.master, remote=args.remote, shuffle_partitions=args.partitions,
+            master=args.master, remote=args.remote,
+            shuffle_partitions=args.partitions or (sizing.partitions if sizing else None),
             progress_bar=args.spark_progress, conf=conf,
-        ))
+        )), sizing
     except SparkUnreachable as e:  # the master or the Connect server: configuration
         print(f"federation-sender batch {job}: could not start Spark: {e}: "
               f"{START_CONNECT if args.remote else START_MASTER}", file=sys.stderr)
@@ -323,14 +395,13 @@ def _demo_database(settings: Settings) -> tuple[str, str] | None:
 
 def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database | None,
          server_name: str, progress: Progress, clock: Clock,
-         receivers: ReceiverCheck | None = None) -> JobResult:
+         receivers: ReceiverCheck | None = None, sized: int | None = None) -> JobResult:
     # The jobs import pyspark at module level: only here, once it is known installed.
     from federation_sender.batch import audit, backfill, health
 
     # Each JDBC partition is one database connection: cap the default.
-    partitions = args.partitions or min(
-        int(spark.conf.get("spark.sql.shuffle.partitions") or 4), 16
-    )
+    # A reused session (tests) keeps its own shuffle partitions, and reads in at most 16.
+    partitions = sized or min(int(spark.conf.get("spark.sql.shuffle.partitions") or 4), 16)
     beside_synapse = bool(getattr(args, "synapse_config", None))
     with progress.step("open source"):
         source: Source

@@ -29,6 +29,10 @@ class Progress:
         if self._enabled:
             print(f"[{self._job}] {text}", file=self._stream, flush=True)
 
+    def say(self, text: str) -> None:
+        """A line of its own between the steps (on stderr unless quiet)."""
+        self._say(text)
+
     @contextmanager
     def step(self, name: str) -> Iterator[None]:
         n = len(self.steps) + 1

@@ -22,8 +22,12 @@ intervals there, the latest local event with ``start <= s <= end``: an *as-of* l
 union of events and interval ends) instead of a range join whose cost would grow with
 events x intervals.
 
-Skew: the as-of lookup partitions by room, so one very large room is one task; that is
-bounded by one room's history, which a single executor holds comfortably.
+Skew and size: most intervals are open (the server is still joined), and for those the
+as-of lookup is only the room's newest local event, an aggregation per room that needs
+no sort. The sort per room runs only for the rooms with a closed interval (someone
+left), over their local events and closed ends. So a big room's whole membership and
+history never have to sit sorted in one task, which ran the audit of 10,000,000 rows
+out of heap (issue #47).
 """
 
 from __future__ import annotations
@@ -36,8 +40,6 @@ from pyspark.sql import types as T
 # ending at event E (E is the user's next membership event) includes E.
 _KIND_EVENT = 0
 _KIND_END = 1
-# Open interval ends sort after every real stream ordering.
-_OPEN_END = 2**62
 
 def server_of(user_id: Column) -> Column:
     """The server part of a user id ``@local:server[:port]``: everything after the first
@@ -85,16 +87,29 @@ def expected_destination_rooms(
 
     Columns: ``destination``, ``room_id``, ``stream_ordering``.
     """
-    evs = local_events(events, server_name).select(
+    local = local_events(events, server_name).select(
+        "room_id", F.col("stream_ordering").alias("so"))
+    intervals = join_intervals(memberships, server_name)
+    # Still joined: the room's newest local event, when it is not older than the join.
+    newest = local.groupBy("room_id").agg(F.max("so").alias("latest_so"))
+    still_joined = (
+        intervals.filter(F.col("end_so").isNull())
+        .join(newest, "room_id")
+        .filter(F.col("latest_so") >= F.col("start_so"))
+        .select("destination", "room_id", "latest_so")
+    )
+    # Closed intervals: the as-of lookup, sorting only the rooms that have one.
+    closed = intervals.filter(F.col("end_so").isNotNull())
+    evs = local.join(closed.select("room_id").distinct(), "room_id", "left_semi").select(
         "room_id",
-        F.col("stream_ordering").alias("so"),
+        "so",
         F.lit(_KIND_EVENT).alias("kind"),
         F.lit(None).cast("string").alias("destination"),
         F.lit(None).cast("long").alias("start_so"),
     )
-    ends = join_intervals(memberships, server_name).select(
+    ends = closed.select(
         "room_id",
-        F.coalesce(F.col("end_so"), F.lit(_OPEN_END).cast("long")).alias("so"),
+        F.col("end_so").alias("so"),
         F.lit(_KIND_END).alias("kind"),
         "destination",
         "start_so",
@@ -105,10 +120,14 @@ def expected_destination_rooms(
         .rowsBetween(Window.unboundedPreceding, Window.currentRow)
     )
     latest = F.max(F.when(F.col("kind") == _KIND_EVENT, F.col("so"))).over(upto)
-    return (
+    left_since = (
         evs.unionByName(ends)
         .withColumn("latest_so", latest)
         .filter((F.col("kind") == _KIND_END) & (F.col("latest_so") >= F.col("start_so")))
+        .select("destination", "room_id", "latest_so")
+    )
+    return (
+        still_joined.unionByName(left_since)
         .groupBy("destination", "room_id")
         .agg(F.max("latest_so").alias("stream_ordering"))
     )
@@ -229,38 +248,33 @@ def departures(memberships: DataFrame, server_name: str) -> DataFrame:
     )
 
 
-def rows_kept(expected: DataFrame, memberships: DataFrame, server_name: str) -> DataFrame:
-    """The expected (destination, room) rows catch-up never prunes: the destination's
-    server has stayed in the room from the row's event to the end of the history (no
-    :func:`departures` at or after it). Catch-up prunes a row only while the
-    destination is out of the room, so a server that left after the row's event and
-    joined again may have lost its row on purpose. Columns: ``destination``,
-    ``room_id``."""
-    out = departures(memberships, server_name)
-    e = expected.select("destination", "room_id", F.col("stream_ordering").alias("so"))
-    left_after = e.join(out, ["destination", "room_id"]).filter(F.col("out_so") >= F.col("so"))
-    return e.select("destination", "room_id").join(
-        left_after.select("destination", "room_id"), ["destination", "room_id"], "left_anti")
-
-
 def split_pruned(raw_diff: DataFrame, undelivered_rows: DataFrame,
-                 kept: DataFrame) -> tuple[DataFrame, DataFrame]:
+                 departed: DataFrame) -> tuple[DataFrame, DataFrame]:
     """Split :func:`diff_destination_rooms` output into real differences and rows the
     worker pruned on purpose. Catch-up deletes the row of a room the destination has
     *left* once its events are handled, so a "missing" row is pruned (not a
-    disagreement) only when the room's latest event was delivered and the destination
-    left the room after that event (``kept``: :func:`rows_kept`, the rows of servers
-    that never did). A missing row of a room it has stayed in is missing whatever was
-    delivered: the next catch-up would never see the room. Returns ``(diff, pruned)``;
-    ``pruned`` has ``problem="pruned"``. The audit and the backfill both use this, so
-    they agree on such rows."""
-    keys = undelivered_rows.select("destination", "room_id").unionByName(
-        kept.select("destination", "room_id")).distinct()
+    disagreement) only when the room's latest event was delivered (not among
+    ``undelivered_rows``) and the destination left the room after that event
+    (``departed``: :func:`departures`). Catch-up prunes a row only while the
+    destination is out of the room, so a server that left after the row's event and
+    joined again may have lost its row on purpose; a missing row of a room it has
+    stayed in is missing whatever was delivered: the next catch-up would never see the
+    room. Only the missing rows are looked up (a few, against every expected row).
+    Returns ``(diff, pruned)``; ``pruned`` has ``problem="pruned"``. The audit and the
+    backfill both use this, so they agree on such rows."""
     missing = raw_diff.filter(F.col("problem") == "missing")
-    pruned = (missing.join(keys, ["destination", "room_id"], "left_anti")
+    left_after = (
+        missing.select("destination", "room_id", "expected_so")
+        .join(departed, ["destination", "room_id"])
+        .filter(F.col("out_so") >= F.col("expected_so"))
+        .select("destination", "room_id").distinct()
+        .join(undelivered_rows.select("destination", "room_id"),
+              ["destination", "room_id"], "left_anti")
+    )
+    pruned = (missing.join(left_after, ["destination", "room_id"], "left_semi")
               .withColumn("problem", F.lit("pruned")))
     diff = raw_diff.filter(F.col("problem") != "missing").unionByName(
-        missing.join(keys, ["destination", "room_id"], "left_semi"))
+        missing.join(left_after, ["destination", "room_id"], "left_anti"))
     return diff, pruned
 
 

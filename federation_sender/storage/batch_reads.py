@@ -40,6 +40,29 @@ def column_bounds(conn: DriverConnection, table: str, column: str) -> tuple[int,
     return int(row[0]), int(row[1])
 
 
+def estimated_rows(conn: DriverConnection, tables: list[str], *, sqlite: bool) -> int:
+    """The rows of ``tables`` together, cheaply, for sizing a run before Spark starts:
+    PostgreSQL's planner estimates (``pg_class.reltuples``, kept by ANALYZE and
+    autovacuum; an exact count for a table never analyzed), SQLite's ``count(*)``. A
+    table that does not exist counts 0."""
+    total = 0
+    for table in tables:
+        name = ".".join(checked_identifier(part) for part in table.split("."))
+        if sqlite:
+            if "." in name:
+                continue
+            found = conn.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                                 f"name = '{name}'").fetchone()
+            row = conn.execute(f"SELECT count(*) FROM {name}").fetchone() if found else None
+        else:
+            row = conn.execute(f"SELECT reltuples::bigint FROM pg_class "
+                               f"WHERE oid = to_regclass('{name}')").fetchone()
+            if row is not None and int(row[0]) < 0:  # never analyzed
+                row = conn.execute(f"SELECT count(*) FROM {name}").fetchone()
+        total += int(row[0]) if row else 0
+    return total
+
+
 def create_staging_table(conn: DriverConnection, name: str) -> None:
     """An UNLOGGED table (PostgreSQL) the executors append a job's result to."""
     conn.execute(f"CREATE UNLOGGED TABLE {checked_identifier(name)} {STAGING_COLUMNS}")

@@ -24,12 +24,17 @@ def test_backfill_dry_run_on_local_cluster(batch_db: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "federation_sender.batch", "backfill-destination-rooms",
          "--master", "local-cluster[2,1,1024]", "--database-url", batch_db, "--dry-run",
-         "--json", "--partitions", "2"],
+         "--json"],
         capture_output=True, text=True, timeout=240, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert doc["summary"]["spark_master"] == "local-cluster[2,1,1024]"
+    # Sized from the row counts (no --partitions): two per executor core on a cluster,
+    # and a cluster's memory is its own.
+    assert doc["summary"]["partitions"] == 4
+    assert "driver_memory" not in doc["summary"]
+    assert "[backfill-destination-rooms] sized for " in proc.stderr
     problems = list(expected_diff(h).values())
     for p in ("missing", "behind", "ahead", "stale"):
         assert doc["summary"][p] == problems.count(p), p
