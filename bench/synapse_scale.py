@@ -788,6 +788,116 @@ def prepare(work: Workdir, rows: int, *, seed: int, regenerate: bool,
     return c, url, report
 
 
+# --- the same deployment on our native schema ------------------------------------------
+
+NATIVE_COPIES: tuple[tuple[str, str, str], ...] = (
+    ("events",
+     "stream_ordering, instance_name, event_id, room_id, type, state_key, sender, "
+     "origin_server_ts, outlier, rejected, json",
+     "SELECT e.stream_ordering, coalesce(e.instance_name, 'master'), e.event_id, e.room_id, "
+     "e.type, e.state_key, e.sender, e.origin_server_ts, e.outlier, "
+     "e.rejection_reason IS NOT NULL, j.json "
+     "FROM events e JOIN event_json j USING (event_id) WHERE e.stream_ordering IS NOT NULL"),
+    ("room_memberships",
+     "event_id, event_stream_ordering, room_id, user_id, server_name, sender, membership",
+     "SELECT event_id, event_stream_ordering, room_id, user_id, "
+     "substring(user_id from position(':' in user_id) + 1), sender, membership "
+     "FROM room_memberships"),
+    ("destinations",
+     "destination, retry_last_ts, retry_interval, failure_ts, last_successful_stream_ordering",
+     "SELECT destination, retry_last_ts, retry_interval, failure_ts, "
+     "last_successful_stream_ordering FROM destinations"),
+    ("destination_rooms", "destination, room_id, stream_ordering",
+     "SELECT destination, room_id, stream_ordering FROM destination_rooms"),
+    ("federation_transaction_log",
+     "id, txn_id, destination, instance_name, pdu_count, edu_count, request_bytes, status, "
+     "http_status, started_ts, duration_ms, catchup, max_stream_ordering, pdu_event_ids, "
+     "error",
+     "SELECT id, txn_id, destination, instance_name, pdu_count, edu_count, request_bytes, "
+     "status, http_status, started_ts, duration_ms, catchup, max_stream_ordering, "
+     "pdu_event_ids, error FROM federation_sender.federation_transaction_log"),
+    ("partial_state_rooms", "room_id", "SELECT room_id FROM partial_state_rooms"),
+)
+"""Our native tables from Synapse's: the same events (rejected = has a rejection
+reason), every membership row with its server, the same rows, positions and log. The
+native audit has no ``proactively_send`` or erasure rules, so its classes are its own:
+the check on this schema is the plain query (:mod:`federation_sender.storage
+.batch_baseline`) against the Spark audit, count for count."""
+
+
+def native_dbname_for(rows: int) -> str:
+    return f"native_{rows}"
+
+
+def native_config(work: Workdir, c: PostgresCluster, rows: int) -> Path:
+    """``-c`` for the native deployment: its database and our server name."""
+    d = work.root / native_dbname_for(rows)
+    d.mkdir(parents=True, exist_ok=True)
+    cfg = d / "native.yaml"
+    cfg.write_text(json.dumps({
+        "server_name": OUR, "data_dir": str(d / "data"),
+        "database": {"url": f"postgresql://{c.user}@127.0.0.1:{c.port}/"
+                            f"{native_dbname_for(rows)}"}}))
+    return cfg
+
+
+def prepare_native(work: Workdir, rows: int, *, seed: int, regenerate: bool,
+                   log: Callable[[str], None] = print) -> tuple[PostgresCluster, str, Path]:
+    """The native database of ``rows`` (``native_<rows>``), copied from the generated
+    Synapse database (made first when missing): ``(cluster, url, config)``."""
+    c, synapse_url, _ = prepare(work, rows, seed=seed, regenerate=regenerate, log=log)
+    name = native_dbname_for(rows)
+    cfg = native_config(work, c, rows)
+    done_file = cfg.parent / "copied.json"
+    exists = bool(c.psql(f"SELECT 1 FROM pg_database WHERE datname = '{name}'").strip())
+    if exists and done_file.exists() and not regenerate:
+        return c, c.url(name), cfg
+    if exists:
+        c.psql(f'DROP DATABASE "{name}"')
+    c.psql(f'CREATE DATABASE "{name}"')
+    done = subprocess.run([sys.executable, "-m", "federation_sender", "migrate", "-c",
+                           str(cfg)], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    if done.returncode != 0:
+        raise RuntimeError(f"migrate failed: {done.stderr.strip()[-2000:]}")
+    url = c.url(name)
+    t_all = time.perf_counter()
+    steps: list[tuple[str, float]] = []
+    with psycopg.connect(synapse_url) as src, psycopg.connect(url, autocommit=True) as dst:
+        dst.execute("SET session_replication_role = replica")
+        dst.execute("SET maintenance_work_mem = '1GB'")
+        tables = [t for t, _, _ in NATIVE_COPIES]
+        indexes = [(str(n), str(d)) for n, d in dst.execute(
+            """
+            SELECT i.indexname, i.indexdef FROM pg_indexes i
+            WHERE i.schemaname = 'public' AND i.tablename = ANY(%s)
+              AND NOT EXISTS (SELECT 1 FROM pg_constraint c WHERE c.conname = i.indexname)
+            """, (tables,)).fetchall()]
+        for n, _ in indexes:
+            dst.execute(f'DROP INDEX public."{n}"')
+        for table, cols, select in NATIVE_COPIES:
+            t0 = time.perf_counter()
+            with src.cursor().copy(f"COPY ({select}) TO STDOUT") as out, \
+                    dst.cursor().copy(f"COPY {table} ({cols}) FROM STDIN") as into:
+                for block in out:
+                    into.write(block)
+            steps.append((table, time.perf_counter() - t0))
+            log(f"  {name}.{table}: {steps[-1][1]:.1f} s")
+        t0 = time.perf_counter()
+        for _, definition in indexes:
+            dst.execute(definition)
+        dst.execute("SELECT setval(pg_get_serial_sequence('federation_transaction_log', 'id'),"
+                    " (SELECT coalesce(max(id), 1) FROM federation_transaction_log))")
+        dst.execute("VACUUM (ANALYZE)")
+        steps.append(("indexes, vacuum analyze", time.perf_counter() - t0))
+        size = dst.execute("SELECT pg_database_size(current_database())").fetchone()
+    report = {"seconds": round(time.perf_counter() - t_all, 1),
+              "database_bytes": int(size[0]) if size else 0,
+              "steps": [(n, round(s, 1)) for n, s in steps]}
+    done_file.write_text(json.dumps(report, indent=2))
+    log(f"{name}: copied in {report['seconds']} s, {report['database_bytes'] / 2**30:.2f} GiB")
+    return c, url, cfg
+
+
 # --- measuring ---------------------------------------------------------------------------
 
 def _rss_kb(pid: int) -> int:
@@ -911,6 +1021,8 @@ class JobRun:
     shuffle_mb: float = 0.0
     """Shuffle bytes written, all stages."""
     largest_stage_shuffle_mb: float = 0.0
+    steps: list[tuple[str, float]] | None = None
+    """The job's own steps and their seconds (its ``--json``)."""
 
 
 def event_log_totals(directory: Path) -> tuple[int, int, float, float]:
@@ -937,13 +1049,16 @@ def event_log_totals(directory: Path) -> tuple[int, int, float, float]:
             round(max(per_stage.values(), default=0) / mb, 1))
 
 
-def run_job(hs: Path, dbname: str, rows: int, mode: str, master: str, job: str,
-            partitions: int, conf: Mapping[str, str], out_dir: Path,
+def run_job(source: list[str], dbname: str, rows: int, mode: str, master: str | None,
+            job: str, partitions: int, conf: Mapping[str, str], out_dir: Path,
             timeout_s: float, workers: tuple[int, ...] = ()) -> JobRun:
-    """One job as an operator runs it: ``federation-sender batch JOB --synapse-config
-    homeserver.yaml``, its own process and JVM."""
-    argv = [sys.executable, "-m", "federation_sender", "batch", job, "--synapse-config",
-            str(hs), "--master", master, "--json", "--quiet"]
+    """One job as an operator runs it: ``federation-sender batch JOB`` with ``source``
+    (``--synapse-config homeserver.yaml``, or ``-c native.yaml``), its own process and
+    JVM; ``master`` None gives no ``--master`` (the command line's own ``local[*]``)."""
+    argv = [sys.executable, "-m", "federation_sender", "batch", job, *source,
+            "--json", "--quiet"]
+    if master is not None:
+        argv += ["--master", master]
     if partitions:  # 0: the command line's default (Spark's 200 on a cluster, 16 reads)
         argv += ["--partitions", str(partitions)]
     events = out_dir / "eventlog" / f"{mode}-{job}-{partitions}"
@@ -983,7 +1098,8 @@ def run_job(hs: Path, dbname: str, rows: int, mode: str, master: str, job: str,
                   peaks.driver_kb // 1024, peaks.executors_kb // 1024,
                   peaks.executor_max_kb // 1024, peaks.postgres_kb // 1024,
                   proc.returncode, summary, conf.get("spark.driver.memory", "1g"),
-                  conf.get("spark.executor.memory", "-"), *event_log_totals(events))
+                  conf.get("spark.executor.memory", "-"), *event_log_totals(events),
+                  steps=[(str(x["step"]), float(x["seconds"])) for x in doc.get("steps", [])])
 
 
 def spark_home() -> Path:
@@ -1252,7 +1368,8 @@ def cmd_run(a: argparse.Namespace) -> None:
                       else _standalone(work.root / "spark", a.worker_memory))
             with runner as (master, workers):
                 for job in jobs:
-                    r = run_job(hs, name, rows, mode, master, job, parts, conf,
+                    r = run_job(["--synapse-config", str(hs)], name, rows, mode, master, job,
+                                parts, conf,
                                 work.root / name, a.timeout, workers)
                     results["jobs"] = [x for x in results["jobs"] if not (
                         x["rows"] == rows and x["mode"] == mode and x["job"] == job
@@ -1267,6 +1384,89 @@ def cmd_run(a: argparse.Namespace) -> None:
         _results_file(work).write_text(json.dumps(results, indent=2))
     print()
     print(table(results))
+    if a.stop:
+        work.stop(work.cluster())
+
+
+@dataclass
+class NativePlain:
+    rows: int
+    seconds: float
+    undelivered_s: float
+    diff_s: float
+    postgres_mb: int
+    counts: dict[str, int]
+
+
+def run_native_plain(url: str, dbname: str, rows: int, work_mem: str) -> NativePlain:
+    """The native audit as plain PostgreSQL (:mod:`federation_sender.storage
+    .batch_baseline`): the undelivered pairs and the ``destination_rooms`` diff, the two
+    queries the audit's classes come from, one after the other."""
+    from federation_sender.storage.batch_baseline import run_query
+
+    with sample_rss(lambda: None, dbname) as peaks:
+        t0 = time.perf_counter()
+        und = run_query(url, "audit", OUR, work_mem=work_mem)
+        t1 = time.perf_counter()
+        diff = run_query(url, "backfill-destination-rooms", OUR, work_mem=work_mem)
+        t2 = time.perf_counter()
+    counts = {"undelivered_lost": sum(1 for r in und if r["status"] == "lost"),
+              "undelivered_pending": sum(1 for r in und if r["status"] == "pending")}
+    for problem in ("missing", "behind", "ahead", "stale"):
+        counts[f"rows_{problem}"] = sum(1 for r in diff if r["problem"] == problem)
+    return NativePlain(rows, round(t2 - t0, 1), round(t1 - t0, 1), round(t2 - t1, 1),
+                       peaks.postgres_kb // 1024, counts)
+
+
+def native_counts(summary: Mapping[str, Any]) -> dict[str, int]:
+    """The Spark audit's classes as the plain queries count them (the plain diff's
+    ``missing`` includes the rows the audit calls pruned after delivery)."""
+    out = {k: int(summary.get(k, 0)) for k in (
+        "undelivered_lost", "undelivered_pending", "rows_behind", "rows_ahead", "rows_stale")}
+    out["rows_missing"] = int(summary.get("rows_missing", 0)) + int(
+        summary.get("rows_pruned_after_delivery", 0))
+    return out
+
+
+def cmd_native(a: argparse.Namespace) -> None:
+    """The native audit at scale (issue #47): the Spark audit as an operator runs it,
+    with no option or with ``--variant`` arguments, beside the plain queries."""
+    work = Workdir(Path(a.workdir))
+    results = _load_results(work)
+    results.setdefault("native_plain", [])
+    results.setdefault("native_jobs", [])
+    variants = a.variant or [""]
+    for rows in _sizes(a.rows):
+        c, url, cfg = prepare_native(work, rows, seed=a.seed, regenerate=a.regenerate)
+        name = native_dbname_for(rows)
+        c.psql("SELECT count(*) FROM events; SELECT count(*) FROM room_memberships; "
+               "SELECT count(*) FROM destination_rooms", name)
+        plain = None
+        if not a.no_plain:
+            plain = run_native_plain(url, name, rows, a.work_mem)
+            results["native_plain"] = [p for p in results["native_plain"]
+                                       if p["rows"] != rows] + [asdict(plain)]
+            print(f"  plain queries: {plain.seconds} s (undelivered {plain.undelivered_s} s,"
+                  f" diff {plain.diff_s} s), PostgreSQL {plain.postgres_mb} MB: "
+                  f"{plain.counts}", flush=True)
+        for variant in variants:
+            extra = variant.split()
+            r = run_job(["-c", str(cfg), *extra], name, rows, "local", None, "audit", 0, {},
+                        work.root / name / "runs", a.timeout)
+            r.mode = f"{a.label} local {variant or '(defaults)'}".strip()
+            got = native_counts(r.summary)
+            agree = "-" if plain is None else ("agree" if got == plain.counts else
+                                                "DIFFER: " + ", ".join(
+                f"{k} {got.get(k)} != {plain.counts.get(k)}"
+                for k in sorted(set(got) | set(plain.counts))
+                if got.get(k) != plain.counts.get(k)))
+            results["native_jobs"] = [x for x in results["native_jobs"] if not (
+                x["rows"] == rows and x["mode"] == r.mode)] + [asdict(r)]
+            print("   " + "; ".join(f"{n} {x:.1f} s" for n, x in r.steps or []))
+            print(f"  audit {r.mode}: job {r.job_s} s, wall {r.wall_s} s, driver "
+                  f"{r.driver_mb} MB, {r.tasks} tasks in {r.stages} stages, shuffle "
+                  f"{r.shuffle_mb} MB, exit {r.status}, plain query {agree}", flush=True)
+            _results_file(work).write_text(json.dumps(results, indent=2))
     if a.stop:
         work.stop(work.cluster())
 
@@ -1346,6 +1546,16 @@ def main() -> None:
     r.add_argument("--plain-repeat", type=int, default=1)
     r.add_argument("--timeout", type=float, default=3 * 3600)
     r.set_defaults(fn=cmd_run)
+    n = sub.add_parser("native", parents=[common],
+                       help="the native audit beside the plain queries (issue #47)")
+    n.add_argument("--variant", action="append", default=None, metavar="ARGS",
+                   help="extra batch arguments of one run, e.g. '--partitions 16' "
+                   "(repeatable; default: one run with none)")
+    n.add_argument("--no-plain", action="store_true", help="skip the plain queries")
+    n.add_argument("--label", default="", help="names the runs in the results (a tree)")
+    n.add_argument("--work-mem", default="256MB")
+    n.add_argument("--timeout", type=float, default=3 * 3600)
+    n.set_defaults(fn=cmd_native)
     t = sub.add_parser("table", parents=[common], help="print the results table")
     t.set_defaults(fn=lambda a: print(table(_load_results(Workdir(Path(a.workdir))))))
     a = ap.parse_args()
