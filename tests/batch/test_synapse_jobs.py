@@ -174,8 +174,10 @@ def test_repair_beside_the_running_worker_loses_nothing_and_sends_nothing_twice(
     w.events["a last"] = sent[-1]
     w.delivered("A", "a last")
     # Lost and rowless events reach L and M once the sweep starts their queues again.
-    w.delivered("L", "l2 lost")
-    w.delivered("M", "m refused")
+    # Seconds on a quiet machine; one CI run on two xdist workers missed 60 s for L
+    # (cause not yet found: see issue #42's note), so the wait is longer than that.
+    w.delivered("L", "l2 lost", timeout_s=180)
+    w.delivered("M", "m refused", timeout_s=180)
     wait_until_blocking(lambda: w.row("A", "a"), "A's row at the newest live event",
                         accept=lambda so: so == w.so("a last"), timeout_s=30)
     assert w.row("A", "a2") == w.so("a2 second")
