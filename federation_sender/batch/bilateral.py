@@ -39,12 +39,11 @@ through the storage boundary with the audit's own repair of the source's schema
 ends at or above the event (ours: set to it when at or below the audit's high-water
 mark, a newer row the worker wrote kept; Synapse's: created or raised, never lowered),
 and the destination's ``last_successful_stream_ordering`` is lowered to one below its
-earliest such event, never raised. The worker's catch-up resends the event when the
-destination's queue next starts from the database: at a restart, or from the wake-up
-sweep once the old queue went idle and was evicted. A queue still live keeps its
-position in memory and its next success writes it back over the lowered one, so after
-repairing a busy destination restart the worker (and audit again to see it). Receivers
-deduplicate by event id: resending what another room's row covers costs bandwidth only.
+earliest such event, never raised. The worker's catch-up resends the event from its
+next wake-up sweep, whether the destination's queue is live (it reads the lowered
+position again, and its own writes apply only over the position it knows) or not (it
+starts in catch-up mode). Receivers deduplicate by event id: resending what another
+room's row covers costs bandwidth only.
 
 docs/batch.md ("Bilateral check") has the options and a measured run.
 """

@@ -15,9 +15,9 @@ destination with an owed event it is past; ``backfill-destination-rooms`` only
 creates or raises rows (``--dry-run``: neither). Both apply in one transaction with
 Synapse's sender's upsert rules (:mod:`federation_sender.storage.synapse.batch_apply`),
 safe while Synapse and the worker run: a row the worker wrote for a newer event is
-kept, a position only goes down. The worker acts on a lowered position when the
-destination's queue next starts (the wake-up sweep starts one for a destination whose
-rows are past its position once the old queue has gone idle, and a restart does).
+kept, a position only goes down. The worker acts on a lowered position at its next
+wake-up sweep: a live queue reads it again and catches up from it, and one is started
+in catch-up mode for a destination with none.
 """
 
 from __future__ import annotations
@@ -101,11 +101,11 @@ def next_steps(hwm: int, counts: Counts, *, repaired: bool) -> list[str]:
         steps.append(
             f"{lost.pairs} lost and {missing.pairs} missing rows ({some}…): run "
             "`federation-sender batch audit --repair --synapse-config homeserver.yaml` "
-            "(rows created, positions lowered; the worker resends when a destination's "
-            "queue next starts), then audit again")
+            "(rows created, positions lowered; the worker resends from its next wake-up "
+            "sweep, queue.wakeup_interval_s), then audit again")
     elif lost.pairs or missing.pairs:
-        steps.append("repaired: the worker resends when each destination's queue next "
-                     "starts (the wake-up sweep, a restart); audit again to see it")
+        steps.append("repaired: the worker resends from its next wake-up sweep "
+                     "(queue.wakeup_interval_s); audit again to see it")
     backoff = _of(counts, "pending", "backoff")
     if backoff.pairs:
         steps.append(

@@ -4,7 +4,8 @@
   through destinations with outstanding work (rows past their position or unsent outbox
   rows) and no active backoff, and wakes them at ``wakeup_rate_per_s`` in 100 ms ticks.
   A destination with no live queue gets one in catch-up mode: only catch-up can send
-  rows it has not seen.
+  rows it has not seen. A live queue whose persisted position the sweep read differs
+  from its own reads it again and, lower (a repair lowered it), catches up from there.
 * Eviction: one clock task for all queues asks those idle past ``idle_ttl_s`` to exit
   (cheaper than a timer per queue per wait). Attempt deadlines are each runner's own.
 """
@@ -34,9 +35,11 @@ class Queues(Protocol):
         """The queues with a runner."""
         ...
 
-    def wake_for_sweep(self, destination: str) -> bool:
+    def wake_for_sweep(self, destination: str, persisted: int | None) -> bool:
         """Wake (creating, in catch-up mode, if none is live) the queue of a destination
-        with outstanding work; False if it is not ours or cannot run now."""
+        with outstanding work, whose persisted position the sweep read as ``persisted``
+        (a live queue checks it against its own); False if it is not ours or cannot run
+        now."""
         ...
 
 
@@ -95,9 +98,9 @@ class Housekeeping:
             page = await self._store.wakeup_page(after, WAKEUP_PAGE, time_ms(self._clock))
             if not page:
                 return woken
-            after = page[-1]
-            for d in page:
-                if not self._queues.wake_for_sweep(d):
+            after = page[-1][0]
+            for d, persisted in page:
+                if not self._queues.wake_for_sweep(d, persisted):
                     continue
                 woken += 1
                 in_tick += 1

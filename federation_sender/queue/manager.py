@@ -368,14 +368,14 @@ class QueueManager:
     def live(self) -> list[DestinationRunner]:
         return self.queues.live()
 
-    def wake_for_sweep(self, destination: str) -> bool:
+    def wake_for_sweep(self, destination: str, persisted: int | None) -> bool:
         if not self.shard_filter(destination):
             return False
         self.queues.owe_catchup(destination)
         r = self.queues.get(destination)
         if r is None:
             return False
-        r.poke()
+        r.swept(persisted)
         return True
 
     async def wake_due_destinations(self) -> int:

@@ -302,8 +302,10 @@ class QueuePersistence:
 
         await self.storage.run(fn)
 
-    async def wakeup_page(self, after: str | None, limit: int, now_ms: int) -> list[str]:
-        async def fn(tx: Tx) -> list[str]:
+    async def wakeup_page(
+        self, after: str | None, limit: int, now_ms: int
+    ) -> list[tuple[str, int | None]]:
+        async def fn(tx: Tx) -> list[tuple[str, int | None]]:
             return await tx.destinations.destinations_with_outstanding_work(
                 after, limit, now_ms
             )
@@ -374,7 +376,7 @@ _Pending = tuple[str, Effects, "TxnLogRow | None", int, "asyncio.Future[None]"]
 
 
 async def _apply(tx: Tx, *, batch: Sequence[_Pending]) -> None:
-    positions: list[tuple[str, int]] = []
+    positions: list[tuple[str, int, int]] = []
     logs: list[TxnLogRow] = []
     succeeded: set[str] = set()
     for destination, eff, log_row, now_ms, _fut in batch:
@@ -387,7 +389,7 @@ async def _apply(tx: Tx, *, batch: Sequence[_Pending]) -> None:
         elif eff.succeeded:
             succeeded.add(destination)
         if eff.last_successful is not None:
-            positions.append((destination, eff.last_successful))
+            positions.append((destination, eff.last_successful, eff.position_before))
         # Most results mark no outbox rows: skip the coroutine, not just the query.
         if eff.to_device_sent:
             await tx.outbox.ack_to_device(destination, eff.to_device_sent, now_ms)

@@ -65,7 +65,8 @@ MAX_UNPERSISTED = 8
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_attempts", "_finished", "_loaded", "_may_send", "_pacing", "_probe", "_stopping",
+        "_attempts", "_finished", "_loaded", "_may_send", "_pacing", "_probe", "_recheck",
+        "_stopping",
         "_unpersisted", "_up_probe", "_waiting", "clock", "config", "core", "db_slots",
         "destination", "gate", "observer", "sender", "store", "txn_slots", "wake",
     )
@@ -100,6 +101,8 @@ class DestinationRunner:
         self._pacing: Confirmations | None = None
         """Pacing's state (``queue/confirm.py``), made on the first paced success."""
         self._loaded = False
+        self._recheck = False
+        """The wake-up sweep saw another persisted position than ours: read it again."""
         self._stopping = False
         self._finished = False
         self._waiting = False
@@ -140,6 +143,14 @@ class DestinationRunner:
     def poke_outbox(self) -> None:
         """New to-device or device-list rows: read the outboxes again, now."""
         self.core.poke_outbox()
+        self.poke()
+
+    def swept(self, persisted: int | None) -> None:
+        """The wake-up sweep found rows past ``persisted``, the position in the database
+        as it read it. Unlike ours, it is read again once none of our writes is pending
+        (another process may have lowered it: ``batch audit --repair``)."""
+        if self._loaded and (-1 if persisted is None else persisted) != self.core.last_successful:
+            self._recheck = True
         self.poke()
 
     def wake_if_owed(self) -> bool:
@@ -290,6 +301,8 @@ class DestinationRunner:
             await self._bootstrap()
         while not self._stopping:
             self.wake.clear()
+            if self._recheck:
+                await self._recheck_position()
             now = time_ms(self.clock)
             gate = self.gate
             if gate is not None and gate.behind and c.would_send_partial_pdus(now):
@@ -334,6 +347,22 @@ class DestinationRunner:
                 await self._wait(None)
                 if c.idle_ended():
                     return
+
+    async def _recheck_position(self) -> None:
+        """Read the persisted position with none of our writes pending and adopt it
+        (:meth:`DestinationCore.position_read`): lower, the queue catches up from it."""
+        self._recheck = False
+        await self._flush_persist()
+        async with self.db_slots:
+            _, persisted = await self.store.load_destination(self.destination)
+        before = self.core.last_successful
+        eff = self.core.position_read(persisted)
+        if self.core.last_successful < before:
+            log.info("the position of %s was lowered from %d to %d by another process "
+                     "(batch audit --repair); sending what is past it in catch-up mode",
+                     self.destination, before, self.core.last_successful)
+        if eff.entered_catchup:
+            self.observer.catchup_entered(self.destination, eff.dropped_for_catchup)
 
     async def _probe_return(self) -> None:
         """The core asks whether the destination, in its persisted backoff, is back

@@ -10,7 +10,8 @@ outboxes whose rows are deleted once sent). Invariants kept here rather than in 
 * ``retry_interval`` never moves backwards except through an explicit reset to 0 (two
   writers racing cannot shorten a backoff).
 * ``last_successful_stream_ordering`` and ``destination_rooms.stream_ordering`` only
-  move forwards.
+  move forwards here, a position only over the value its queue knows (a batch repair,
+  :mod:`.batch_apply`, is the one writer that lowers positions).
 """
 
 from __future__ import annotations
@@ -191,43 +192,64 @@ async def set_last_successful_stream_ordering(
     await conn.execute(stmt)
 
 
+_PG_POSITIONS_UPDATE = text(
+    "UPDATE destinations d SET last_successful_stream_ordering = u.s"
+    " FROM unnest(CAST(:d AS text[]), CAST(:s AS bigint[]), CAST(:b AS bigint[]))"
+    " AS u(d, s, b)"
+    " WHERE d.destination = u.d"
+    " AND COALESCE(d.last_successful_stream_ordering, -1) = u.b"
+    " AND COALESCE(d.last_successful_stream_ordering, -1) < u.s"
+)
+_PG_POSITIONS_INSERT = text(
+    "INSERT INTO destinations (destination, last_successful_stream_ordering)"
+    " SELECT * FROM unnest(CAST(:d AS text[]), CAST(:s AS bigint[]))"
+    " ON CONFLICT (destination) DO NOTHING"
+)
+_SQLITE_POSITIONS_UPDATE = text(
+    "UPDATE destinations SET last_successful_stream_ordering = :s"
+    " WHERE destination = :d AND COALESCE(last_successful_stream_ordering, -1) = :b"
+    " AND COALESCE(last_successful_stream_ordering, -1) < :s"
+)
+_SQLITE_POSITIONS_INSERT = text(
+    "INSERT INTO destinations (destination, last_successful_stream_ordering)"
+    " VALUES (:d, :s) ON CONFLICT (destination) DO NOTHING"
+)
+
+
 async def set_last_successful_many(
-    conn: AsyncConnection, positions: Sequence[tuple[str, int]]
+    conn: AsyncConnection, positions: Sequence[tuple[str, int, int]]
 ) -> None:
-    """Several destinations at once (one round trip with executemany)."""
+    """Move positions forwards, each ``(destination, position, before)`` only over
+    ``before``, the value its queue knows (-1 for none; a destination without a row gets
+    one only then). A position another process changed meanwhile (``batch audit
+    --repair`` lowers one past events it found lost) is left as it is: the queue reads
+    it again (the wake-up sweep) rather than raise it past what it owes. Several writes
+    of one destination in one call chain: the newest position over the oldest's
+    ``before``. One round trip per statement whatever their number."""
     if not positions:
         return
-    best: dict[str, int] = {}
-    for dest, so in positions:
-        best[dest] = max(so, best.get(dest, so))
+    best: dict[str, tuple[int, int]] = {}
+    for dest, so, before in positions:
+        seen = best.get(dest)
+        best[dest] = (so, before) if seen is None else (max(so, seen[0]), seen[1])
     items = sorted(best.items())
+    fresh = [(k, so) for k, (so, before) in items if before == -1]
     if _is_pg(conn):
-        await conn.execute(
-            text(
-                "INSERT INTO destinations (destination, last_successful_stream_ordering)"
-                " SELECT * FROM unnest(CAST(:d AS text[]), CAST(:s AS bigint[]))"
-                " ON CONFLICT (destination) DO UPDATE SET last_successful_stream_ordering"
-                " = EXCLUDED.last_successful_stream_ordering"
-                " WHERE destinations.last_successful_stream_ordering IS NULL"
-                " OR destinations.last_successful_stream_ordering"
-                " < EXCLUDED.last_successful_stream_ordering"
-            ),
-            {"d": text_array([k for k, _ in items]), "s": bigint_array([v for _, v in items])},
-        )
+        await conn.execute(_PG_POSITIONS_UPDATE, {
+            "d": text_array([k for k, _ in items]),
+            "s": bigint_array([so for _, (so, _b) in items]),
+            "b": bigint_array([b for _, (_so, b) in items]),
+        })
+        if fresh:
+            await conn.execute(_PG_POSITIONS_INSERT, {
+                "d": text_array([k for k, _ in fresh]),
+                "s": bigint_array([so for _, so in fresh]),
+            })
         return
-    stmt = sqlite.insert(d)
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["destination"],
-        set_={"last_successful_stream_ordering": stmt.excluded.last_successful_stream_ordering},
-        where=or_(
-            d.c.last_successful_stream_ordering.is_(None),
-            d.c.last_successful_stream_ordering
-            < stmt.excluded.last_successful_stream_ordering,
-        ),
-    )
-    await conn.execute(
-        stmt, [{"destination": k, "last_successful_stream_ordering": v} for k, v in items]
-    )
+    await conn.execute(_SQLITE_POSITIONS_UPDATE,
+                       [{"d": k, "s": so, "b": b} for k, (so, b) in items])
+    if fresh:
+        await conn.execute(_SQLITE_POSITIONS_INSERT, [{"d": k, "s": so} for k, so in fresh])
 
 
 async def delete_destination_rooms(
@@ -247,9 +269,10 @@ async def delete_destination_rooms(
 
 async def destinations_with_outstanding_work(
     conn: AsyncConnection, after: str | None, limit: int, now_ms: int
-) -> list[str]:
+) -> list[tuple[str, int | None]]:
     """Keyset page (by name) of destinations not backing off at ``now_ms`` that have
-    ``destination_rooms`` past their position or unsent outbox rows."""
+    ``destination_rooms`` past their position or unsent outbox rows, with that
+    position."""
     behind = exists().where(
         dr.c.destination == d.c.destination,
         dr.c.stream_ordering > func.coalesce(d.c.last_successful_stream_ordering, -1),
@@ -266,9 +289,10 @@ async def destinations_with_outstanding_work(
     if after is not None:
         cond = and_(cond, d.c.destination > after)
     res = await conn.execute(
-        select(d.c.destination).where(cond).order_by(d.c.destination).limit(limit)
+        select(d.c.destination, d.c.last_successful_stream_ordering)
+        .where(cond).order_by(d.c.destination).limit(limit)
     )
-    return [str(r[0]) for r in res]
+    return [(str(r[0]), None if r[1] is None else int(r[1])) for r in res]
 
 
 async def ensure_destinations(conn: AsyncConnection, names: Collection[str]) -> None:
@@ -364,7 +388,9 @@ class DestinationsTable:
     async def clear_retry_many(self, destinations: Collection[str]) -> None:
         await clear_retry_many(self._c, destinations)
 
-    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
+    async def set_last_successful_many(
+        self, positions: Sequence[tuple[str, int, int]]
+    ) -> None:
         await set_last_successful_many(self._c, positions)
 
     async def upsert_destination_rooms(
@@ -382,7 +408,7 @@ class DestinationsTable:
 
     async def destinations_with_outstanding_work(
         self, after: str | None, limit: int, now_ms: int
-    ) -> list[str]:
+    ) -> list[tuple[str, int | None]]:
         return await destinations_with_outstanding_work(self._c, after, limit, now_ms)
 
     async def apply_batch(

@@ -155,9 +155,12 @@ class DestinationStore(Protocol):
         wrote it (another instance sharing the database)."""
         ...
 
-    async def set_last_successful_many(self, positions: Sequence[tuple[str, int]]) -> None:
-        """Move each ``last_successful_stream_ordering`` forwards (never backwards);
-        creates missing destinations."""
+    async def set_last_successful_many(
+        self, positions: Sequence[tuple[str, int, int]]
+    ) -> None:
+        """Move each ``(destination, position, before)`` forwards, only over ``before``
+        (the value its queue knows, -1 for none: then a missing destination is
+        created); a position changed meanwhile by another process is left alone."""
         ...
 
     async def upsert_destination_rooms(
@@ -192,10 +195,10 @@ class DestinationStore(Protocol):
 
     async def destinations_with_outstanding_work(
         self, after: str | None, limit: int, now_ms: int
-    ) -> list[str]:
+    ) -> list[tuple[str, int | None]]:
         """Keyset page (by name, strictly after ``after``) of destinations not backing
         off at ``now_ms`` that are behind or have unsent outbox rows (the wake-up
-        sweep)."""
+        sweep), each with its ``last_successful_stream_ordering``."""
         ...
 
 

@@ -78,8 +78,11 @@ class World:
     def delivered(self, role: str, *labels: str, timeout_s: float = 60.0) -> None:
         peer = self.peers[role]
         ids = [self.events[x] for x in labels]
-        self.net.wait_for(lambda: all(i in peer.event_ids_seen for i in ids),
-                          timeout_s=timeout_s, what=f"{labels} at {role}")
+        try:
+            self.net.wait_for(lambda: all(i in peer.event_ids_seen for i in ids),
+                              timeout_s=timeout_s, what=f"{labels} at {role}")
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}; the worker's log ends:\n{self.worker.log_tail()}") from None
 
     def sql_value(self, query: str) -> str:
         return self.d.sql(query).strip()

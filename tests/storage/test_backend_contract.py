@@ -226,19 +226,36 @@ async def test_destination_retry_timings_round_trip_and_only_lengthen(subject: S
     assert b.retry_interval == 600_000  # only the destinations named
 
 
-async def test_last_successful_only_moves_forwards(subject: Subject) -> None:
+async def test_a_position_moves_forwards_only_over_the_value_its_queue_knows(
+        subject: Subject) -> None:
+    """The group commit's positions, ``(destination, position, before)``, are written only
+    where the stored position is ``before`` (-1: none, and then a missing row is made):
+    one a batch repair lowered meanwhile stays lowered (the queue reads it again at the
+    next wake-up sweep) rather than being raised past the events the repair found lost."""
     async def writes(tx: Tx) -> None:
-        await tx.destinations.set_last_successful_many([("a.test", 10), ("b.test", 4)])
-        await tx.destinations.set_last_successful_many([("a.test", 7), ("a.test", 12),
-                                                        ("b.test", 3)])
+        await tx.destinations.set_last_successful_many([("a.test", 10, -1), ("b.test", 20, -1)])
+        await tx.destinations.ensure_destinations(["c.test"])
+        # Two writes of one queue in one group commit chain; a stale one is refused.
+        await tx.destinations.set_last_successful_many([
+            ("a.test", 12, 10), ("a.test", 15, 12), ("c.test", 3, -1), ("b.test", 18, 10)])
+        # A repair lowers b from 20 to 8; b's queue, which knows 20, then writes 25.
+        await tx.destinations.apply_batch([("b.test", None, 8, "position")], 100)
+        await tx.destinations.set_last_successful_many([("b.test", 25, 20), ("gone", 4, 7)])
 
     await subject.run(writes)
 
     async def reads(tx: Tx) -> dict[str, int | None]:
-        rows = await tx.destinations.get_destinations(["a.test", "b.test"])
+        rows = await tx.destinations.get_destinations(["a.test", "b.test", "c.test", "gone"])
         return {d: r.last_successful_stream_ordering for d, r in rows.items()}
 
-    assert await subject.run(reads) == {"a.test": 12, "b.test": 4}
+    assert await subject.run(reads) == {"a.test": 15, "b.test": 8, "c.test": 3}
+
+    async def after_the_read(tx: Tx) -> None:  # the queue read 8: its writes apply again
+        await tx.destinations.set_last_successful_many([("b.test", 9, 8), ("a.test", 14, 15)])
+
+    await subject.run(after_the_read)
+    rows = await subject.run(reads)
+    assert (rows["b.test"], rows["a.test"]) == (9, 15)
 
 
 def _log(txn: str, dest: str, ts: int, status: str = "success") -> TxnLogRow:
@@ -311,7 +328,7 @@ async def _batch_case(
         await tx.destinations.upsert_destination_rooms(
             [("d1", "!a", 5), ("d1", "!b", 20), ("d2", "!c", 3)]
         )
-        await tx.destinations.set_last_successful_many([("d1", 10), ("d3", 4)])
+        await tx.destinations.set_last_successful_many([("d1", 10, -1), ("d3", 4, -1)])
 
     await subject.run(setup)
     assert tuple(await apply()) == (1, 1, 3)

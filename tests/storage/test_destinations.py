@@ -67,14 +67,15 @@ async def test_wakeup_page_finds_outstanding_work_without_backoff(engine: AsyncE
         await dst.upsert_destination_rooms(conn, [("behind", "!r", 5), ("done", "!r", 5),
                                                   ("backoff", "!r", 5), ("expired", "!r", 5)])
         await dst.set_last_successful_stream_ordering(conn, "done", 5)
+        await dst.set_last_successful_stream_ordering(conn, "behind", 3)
         await dst.set_retry_timings(conn, "backoff", 0, 1000, 600_000)
         await dst.set_retry_timings(conn, "expired", 0, 1000, 10)
         await dst.ensure_destinations(conn, ["outbox", "nothing"])
     await w.to_device("outbox", {"x": 1})
     async with engine.begin() as conn:
         page = await dst.destinations_with_outstanding_work(conn, None, 10, now_ms=5000)
-        assert page == ["behind", "expired", "outbox"]
+        assert page == [("behind", 3), ("expired", None), ("outbox", None)]
         assert await dst.destinations_with_outstanding_work(conn, None, 2, 5000) == [
-            "behind", "expired"]
+            ("behind", 3), ("expired", None)]
         assert await dst.destinations_with_outstanding_work(conn, "expired", 2, 5000) == [
-            "outbox"]
+            ("outbox", None)]

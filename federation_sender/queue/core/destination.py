@@ -549,6 +549,8 @@ class DestinationCore:
         if held is not None:
             target = min(target, held - 1)
         if target > self.last_successful:
+            if eff.last_successful is None:
+                eff.position_before = self.last_successful
             self.last_successful = target
             eff.last_successful = target
 
@@ -571,6 +573,24 @@ class DestinationCore:
         self.max_done = max(self.max_done, last_row)
         self._advance(Batch((), ()), eff)
         self.episode.reset(self.last_successful)
+        return eff
+
+    def position_read(self, persisted: int | None) -> Effects:
+        """The shell read the persisted position with none of this queue's writes
+        pending (the wake-up sweep saw it differ from ours): another process changed
+        it, and it is the truth, as at :meth:`load`. Lower (``batch audit --repair``
+        lowers it past events it found lost): the rows past it may be owed, and only
+        catch-up sends those, so the queue enters catch-up mode from there (an episode
+        under way starts again). Higher: adopted, since the store writes ours only over
+        the value we know (:attr:`Effects.position_before`)."""
+        eff = Effects()
+        p = -1 if persisted is None else persisted
+        if p == self.last_successful:
+            return eff
+        lowered = p < self.last_successful
+        self.last_successful = p
+        if lowered:
+            self._enter_catchup(eff)
         return eff
 
     def _enter_catchup(self, eff: Effects) -> None:

@@ -77,6 +77,11 @@ class Effects:
 
     backoff: BackoffState | None = None
     last_successful: int | None = None
+    position_before: int = -1
+    """The position ``last_successful`` replaces, as the queue knows it (loaded, or its
+    previous write; -1 for none): the store writes it only over that value, so a position
+    another process lowered meanwhile (``batch audit --repair``) is not raised past the
+    events it owes (:meth:`DestinationCore.position_read` then adopts it)."""
     to_device_sent: list[int] = field(default_factory=list)
     device_lists_sent: list[tuple[int, str, str]] = field(default_factory=list)
     prune: list[tuple[str, int]] = field(default_factory=list)

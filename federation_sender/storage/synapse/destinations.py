@@ -70,7 +70,7 @@ _BEHIND = text(
 
 _OUTSTANDING = text(
     """
-    SELECT d.destination FROM destinations d
+    SELECT d.destination, d.last_successful_stream_ordering FROM destinations d
     WHERE (CAST(:after AS TEXT) IS NULL OR d.destination > CAST(:after AS TEXT))
       AND (COALESCE(d.retry_last_ts, 0) = 0
            OR d.retry_last_ts + COALESCE(d.retry_interval, 0) <= :now)
@@ -161,6 +161,6 @@ class SynapseDestinations(DestinationsTable):
 
     async def destinations_with_outstanding_work(
         self, after: str | None, limit: int, now_ms: int
-    ) -> list[str]:
+    ) -> list[tuple[str, int | None]]:
         res = await self._c.execute(_OUTSTANDING, {"after": after, "limit": limit, "now": now_ms})
-        return [str(r[0]) for r in res]
+        return [(str(r[0]), None if r[1] is None else int(r[1])) for r in res]
