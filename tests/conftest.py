@@ -40,6 +40,16 @@ from federation_sender.testing.synapse_peer import PeerNetwork
 
 _db_counter = itertools.count()
 
+# --- Spark's JVMs in tests --------------------------------------------------------------
+# Each JVM a test starts (the session's local Spark, the CLI's, the chaos run's audit, the
+# Spark Connect server) lives seconds to minutes on tiny data: its optimising (C2) JIT
+# compiles code it never runs again, and a parallel GC collects a few MB. The quick JIT
+# alone and the serial GC took tests/batch/test_transforms.py from 107 to 62 CPU seconds
+# (63 to 51 s) on the 2-core machine; results cannot differ, only speed. spark-submit adds
+# SPARK_SUBMIT_OPTS to every driver it starts (pyspark starts its gateway through it).
+# Benchmarks and operators keep the JVM's defaults. An operator's own setting wins.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 # --- The service-free selection ---------------------------------------------------------
 # FEDERATION_SENDER_SERVICE_FREE=1 (scripts/other-pythons.sh, on Python 3.12 and 3.13)
 # runs only the tests that need none of the services scripts/bootstrap.sh installs
