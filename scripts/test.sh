@@ -13,12 +13,14 @@ cd "$(dirname "$0")/.."
 # test failed; beside the whole suite its timings would suffer. The extra arguments are
 # the suite's; they do not go there.
 mkdir -p build
+# Each part says when it starts, in seconds since the run began (where the time goes).
+stage() { echo "== $* (at ${SECONDS} s)"; }
 # In a process group of its own, so that a failed set-up stops all of it.
 setsid scripts/other-pythons.sh > build/other-pythons.out 2>&1 &
 other_pid=$!
 trap 'kill -- "-$other_pid" 2>/dev/null || true' EXIT
 scripts/bootstrap.sh test
-echo "== other Pythons (run beside the set-up)"
+stage "other Pythons (run beside the set-up)"
 start=$SECONDS
 set +e
 wait "$other_pid"
@@ -27,15 +29,19 @@ set -e
 trap - EXIT
 echo "(waited $((SECONDS - start)) s for them)"
 cat build/other-pythons.out
-echo "== ruff"; .venv/bin/ruff check federation_sender tests bench
-echo "== mypy"; .venv/bin/mypy
+stage ruff; .venv/bin/ruff check federation_sender tests bench
+# mypy, one process (35 s on a fresh clone), runs beside the linters and the first pytest
+# pass below, each of them one process too: one after the other, one core stayed idle.
+stage "mypy (beside what follows until the main pytest pass)"
+.venv/bin/mypy > build/mypy.out 2>&1 &
+mypy_pid=$!
 # Runtime dependencies are what the worker imports: missing, transitive, unused or
 # dev-only ones fail here (configured in pyproject.toml's [tool.deptry]).
-echo "== deptry"; .venv/bin/deptry .
+stage deptry; .venv/bin/deptry .
 # The layering: no cycle, no import that climbs, no test fake or simulator module in the
 # worker (pyproject.toml's [tool.importlinter]; docs/architecture.md draws the layers).
-echo "== import-linter"; .venv/bin/lint-imports
-echo "== pytest"
+stage import-linter; .venv/bin/lint-imports
+stage pytest
 set +e
 # The modules that call ast.parse run in their own pytest process first. CPython 3.11's
 # AST converter is not safe across threads of one interpreter, and inside the whole run
@@ -47,15 +53,24 @@ SCHEMATHESIS=tests/reliability/test_rel_admin_schemathesis.py
 BOUNDARY=tests/storage/test_boundary.py
 .venv/bin/pytest "$@" "$SCHEMATHESIS" "$BOUNDARY"
 rc_first=$?
+stage "mypy's result"
+if ! wait "$mypy_pid"; then
+  cat build/mypy.out
+  echo "test.sh: mypy failed" >&2
+  exit 1
+fi
+cat build/mypy.out
 # The rest on two workers (pytest-xdist), a module at a time so that a module's
 # fixtures (a Synapse deployment, a Spark session) are set up once: the suite waits on
 # Synapse, Spark and PostgreSQL much of the time, and two workers took it from 1,405-1,483 s
 # to 1,018 s on this 2-core machine (tests/conftest.py's LONG_MODULES go first).
 # PYTEST_WORKERS=0 runs it in this process.
+stage "pytest, the rest"
 .venv/bin/pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@" \
   --ignore="$SCHEMATHESIS" --ignore="$BOUNDARY"
 rc=$?
 set -e
+stage "done"
 if [ "$rc" -eq 5 ] || [ "$rc_first" -eq 5 ]; then
   echo "test.sh: pytest collected no tests; that is a broken run" >&2
   exit 1
