@@ -77,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_demo_parser(sub)
 
     # Imports no pyspark: without the batch extra, 'batch' says how to install it.
-    from federation_sender.batch.cli import add_batch_parser
+    from federation_sender.batch.arguments import add_batch_parser
 
     add_batch_parser(sub)
     return parser

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from federation_sender.batch.cli import EXIT_USAGE, add_job_parsers, run_batch
+from federation_sender.batch.arguments import EXIT_USAGE, add_job_parsers
+from federation_sender.batch.cli import run_batch
 from federation_sender.config.loading import load_settings
 from federation_sender.errors import ConfigError
 

@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from federation_sender.aio.timing import AttemptDeadline
+from federation_sender.batch.arguments import AskLimits
 from federation_sender.batch.io import apply_changes, write_outputs
 from federation_sender.batch.job import SAMPLE_ROWS, JobContext, require_db
 from federation_sender.clock import Clock
@@ -107,26 +108,6 @@ class PairAnswer:
     holding: Holding
     asked: bool = True
     """False: not asked, the destination had stopped answering (``give_up_after``)."""
-
-
-@dataclass(frozen=True)
-class AskLimits:
-    """The check's bounds (see the module docstring)."""
-
-    total: int = 1000
-    per_destination_per_s: float = 2.0
-    request_timeout_s: float = 10.0
-    give_up_after: int = 3
-    parallel: int = 32
-
-    def __post_init__(self) -> None:
-        if self.total < 0:
-            raise ValueError("the number of receivers to ask must be at least 0")
-        if not self.per_destination_per_s > 0:
-            raise ValueError("the request rate per destination must be above 0")
-        if not self.request_timeout_s > 0 or self.give_up_after < 1 or self.parallel < 1:
-            raise ValueError("the request timeout, give-up count and parallelism must be "
-                             "positive")
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import text
 
+from federation_sender.batch.arguments import EXIT_FINDINGS, EXIT_USAGE, add_batch_parser
 from federation_sender.batch.bilateral import (
     AskLimits,
     DeliveredPair,
@@ -34,7 +35,7 @@ from federation_sender.batch.bilateral import (
     rank_cut,
     sample_pairs,
 )
-from federation_sender.batch.cli import EXIT_FINDINGS, EXIT_USAGE, add_batch_parser, run_batch
+from federation_sender.batch.cli import run_batch
 from federation_sender.batch.io import Database, DataFrameSource
 from federation_sender.batch.job import JobContext
 from federation_sender.batch.progress import Progress

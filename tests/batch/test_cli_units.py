@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from federation_sender.batch.cli import add_batch_parser
+from federation_sender.batch.arguments import add_batch_parser
 from federation_sender.batch.io import Database, write_outputs
 from federation_sender.batch.progress import Progress, format_summary
 from federation_sender.batch.session import (

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from federation_sender.batch.cli import add_batch_parser, run_batch
+from federation_sender.batch.arguments import add_batch_parser
+from federation_sender.batch.cli import run_batch
 from federation_sender.batch.session import SQLITE_JDBC_JAR
 from federation_sender.config import Settings
 from federation_sender.demo import SERVER_NAME

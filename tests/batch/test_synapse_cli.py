@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from federation_sender.batch.__main__ import main as batch_main
-from federation_sender.batch.cli import EXIT_USAGE
+from federation_sender.batch.arguments import EXIT_USAGE
 
 
 def test_python_m_batch_refuses_synapse_files(tmp_path: Path,

@@ -23,7 +23,8 @@ import pandas as pd
 import pytest
 
 from federation_sender import cli
-from federation_sender.batch.cli import EXIT_FINDINGS, run_batch
+from federation_sender.batch.arguments import EXIT_FINDINGS
+from federation_sender.batch.cli import run_batch
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import PeerNetwork
 from federation_sender.testing.waiting import wait_until_blocking
