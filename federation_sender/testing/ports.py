@@ -1,9 +1,49 @@
-"""Loopback port allocation for tests, demos and harnesses: the one copy."""
+"""Loopback port allocation for tests, demos and harnesses: the one copy.
+
+A port is probed (bound and released) here and bound for real later by whoever asked,
+often a child process that takes seconds to start (Synapse). Two things could take the
+same port in between, and both once failed a CI run ("Address already in use"):
+
+- the same process asking again (a Synapse deployment asks for four ports before any is
+  bound): a port handed out is never handed out again by this process;
+- another pytest-xdist worker probing the same port: each worker draws from its own
+  slice of the range (``PYTEST_XDIST_WORKER`` is ``gwN`` of
+  ``PYTEST_XDIST_WORKER_COUNT``).
+"""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
+import threading
+
+LOWEST = 20000
+_handed_out: set[int] = set()
+_lock = threading.Lock()
+
+
+def port_range(below: int = 32768, environ: dict[str, str] | None = None) -> range:
+    """The ports this process draws from: [20000, ``below``), or this xdist worker's
+    slice of it."""
+    env = os.environ if environ is None else environ
+    worker = env.get("PYTEST_XDIST_WORKER", "")
+    count = env.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
+        return range(LOWEST, below)
+    index, workers = int(worker[2:]), max(int(count), 1)
+    width = (below - LOWEST) // workers
+    start = LOWEST + (index % workers) * width
+    return range(start, start + width)
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
 
 
 def free_port(below: int = 32768) -> int:
@@ -13,29 +53,20 @@ def free_port(below: int = 32768) -> int:
     handed out here is not taken a moment later by some outgoing connection
     before the caller binds it.
     """
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randint(20000, below - 1)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port found")
+    return free_port_block(1, below)
 
 
 def free_port_block(size: int, below: int = 32768) -> int:
     """A base port with ``size`` free consecutive loopback ports from it, in
     [20000, ``below``) like :func:`free_port` (``demo --port-base``)."""
+    ports = port_range(below)
     rng = random.Random()
-    for _ in range(200):
-        base = rng.randint(20000, below - size)
-        try:
-            for port in range(base, base + size):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError(f"no block of {size} free ports found")
+    with _lock:
+        for _ in range(200):
+            base = rng.randint(ports.start, ports.stop - size)
+            block = range(base, base + size)
+            if any(p in _handed_out for p in block) or not all(map(_bindable, block)):
+                continue
+            _handed_out.update(block)
+            return base
+    raise RuntimeError(f"no block of {size} free ports found in {ports.start}-{ports.stop - 1}")

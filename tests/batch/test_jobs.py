@@ -12,7 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from federation_sender.batch.cli import EXIT_FAILED, EXIT_FINDINGS, add_batch_parser, run_batch
+from federation_sender.batch.arguments import EXIT_FAILED, EXIT_FINDINGS, add_batch_parser
+from federation_sender.batch.cli import run_batch
 from federation_sender.config import DatabaseSettings, Settings
 from federation_sender.testing.clock import FakeClock
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from federation_sender.batch import transforms as t
-from federation_sender.batch.cli import EXIT_FINDINGS
+from federation_sender.batch.arguments import EXIT_FINDINGS
 
 from .histories import (
     OUR,
