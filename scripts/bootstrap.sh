@@ -54,14 +54,28 @@ if [ ${#need[@]} -gt 0 ] && [ "$(id -u)" -ne 0 ]; then
   echo "bootstrap: the batch jobs need: ${need[*]} (apt-get install, as root); the demo runs without them" >&2
   need=()
 fi
-if [ ${#need[@]} -gt 0 ]; then
-  echo "bootstrap: apt-get install ${need[*]}"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >/dev/null
-  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-  # Debian starts a system redis; the tests run their own on free ports.
-  (service redis-server stop >/dev/null 2>&1 || true)
-fi
+# The system packages and then the pinned Synapse (whose psycopg2 builds with gcc and
+# libpq-dev from them) go on beside the .venv install, which needs neither: on a new
+# machine apt-get and the two pip installs each wait on downloads and unpacking much of
+# the time, and one after the other they left a core idle.
+side() {
+  if [ ${#need[@]} -gt 0 ]; then
+    echo "bootstrap: apt-get install ${need[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq >/dev/null || return 1
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || return 1
+    # Debian starts a system redis; the tests run their own on free ports.
+    (service redis-server stop >/dev/null 2>&1 || true)
+  fi
+  if [ "$profile" = test ]; then
+    # The real-Synapse tests' pinned Synapse, in its own cached virtualenv (once per
+    # machine). The module is standard library only: the base Python runs it.
+    "$PY" federation_sender/testing/synapse_install.py || return 1
+  fi
+}
+side &
+side_pid=$!
+trap 'kill "$side_pid" 2>/dev/null || true' EXIT
 
 stamp=".venv/.installed-$profile"
 want="$(sha256sum pyproject.toml | cut -d' ' -f1)"
@@ -81,7 +95,8 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   fi
   echo "$want" > "$stamp"
 fi
-if [ "$profile" = test ]; then
-  # The real-Synapse tests' pinned Synapse, in its own cached virtualenv (once per machine).
-  .venv/bin/python -m federation_sender.testing.synapse_install
+if ! wait "$side_pid"; then
+  echo "bootstrap: installing the system packages or Synapse failed (above)" >&2
+  exit 1
 fi
+trap - EXIT
