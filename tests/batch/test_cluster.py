@@ -16,6 +16,11 @@ from .test_jobs import broken
 
 pytestmark = [pytest.mark.spark, pytest.mark.postgres]
 
+EXECUTOR_JVM = os.environ["SPARK_SUBMIT_OPTS"]
+"""The executors' JVMs get the test drivers' quick JIT and serial GC (tests/conftest.py):
+spark-submit's SPARK_SUBMIT_OPTS reaches the driver, not the executors a worker starts.
+``defaultJavaOptions`` goes before the job's own ``extraJavaOptions``, which it keeps."""
+
 
 def test_backfill_dry_run_on_local_cluster(batch_db: str) -> None:
     h = broken(scenario())
@@ -24,7 +29,7 @@ def test_backfill_dry_run_on_local_cluster(batch_db: str) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "federation_sender.batch", "backfill-destination-rooms",
          "--master", "local-cluster[2,1,1024]", "--database-url", batch_db, "--dry-run",
-         "--json"],
+         "--json", "--conf", f"spark.executor.defaultJavaOptions={EXECUTOR_JVM}"],
         capture_output=True, text=True, timeout=240, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
