@@ -16,10 +16,15 @@ from federation_sender.storage.migrate import upgrade
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
+    # The tests' tables have tens of rows: compiling each plan's Java code (whole-stage
+    # code generation, and with factoryMode the expressions' too) costs more than the
+    # interpreted plan runs. test_transforms.py and test_jobs.py: 134-138 machine CPU
+    # seconds with codegen of expressions, 122 without. Results cannot differ.
     session = build_session(SessionOptions(master="local[2]", shuffle_partitions=2,
                                            app_name="federation-sender-tests",
                                            conf={"spark.sql.codegen.wholeStage": "false",
-                                                 "spark.sql.adaptive.enabled": "false"}))
+                                                 "spark.sql.adaptive.enabled": "false",
+                                                 "spark.sql.codegen.factoryMode": "NO_CODEGEN"}))
     yield session
     session.stop()
 
