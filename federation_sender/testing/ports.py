@@ -8,7 +8,10 @@ same port in between, and both once failed a CI run ("Address already in use"):
   bound): a port handed out is never handed out again by this process;
 - another pytest-xdist worker probing the same port: each worker draws from its own
   slice of the range (``PYTEST_XDIST_WORKER`` is ``gwN`` of
-  ``PYTEST_XDIST_WORKER_COUNT``).
+  ``PYTEST_XDIST_WORKER_COUNT``);
+- another process run beside, such as scripts/other-pythons.sh's tests and demos on
+  3.12 and 3.13 at once: ``FEDERATION_SENDER_PORT_SLICE=K/N`` gives a process the K-th
+  of N slices (xdist workers then share that slice out among themselves).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import socket
 import threading
 
 LOWEST = 20000
+PORT_SLICE_ENV = "FEDERATION_SENDER_PORT_SLICE"
 _handed_out: set[int] = set()
 _lock = threading.Lock()
 
@@ -27,13 +31,20 @@ def port_range(below: int = 32768, environ: dict[str, str] | None = None) -> ran
     """The ports this process draws from: [20000, ``below``), or this xdist worker's
     slice of it."""
     env = os.environ if environ is None else environ
+    whole = range(LOWEST, below)
+    given = env.get(PORT_SLICE_ENV, "").partition("/")
+    if given[0].isdigit() and given[2].isdigit() and int(given[2]) > 0:
+        whole = _slice(whole, int(given[0]), int(given[2]))
     worker = env.get("PYTEST_XDIST_WORKER", "")
     count = env.get("PYTEST_XDIST_WORKER_COUNT", "")
     if not (worker.startswith("gw") and worker[2:].isdigit() and count.isdigit()):
-        return range(LOWEST, below)
-    index, workers = int(worker[2:]), max(int(count), 1)
-    width = (below - LOWEST) // workers
-    start = LOWEST + (index % workers) * width
+        return whole
+    return _slice(whole, int(worker[2:]), max(int(count), 1))
+
+
+def _slice(ports: range, index: int, count: int) -> range:
+    width = len(ports) // count
+    start = ports.start + (index % count) * width
     return range(start, start + width)
 
 
