@@ -1,8 +1,8 @@
 """Loopback port allocation for tests, demos and harnesses: the one copy.
 
 A port is probed (bound and released) here and bound for real later by whoever asked,
-often a child process that takes seconds to start (Synapse). Two things could take the
-same port in between, and both once failed a CI run ("Address already in use"):
+often a child process that takes seconds to start (Synapse). Three things could take
+the same port in between (the first two failed a CI run: "Address already in use"):
 
 - the same process asking again (a Synapse deployment asks for four ports before any is
   bound): a port handed out is never handed out again by this process;
@@ -28,8 +28,8 @@ _lock = threading.Lock()
 
 
 def port_range(below: int = 32768, environ: dict[str, str] | None = None) -> range:
-    """The ports this process draws from: [20000, ``below``), or this xdist worker's
-    slice of it."""
+    """The ports this process draws from: [20000, ``below``), or the slice
+    ``FEDERATION_SENDER_PORT_SLICE`` gives it, or this xdist worker's share of that."""
     env = os.environ if environ is None else environ
     whole = range(LOWEST, below)
     given = env.get(PORT_SLICE_ENV, "").partition("/")

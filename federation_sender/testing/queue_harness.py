@@ -147,8 +147,8 @@ class Harness:
             # fourth waits a millisecond for what is still on its way. A settle of an
             # idle manager took 17 ms of 2 ms turns, and a test advancing the clock 500
             # times spent seconds in it.
-            pause = 0.0 if quiet % 4 != 3 else 0.001
-            await asyncio.sleep(pause if quiet else 0.002)  # noqa: TID251 - real time
+            pause = 0.002 if quiet == 0 else 0.001 if quiet % 4 == 3 else 0.0
+            await asyncio.sleep(pause)  # noqa: TID251 - real time
             quiet = quiet + 1 if self.m.quiescent() else 0
             self.settle_turns += 1
             if loop.time() > end:
