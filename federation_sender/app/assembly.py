@@ -1,6 +1,6 @@
 """The steps of building a :class:`~federation_sender.app.worker.Worker`: the storage
 opened (the one place that chooses the backend), the instance lock taken, the signing
-key, the telemetry, what a change of the live shard instances does."""
+key, the telemetry, the EDU fan-outs, what a change of the live shard instances does."""
 
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.builders import load_or_create_signing_key, signing_key_path
 from federation_sender.clock import Clock
 from federation_sender.config import Settings
+from federation_sender.edus.fanouts import EduFanouts, edu_fanouts
+from federation_sender.edus.room_hosts import StorageRoomHosts
 from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.sharding import ShardCoordinator
@@ -25,7 +27,11 @@ from federation_sender.storage.migrate import check_schema, upgrade
 from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
 from federation_sender.synapse.config import SynapseConfig
-from federation_sender.synapse.wiring import load_synapse_signing_key, open_synapse_storage
+from federation_sender.synapse.wiring import (
+    SynapseEdus,
+    load_synapse_signing_key,
+    open_synapse_storage,
+)
 from federation_sender.telemetry.metrics import Metrics, new_registry
 from federation_sender.telemetry.tracing import setup_tracing
 from federation_sender.transport.client import FederationClient
@@ -33,6 +39,23 @@ from federation_sender.transport.domain_metrics import DomainMetrics
 from federation_sender.transport.signing import SigningKey
 
 log = logging.getLogger(__name__)
+
+
+def build_edu_fanouts(
+    server_name: str,
+    storage: Backend,
+    manager: QueueManager,
+    clock: Clock,
+    synapse: SynapseEdus | None,
+) -> EduFanouts:
+    """The replication intake's EDU fan-outs: beside Synapse on its rooms, at its receipt
+    pacing, with its presence; otherwise on the rooms the storage Protocols read."""
+    if synapse is None:
+        return edu_fanouts(server_name, StorageRoomHosts(storage), manager, clock)
+    return edu_fanouts(
+        server_name, synapse.rooms, manager, clock,
+        receipt_max_delay_s=synapse.receipt_max_delay_s, presence=synapse.presence,
+    )  # fmt: skip
 
 
 async def acquire_instance_lock(

@@ -16,6 +16,7 @@ from federation_sender.admin.queue_control import AdminQueueControl
 from federation_sender.admin.server import RunningServer, start_http_server
 from federation_sender.app.assembly import (
     acquire_instance_lock,
+    build_edu_fanouts,
     on_membership_change,
     open_storage,
     own_signing_key,
@@ -293,10 +294,15 @@ class Worker:
         if transport is None:
             return None
         store = DbPositionStore(self.storage, s.instance_name)
+        caps = self.capabilities
+        fanouts = build_edu_fanouts(
+            s.server_name, self.storage, self.manager, self.clock,
+            synapse_edus(caps.edu_rooms, self.synapse, self.manager, self.clock),
+        )  # fmt: skip
         handler = ReplicationIntake(
             self.manager,
             self.storage,
-            s.server_name,
+            fanouts,
             self.clock,
             self.metrics,
             on_events_token=self.observer.note_poke,
@@ -304,9 +310,7 @@ class Worker:
             event_writers=self.event_writers,
             device_list_writers=self.device_list_writers,
             stored_positions=store,
-            **synapse_edus(self.capabilities.edu_rooms, self.synapse, self.manager, self.clock),
         )
-        caps = self.capabilities
         caps.bind_stream_tokens(handler.tokens)
         client = ReplicationClient(
             transport,
@@ -334,7 +338,7 @@ class Worker:
             await client.run()
 
         supervisor.start("replication", replicate, restart=True)
-        for name, loop in handler.background().items():
+        for name, loop in fanouts.background().items():
             supervisor.start(name, loop, restart=True)
         return client
 

@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from federation_sender.clock import Clock, time_ms
-from federation_sender.edus import RoomHosts
-from federation_sender.edus.presence import PresenceFanout, presence_json
-from federation_sender.edus.receipts import DEFAULT_MAX_DELAY_S, ReceiptFanout
-from federation_sender.edus.room_hosts import StorageRoomHosts
-from federation_sender.edus.typing_edus import TypingFanout
+from federation_sender.edus.fanouts import EduFanouts
+from federation_sender.edus.presence import presence_json
 from federation_sender.queue.federation_stream import FederationEdu
 from federation_sender.queue.manager import QueueManager
 from federation_sender.replication.frontier import WritersFrontier
@@ -49,19 +46,18 @@ class ReplicationIntake:
         self,
         manager: QueueManager,
         storage: Backend,
-        server_name: str,
+        fanouts: EduFanouts,
         clock: Clock,
         metrics: Metrics | None = None,
         on_events_token: Callable[[int], None] | None = None,
-        room_hosts: RoomHosts | None = None,
-        presence: PresenceFanout | None = None,
         tracing: Tracing | None = None,
-        receipt_max_delay_s: float = DEFAULT_MAX_DELAY_S,
         event_writers: Collection[str] | None = None,
         stored_positions: PositionStore | None = None,
         device_list_writers: Collection[str] | None = None,
     ) -> None:
         self._m = manager
+        self.fanouts = fanouts
+        """The EDU fan-outs (typing, receipts, presence), built by the caller."""
         self._event_writers = None if event_writers is None else tuple(event_writers)
         self._stored_positions = stored_positions
         self.events = WritersFrontier(self._event_writers, manager.events_position)
@@ -78,14 +74,8 @@ class ReplicationIntake:
         self._tracing = tracing or Tracing(None)
         self._on_events_token = on_events_token
         self._storage = storage
-        self._server_name = server_name
         self._clock = clock
         self._metrics = metrics
-        hosts = room_hosts or StorageRoomHosts(storage)
-        self.typing = TypingFanout(server_name, hosts, manager, clock)
-        self.receipts = ReceiptFanout(server_name, hosts, manager, clock, receipt_max_delay_s)
-        self.presence = presence
-        """Presence streams are consumed when the backend has presence (Synapse)."""
         self.tokens: dict[str, int] = {}
         """The latest token of each stream whose rows were handled: everything of that
         stream at or below it is committed (Synapse bounds its outbox reads by these)."""
@@ -112,13 +102,8 @@ class ReplicationIntake:
                 return await tx.events.stream_orderings_after(after, PREFILL_LIMIT)
 
             self.events.committed(await self._storage.run(committed))
-        if self.presence is not None:
-            await self.presence.load()
-
-    def background(self) -> dict[str, Callable[[], Awaitable[None]]]:
-        """Loops to run beside the replication client (typing re-sends, receipt
-        wake-ups), by name."""
-        return {"typing-resend": self.typing.run, "receipt-wakeups": self.receipts.wakeups.run}
+        if self.fanouts.presence is not None:
+            await self.fanouts.presence.load()
 
     async def on_rows(
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
@@ -163,13 +148,13 @@ class ReplicationIntake:
         elif stream_name == "device_lists":
             await self._device_lists(reported, token, rows)
         elif stream_name == "receipts":
-            await self.receipts.on_rows(r for r in rows if isinstance(r, ReceiptsRow))
+            await self.fanouts.receipts.on_rows(r for r in rows if isinstance(r, ReceiptsRow))
         elif stream_name == "typing":
-            await self.typing.on_rows(token, (r for r in rows if isinstance(r, TypingRow)))
-        elif stream_name == "presence" and self.presence is not None:
-            await self.presence.on_presence(r for r in rows if isinstance(r, PresenceRow))
-        elif stream_name == "presence_federation" and self.presence is not None:
-            await self.presence.on_presence_federation(
+            await self.fanouts.typing.on_rows(token, (r for r in rows if isinstance(r, TypingRow)))
+        elif stream_name == "presence" and self.fanouts.presence is not None:
+            await self.fanouts.presence.on_presence(r for r in rows if isinstance(r, PresenceRow))
+        elif stream_name == "presence_federation" and self.fanouts.presence is not None:
+            await self.fanouts.presence.on_presence_federation(
                 r for r in rows if isinstance(r, PresenceFederationRow)
             )
         elif stream_name == "caches":

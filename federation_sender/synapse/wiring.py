@@ -7,8 +7,8 @@ one screen per backend.
   the search path), Synapse's schema version checked, our schema migrated (only ours;
   with ``auto_migrate`` off, checked), Synapse's Redis external cache, and the
   :class:`SynapseBackend`.
-* :func:`synapse_edus`: the replication handler's EDU arguments from the backend's
-  ``edu_rooms`` capability and Synapse's configuration.
+* :func:`synapse_edus`: the EDU fan-outs' settings (:class:`SynapseEdus`) from the
+  backend's ``edu_rooms`` capability and Synapse's configuration.
 
 What the backend says on replication (cache invalidations, ``REMOTE_SERVER_UP``,
 ``POSITION caches``) is its ``signals`` capability
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -77,22 +78,30 @@ def load_synapse_signing_key(path: str) -> SigningKey:
     return load_signing_key(path, others_may_read=True)
 
 
+@dataclass(frozen=True, slots=True)
+class SynapseEdus:
+    """What the EDU fan-outs take from Synapse (:func:`synapse_edus`)."""
+
+    rooms: EduRooms
+    """Rooms and hosts as Synapse reads them for typing and receipts (the backend's
+    ``edu_rooms``, partial-state approximation included)."""
+    receipt_max_delay_s: float
+    """The receipt pacing, from ``federation_rr_transactions_per_room_per_second``."""
+    presence: PresenceFanout | None
+    """The presence fan-out when Synapse has presence enabled."""
+
+
 def synapse_edus(
     rooms: EduRooms | None, syn: SynapseConfig | None, sink: PresenceSink, clock: Clock
-) -> dict[str, Any]:
-    """Keyword arguments of the replication handler beside Synapse: rooms and hosts as
-    Synapse reads them for typing and receipts (the backend's ``edu_rooms``, partial-state
-    approximation included), the presence fan-out when Synapse has presence enabled,
-    the receipt pacing rate from ``federation_rr_transactions_per_room_per_second``;
-    nothing without them."""
+) -> SynapseEdus | None:
+    """The EDU fan-outs' settings beside Synapse; None without Synapse (or without the
+    backend's rooms): the fan-outs then read rooms through the storage Protocols, at the
+    default pacing, without presence."""
     if rooms is None or syn is None:
-        return {}
-    out: dict[str, Any] = {
-        "room_hosts": rooms,
-        "receipt_max_delay_s": 1.0 / syn.federation_rr_transactions_per_room_per_second,
-    }
+        return None
+    presence = None
     if syn.presence_enabled:
-        out["presence"] = PresenceFanout(
+        presence = PresenceFanout(
             syn.server_name,
             rooms,
             sink,
@@ -100,4 +109,6 @@ def synapse_edus(
             last_active_granularity_ms=syn.presence_last_active_granularity_ms,
             excluded_rooms=syn.rooms_to_exclude_from_presence,
         )
-    return out
+    return SynapseEdus(
+        rooms, 1.0 / syn.federation_rr_transactions_per_room_per_second, presence
+    )

@@ -8,7 +8,6 @@ from typing import Any
 
 from federation_sender.clock import time_ms
 from federation_sender.edus.presence import PresenceFanout, presence_json, should_notify
-from federation_sender.intake import ReplicationIntake
 from federation_sender.replication.rows import (
     PresenceDestinationsRow,
     PresenceFederationRow,
@@ -18,6 +17,7 @@ from federation_sender.replication.rows import (
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing import queue_harness as harness
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.intake import native_intake
 
 ME = "me.test"
 ALICE = f"@alice:{ME}"
@@ -120,7 +120,7 @@ async def test_presence_main_queues_for_servers_is_formatted_as_synapse_does(
     me = harness.ME
     gone = PresenceState(f"@gone:{me}", "offline", 0, 0, 0, "", False)
     here = PresenceState(f"@here:{me}", "online", 1_000, 0, 0, "lunch", True)
-    intake = ReplicationIntake(await h.start(), NativeBackend(h.engine), me, h.clock)
+    intake = native_intake(await h.start(), NativeBackend(h.engine), me, h.clock)
     now = time_ms(h.clock)
     await intake.on_rows("federation", "master", 1, [
         PresenceDestinationsRow(gone, ("r1.test",)),

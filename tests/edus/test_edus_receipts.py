@@ -9,12 +9,12 @@ from typing import Any
 
 from federation_sender.edus import EventMeta
 from federation_sender.edus.receipts import MAX_TIME_IN_QUEUE_S, ReceiptFanout
-from federation_sender.intake import ReplicationIntake
 from federation_sender.queue.core.batching import Limits, take_batch
 from federation_sender.queue.core.items import PendingItems
 from federation_sender.replication.rows import ReceiptsRow
 from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.intake import native_intake
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 
 
@@ -25,7 +25,7 @@ def receipt_edus(h: Harness, d: str) -> list[dict[str, Any]]:
 async def test_private_and_remote_receipts_never_leave(h: Harness) -> None:
     await room_with(h, "!a:l", "r1.test")
     await h.start()
-    handler = ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
+    handler = native_intake(h.m, NativeBackend(h.engine), ME, h.clock)
     rows = [
         ReceiptsRow("!a:l", "m.read.private", ALICE, "$p", None, {"ts": 1}),
         ReceiptsRow("!a:l", "m.read", "@bob:r1.test", "$b", None, {"ts": 2}),
@@ -131,12 +131,12 @@ async def test_paced_receipt_waits_for_the_wakeup(h: Harness) -> None:
     h.poke()
     await h.settle()
     await h.clock.advance_and_settle(120)
-    handler = ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
+    handler = native_intake(h.m, NativeBackend(h.engine), ME, h.clock)
     row = ReceiptsRow("!a:l", "m.read", ALICE, old.event_id, None, {"ts": 1})
     await handler.on_rows("receipts", "master", 1, [row])
     await h.settle()
     assert [d for d in remotes if receipt_edus(h, d)] == ["r0.test"]  # the sender's server
-    task = asyncio.create_task(handler.receipts.wakeups.run())
+    task = asyncio.create_task(handler.fanouts.receipts.wakeups.run())
     try:
         for _ in range(int(MAX_TIME_IN_QUEUE_S)):  # the fake clock wakes one sleep per step
             await h.clock.advance_and_settle(1.0)

@@ -9,6 +9,7 @@ from federation_sender.edus.typing_edus import PING_INTERVAL_MS, TypingState
 from federation_sender.intake import ReplicationIntake
 from federation_sender.replication.rows import TypingRow
 from federation_sender.storage.native import NativeBackend
+from federation_sender.testing.intake import native_intake
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 from federation_sender.testing.waiting import wait_until
 
@@ -27,7 +28,7 @@ def typing_edus(h: Harness, d: str) -> list[tuple[str, bool]]:
 async def handler_for(h: Harness) -> ReplicationIntake:
     await room_with(h, "!a:l", "r1.test", "r2.test")
     await h.start()
-    return ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
+    return native_intake(h.m, NativeBackend(h.engine), ME, h.clock)
 
 
 def test_state_diffs_local_users_and_resets_when_the_stream_goes_back() -> None:
@@ -78,7 +79,7 @@ async def test_a_newer_state_replaces_a_queued_one_per_room_and_user(h: Harness)
 
 async def test_resent_every_40_s_while_typing(h: Harness) -> None:
     handler = await handler_for(h)
-    loop = asyncio.create_task(handler.typing.run())
+    loop = asyncio.create_task(handler.fanouts.typing.run())
     try:
         await handler.on_rows("typing", "master", 1, [TypingRow("!a:l", (ALICE,))])
         await h.settle()

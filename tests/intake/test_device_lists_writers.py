@@ -5,10 +5,10 @@ the bound reaches them (native schema, real queues, loopback HTTP)."""
 
 from __future__ import annotations
 
-from federation_sender.intake.handler import ReplicationIntake
 from federation_sender.replication.rows import DeviceListsRow
 from federation_sender.storage import schema
 from federation_sender.storage.native import NativeBackend
+from federation_sender.testing.intake import native_intake
 from federation_sender.testing.main_writes import insert_rows, poke_row
 from federation_sender.testing.queue_harness import ALICE, ME, Harness
 
@@ -21,7 +21,7 @@ def device_list_edus(h: Harness) -> list[dict[str, object]]:
 
 async def test_a_row_above_a_slow_writer_waits_for_it(h: Harness) -> None:
     await h.start()
-    handler = ReplicationIntake(
+    handler = native_intake(
         h.m, NativeBackend(h.engine), ME, h.clock, device_list_writers=("w1", "w2")
     )
     await handler.prepare()
@@ -48,7 +48,7 @@ async def test_one_writer_is_its_token(h: Harness) -> None:
     """The single-writer shape (main alone, or no Synapse configuration)."""
     await h.start()
     for writers in (("master",), None):
-        handler = ReplicationIntake(
+        handler = native_intake(
             h.m, NativeBackend(h.engine), ME, h.clock, device_list_writers=writers
         )
         await handler.prepare()

@@ -4,8 +4,8 @@ before the other writer's but committed after them is sent, once, in stream orde
 
 from __future__ import annotations
 
-from federation_sender.intake.handler import ReplicationIntake
 from federation_sender.storage.native import NativeBackend
+from federation_sender.testing.intake import native_intake
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 from federation_sender.testing.replication import InMemoryPositionStore
 
@@ -16,7 +16,7 @@ DEST = "r1.test"
 async def test_late_commit_by_the_other_writer_is_not_skipped(h: Harness) -> None:
     await room_with(h, ROOM, DEST)
     await h.start()
-    handler = ReplicationIntake(
+    handler = native_intake(
         h.m, NativeBackend(h.engine), ME, h.clock, event_writers=("p1", "p2")
     )
     await handler.prepare()
@@ -48,7 +48,7 @@ async def test_idle_writer_releases_with_its_position(h: Harness) -> None:
     wait until p2's POSITION says it has caught up to them."""
     await room_with(h, ROOM, DEST)
     await h.start()
-    handler = ReplicationIntake(
+    handler = native_intake(
         h.m, NativeBackend(h.engine), ME, h.clock, event_writers=("p1", "p2")
     )
     await handler.prepare()
@@ -68,7 +68,7 @@ async def test_one_writer_unconfigured_is_its_token(h: Harness) -> None:
     """The simulator's shape: no configured list, one writer."""
     await room_with(h, ROOM, DEST)
     await h.start()
-    handler = ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
+    handler = native_intake(h.m, NativeBackend(h.engine), ME, h.clock)
     await handler.prepare()
     evs = [await h.writer.message(ROOM, ALICE) for _ in range(3)]
     await handler.on_rows("events", "master", evs[-1].stream_ordering, [])
@@ -87,7 +87,7 @@ async def test_restart_while_a_writer_is_down(h: Harness) -> None:
     stored = InMemoryPositionStore(
         {("events", "p1"): before[-1].stream_ordering, ("events", "p2"): base}
     )
-    handler = ReplicationIntake(
+    handler = native_intake(
         h.m, NativeBackend(h.engine), ME, h.clock, event_writers=("p1", "p2"),
         stored_positions=stored,
     )  # fmt: skip

@@ -47,12 +47,12 @@ async def test_rows_of_one_stream_id_are_never_split(h: Harness) -> None:
 async def test_the_first_outbox_token_makes_live_queues_read_again(h: Harness) -> None:
     """Beside Synapse, outbox reads stop at the stream's token; a queue that read before
     the first token arrived found nothing and must read again once it is known."""
-    from federation_sender.intake import ReplicationIntake
     from federation_sender.storage.native import NativeBackend
+    from federation_sender.testing.intake import native_intake
     from federation_sender.testing.queue_harness import ME
 
     await h.start()
-    handler = ReplicationIntake(h.m, NativeBackend(h.engine), ME, h.clock)
+    handler = native_intake(h.m, NativeBackend(h.engine), ME, h.clock)
     h.m.enqueue_edu("r1.test", "m.warmup", {})  # a live queue that has read its outbox
     await h.settle()
     await h.writer.device_list("r1.test", ALICE, "DEV")  # not announced to the queue

@@ -30,7 +30,7 @@ from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.synapse.config import SynapseConfig, parse_synapse_config
 from federation_sender.synapse.egress import build_outbound_proxy, worker_listeners
 from federation_sender.synapse.merge import merge_settings
-from federation_sender.synapse.wiring import synapse_edus
+from federation_sender.synapse.wiring import SynapseEdus, synapse_edus
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.ports import free_port
 from federation_sender.transport.signing import SigningKey
@@ -312,32 +312,35 @@ def p_metrics_domains(tmp: Path) -> None:
         == ["b.example"]
 
 
-def edus(keys: dict[str, Any]) -> dict[str, Any]:
+def edus(keys: dict[str, Any]) -> SynapseEdus:
     s = syn(keys)
     engine = create_synapse_engine("postgresql://nobody@127.0.0.1:1/none")
     backend = SynapseBackend(engine, s, "fed1", SystemClock())
     rooms = backend.capabilities().edu_rooms
-    return synapse_edus(rooms, s, None, SystemClock())  # type: ignore[arg-type]
+    found = synapse_edus(rooms, s, None, SystemClock())  # type: ignore[arg-type]
+    assert found is not None
+    return found
 
 
 def p_rr(tmp: Path) -> None:
-    assert edus({"federation_rr_transactions_per_room_per_second": 4})[
-        "receipt_max_delay_s"] == 0.25
+    assert edus({"federation_rr_transactions_per_room_per_second": 4}).receipt_max_delay_s \
+        == 0.25
 
 
 def p_presence(tmp: Path) -> None:
-    assert "presence" in edus({}) and "presence" not in edus({"presence": {"enabled": False}})
-    assert "presence" not in edus({"use_presence": False})
+    assert edus({}).presence is not None
+    assert edus({"presence": {"enabled": False}}).presence is None
+    assert edus({"use_presence": False}).presence is None
 
 
 def p_exclude(tmp: Path) -> None:
-    fanout = edus({"exclude_rooms_from_presence": ["!r:a.example"]})["presence"]
-    assert fanout._excluded == {"!r:a.example"}
+    fanout = edus({"exclude_rooms_from_presence": ["!r:a.example"]}).presence
+    assert fanout is not None and fanout._excluded == {"!r:a.example"}
 
 
 def p_granularity(tmp: Path) -> None:
-    fanout = edus({"presence": {"last_active_granularity": "5m"}})["presence"]
-    assert fanout._granularity_ms == 300_000
+    fanout = edus({"presence": {"last_active_granularity": "5m"}}).presence
+    assert fanout is not None and fanout._granularity_ms == 300_000
 
 
 def p_device_names(tmp: Path) -> None:
