@@ -24,6 +24,7 @@ import time
 from collections.abc import Sequence
 
 from federation_sender.clock import SystemClock
+from federation_sender.intake.streams import ROW_PARSERS
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.rows import EventsStreamRow, Row
 from federation_sender.replication.server import ReplicationWriter
@@ -78,6 +79,7 @@ async def bench_parse_dispatch(n_lines: int) -> tuple[float, float]:
         fetchers={},
         handler=handler,
         clock=clock,
+        streams=ROW_PARSERS,
     )
     start, cpu = time.perf_counter(), time.process_time()
     task = asyncio.create_task(client.run())
@@ -102,6 +104,7 @@ async def bench_end_to_end(n_rows: int) -> tuple[float, float]:
         fetchers={},
         handler=handler,
         clock=clock,
+        streams=ROW_PARSERS,
         rng=random.Random(0),
     )
     task = asyncio.create_task(client.run())

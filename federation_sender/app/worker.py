@@ -34,6 +34,7 @@ from federation_sender.clock import Clock, SystemClock
 from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
 from federation_sender.intake import DbPositionStore, ReplicationIntake
+from federation_sender.intake.streams import ROW_PARSERS, gap_notes
 from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.snapshot import queue_snapshot
 from federation_sender.queue.telemetry_observer import TelemetryObserver
@@ -59,19 +60,6 @@ from federation_sender.transport.result import TransactionSender
 from federation_sender.transport.signing import SigningKey
 
 log = logging.getLogger(__name__)
-
-
-CONSUMED_STREAMS = (
-    "events",
-    "federation",
-    "to_device",
-    "device_lists",
-    "receipts",
-    "typing",
-    "presence",
-    "presence_federation",
-    "caches",
-)
 
 
 @dataclass
@@ -316,11 +304,11 @@ class Worker:
             transport,
             instance_name=s.instance_name,
             store=store,
+            streams=ROW_PARSERS,
             fetchers=caps.fetchers,
-            gap_notes=caps.gap_notes,
+            gap_notes=gap_notes(caps.gap_notes),
             handler=handler,
             clock=self.clock,
-            streams=CONSUMED_STREAMS,
             announce=caps.signals.announce if caps.signals is not None else None,
             save_interval_s=s.replication.position_save_interval_s,
             outage=db_outage,

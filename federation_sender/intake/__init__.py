@@ -16,6 +16,13 @@ client (:mod:`federation_sender.replication`) parses and orders the rows of each
   :mod:`federation_sender.edus`, which turn them into EDUs for the rooms' hosts;
 * ``caches``: another process invalidated a destination's retry timings: a wake-up.
 
+Each of these is a stream's entry in the stream table (:mod:`.streams`, ``STREAMS``):
+its row parser, its hook (what is said above), what a gap in it skips. The streams the
+replication client consumes, the parsers it is given and the gap notes it logs are
+derived from the table, so each stream is named once. The EDU fan-outs are built by the
+composition root and given to :class:`ReplicationIntake`
+(:class:`federation_sender.edus.fanouts.EduFanouts`).
+
 :class:`DbPositionStore` keeps the replication client's positions through the storage
 backend.
 """

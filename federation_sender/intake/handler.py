@@ -1,4 +1,9 @@
-"""The replication handler: each stream's rows become queue engine calls."""
+"""The replication handler: each stream's rows become queue engine calls.
+
+What each stream's rows do is its hook in the stream table
+(:mod:`federation_sender.intake.streams`); this class holds what the hooks share: the
+writers' frontiers, the latest token of each stream, the fan-outs it is given.
+"""
 
 from __future__ import annotations
 
@@ -6,34 +11,19 @@ import heapq
 import logging
 from collections.abc import Callable, Collection, Sequence
 
-from federation_sender.clock import Clock, time_ms
+from federation_sender.clock import Clock
 from federation_sender.edus.fanouts import EduFanouts
-from federation_sender.edus.presence import presence_json
-from federation_sender.queue.federation_stream import FederationEdu
+from federation_sender.intake.streams import STREAMS, Batch
 from federation_sender.queue.manager import QueueManager
 from federation_sender.replication.frontier import WritersFrontier
 from federation_sender.replication.positions import PositionStore
-from federation_sender.replication.rows import (
-    CachesRow,
-    DeviceListsRow,
-    EduRow,
-    KeyedEduRow,
-    PresenceDestinationsRow,
-    PresenceFederationRow,
-    PresenceRow,
-    ReceiptsRow,
-    Row,
-    ToDeviceStreamRow,
-    TypingRow,
-)
+from federation_sender.replication.rows import Row
 from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.telemetry.metrics import Metrics
 from federation_sender.telemetry.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
-RETRY_TIMINGS_CACHE = "get_destination_retry_timings"
-"""Synapse's cache of a destination's retry timings, named in ``caches`` rows."""
 PREFILL_LIMIT = 10_000
 """Committed stream orderings read at start for the events read position (at most)."""
 
@@ -55,26 +45,28 @@ class ReplicationIntake:
         stored_positions: PositionStore | None = None,
         device_list_writers: Collection[str] | None = None,
     ) -> None:
-        self._m = manager
+        self.manager = manager
         self.fanouts = fanouts
         """The EDU fan-outs (typing, receipts, presence), built by the caller."""
+        self.clock = clock
         self._event_writers = None if event_writers is None else tuple(event_writers)
         self._stored_positions = stored_positions
-        self.events = WritersFrontier(self._event_writers, manager.events_position)
+        self.events: WritersFrontier = WritersFrontier(
+            self._event_writers, manager.events_position)
+        """How far the intake may read: below it every events writer has finished
+        (``stream_writers.events``; None: whoever writes, one writer)."""
         self._device_list_writers = (
             None if device_list_writers is None else tuple(device_list_writers))
-        self.device_lists = WritersFrontier(self._device_list_writers, 0, "device_lists")
+        self.device_lists: WritersFrontier = WritersFrontier(
+            self._device_list_writers, 0, "device_lists")
         """How far device-list outbox reads may go (``stream_writers.device_lists``):
         a writer may commit a lower stream id after another published a higher one."""
         self._held_device_lists: list[tuple[int, str]] = []
         """(token, destination) of device-list rows above the frontier: the destination
         is told once the frontier reaches them (a heap)."""
-        """How far the intake may read: below it every events writer has finished
-        (``stream_writers.events``; None: whoever writes, one writer)."""
         self._tracing = tracing or Tracing(None)
         self._on_events_token = on_events_token
         self._storage = storage
-        self._clock = clock
         self._metrics = metrics
         self.tokens: dict[str, int] = {}
         """The latest token of each stream whose rows were handled: everything of that
@@ -86,15 +78,14 @@ class ReplicationIntake:
         The events frontier starts at the intake's stored position, each configured
         writer at least at its stored replication position, and with several writers
         it runs through the stream orderings committed above that."""
-        self.events = WritersFrontier(self._event_writers, self._m.events_position)
+        self.events = WritersFrontier(self._event_writers, self.manager.events_position)
         self.device_lists = WritersFrontier(self._device_list_writers, 0, "device_lists")
         if self._stored_positions is not None and (
                 self._event_writers is not None or self._device_list_writers is not None):
+            frontiers = {f.stream: f for f in (self.events, self.device_lists)}
             for (stream, writer), token in (await self._stored_positions.load()).items():
-                if stream == "events":
-                    self.events.seed(writer, token)
-                elif stream == "device_lists":
-                    self.device_lists.seed(writer, token)
+                if (frontier := frontiers.get(stream)) is not None:
+                    frontier.seed(writer, token)
         if self._event_writers is not None and len(self._event_writers) > 1:
             after = self.events.frontier
 
@@ -114,92 +105,52 @@ class ReplicationIntake:
     async def _on_rows(
         self, stream_name: str, instance_name: str, token: int, rows: Sequence[Row]
     ) -> None:
+        stream = STREAMS.get(stream_name)
         reported = token
-        if stream_name == "device_lists":
+        frontier = None if stream is None else stream.frontier
+        if frontier is not None:
             # Outbox reads are bounded by the token: with several writers, only by what
             # all of them finished (as the events intake, replication/frontier.py).
-            token = self.device_lists.advance(instance_name, token)
-        # A device-lists frontier of 0 bounds nothing yet (some writer not heard of).
-        first = not self.tokens.get(stream_name) and (token > 0 or stream_name != "device_lists")
+            token = frontier(self).advance(instance_name, token)
+        # A frontier of 0 bounds nothing yet (some writer not heard of).
+        first = not self.tokens.get(stream_name) and (token > 0 or frontier is None)
         self.tokens[stream_name] = token
-        if first and stream_name in ("to_device", "device_lists"):
+        if first and stream is not None and stream.bounds_outboxes:
             # Outbox reads are bounded by this token (Synapse backend): queues that read
             # before it was known found nothing and must look again.
-            self._m.notify_all_outboxes()
+            self.manager.notify_all_outboxes()
         if self._metrics is not None:
             self._metrics.replication_batch(stream_name, len(rows))
             # Rows of the other streams are handled before this call returns; the events
             # stream is fanned out by the intake, which may still be behind the token.
-            lag = max(0, token - self._m.events_position) if stream_name == "events" else 0
+            read_later = stream is not None and stream.read_later
+            lag = max(0, token - self.manager.events_position) if read_later else 0
             self._metrics.replication_position(stream_name, instance_name, reported, lag)
-        if stream_name == "events":
-            # Not ``token``: with several writers, a lower stream ordering may still be
-            # in flight at another writer (see replication/frontier.py).
-            upto = self.events.advance(instance_name, token)
-            if self._on_events_token is not None:
-                self._on_events_token(upto)
-            self._m.notify_new_events(upto)
-        elif stream_name == "federation":
-            await self._federation(token, rows)
-        elif stream_name == "to_device":
-            for r in rows:
-                if isinstance(r, ToDeviceStreamRow) and not r.entity.startswith("@"):
-                    self._m.notify_outbox(r.entity)
-        elif stream_name == "device_lists":
-            await self._device_lists(reported, token, rows)
-        elif stream_name == "receipts":
-            await self.fanouts.receipts.on_rows(r for r in rows if isinstance(r, ReceiptsRow))
-        elif stream_name == "typing":
-            await self.fanouts.typing.on_rows(token, (r for r in rows if isinstance(r, TypingRow)))
-        elif stream_name == "presence" and self.fanouts.presence is not None:
-            await self.fanouts.presence.on_presence(r for r in rows if isinstance(r, PresenceRow))
-        elif stream_name == "presence_federation" and self.fanouts.presence is not None:
-            await self.fanouts.presence.on_presence_federation(
-                r for r in rows if isinstance(r, PresenceFederationRow)
-            )
-        elif stream_name == "caches":
-            await self._caches(rows)
+        if stream is not None:
+            await stream.handle(self, Batch(instance_name, token, reported, rows))
 
-    async def _device_lists(self, reported: int, frontier: int, rows: Sequence[Row]) -> None:
+    def events_moved(self, instance_name: str, token: int) -> None:
+        """The events writer finished up to ``token``: the queue's event fan-out reads
+        up to the frontier. Not ``token``: with several writers, a lower stream ordering
+        may still be in flight at another writer (see replication/frontier.py)."""
+        upto = self.events.advance(instance_name, token)
+        if self._on_events_token is not None:
+            self._on_events_token(upto)
+        self.manager.notify_new_events(upto)
+
+    async def device_lists_changed(self, reported: int, frontier: int, users: list[str]) -> None:
         """Tell the destinations of changed users' device lists, once the frontier
         reaches the rows' token (a queue told earlier would read below it and find
         nothing, and no later row might tell it again)."""
-        users = [r.user_id for r in rows if isinstance(r, DeviceListsRow)]
         held = self._held_device_lists
         if users:
             for dest in await self._device_list_destinations(users):
                 if reported <= frontier:
-                    self._m.notify_outbox(dest)
+                    self.manager.notify_outbox(dest)
                 else:
                     heapq.heappush(held, (reported, dest))
         while held and held[0][0] <= frontier:
-            self._m.notify_outbox(heapq.heappop(held)[1])
-
-    async def _caches(self, rows: Sequence[Row]) -> None:
-        """Another process invalidated a destination's retry timings (Synapse's main
-        does when the destination contacts it): a wake-up, which Synapse's own
-        federation sender ignores (it waits for its 0.2/s sweep)."""
-        for r in rows:
-            if isinstance(r, CachesRow) and r.cache_func == RETRY_TIMINGS_CACHE and r.keys:
-                for dest in r.keys:
-                    if isinstance(dest, str):
-                        await self._m.retry_timings_changed(dest)
-
-    async def _federation(self, token: int, rows: Sequence[Row]) -> None:
-        edus: list[FederationEdu] = []
-        now = time_ms(self._clock)
-        for r in rows:
-            if isinstance(r, EduRow):
-                e = r.edu
-                edus.append(FederationEdu(e.destination, e.edu_type, e.content))
-            elif isinstance(r, KeyedEduRow):
-                e = r.edu
-                edus.append(FederationEdu(e.destination, e.edu_type, e.content, r.key))
-            elif isinstance(r, PresenceDestinationsRow):
-                content = {"push": [presence_json(r.state, now)]}
-                for dest in r.destinations:
-                    edus.append(FederationEdu(dest, "m.presence", content))
-        await self._m.process_federation_batch(token, edus)
+            self.manager.notify_outbox(heapq.heappop(held)[1])
 
     async def _device_list_destinations(self, users: list[str]) -> list[str]:
         async def fn(tx: Tx) -> list[str]:
@@ -208,4 +159,4 @@ class ReplicationIntake:
         return await self._storage.run(fn)
 
     async def on_remote_server_up(self, server: str) -> None:
-        await self._m.remote_server_up(server)
+        await self.manager.remote_server_up(server)

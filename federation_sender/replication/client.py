@@ -8,6 +8,8 @@ Interface (wired in ``app.py``)::
                                     #   server_name, clock=)
         instance_name="fed1",       # our name: NAME, FEDERATION_ACK, echo filter
         store=position_store,       # PositionStore: load() / save(stream, instance, token)
+        streams={"events": parse, ...},  # the consumed streams' row parsers
+                                    #   (intake/streams.py: ROW_PARSERS)
         fetchers={"events": f, ...},# StreamFetcher per stream, for gaps
         gap_notes={"typing": note},  # what a gap skips where there is no fetcher
         handler=handler,            # ReplicationHandler, below
@@ -21,11 +23,13 @@ Interface (wired in ``app.py``)::
         async def on_remote_server_up(self, server): ...
 
 ``on_rows`` receives typed rows (``rows.py``) of one consumed stream from one
-writer: every row with a token in (previous position, ``token``]. ``rows`` is
-empty when the position moved without rows (a POSITION, or a gap that no
-fetcher could fill); ``token`` may be lower than before after a writer reset.
-Calls are sequential, in stream order; while a handler runs nothing else is
-read, which is the backpressure that lets a writer detect a stuck reader.
+writer (the streams and their parsers are the caller's: the worker's table is
+:mod:`federation_sender.intake.streams`): every row with a token in (previous
+position, ``token``]. ``rows`` is empty when the position moved without rows (a
+POSITION, or a gap that no fetcher could fill); ``token`` may be lower than before
+after a writer reset. Calls are sequential, in stream order; while a handler runs
+nothing else is read, which is the backpressure that lets a writer detect a stuck
+reader.
 
 Theory of operation. :meth:`ReplicationClient.run` loops forever: open a
 session, send ``REPLICATE`` (with the PSYNC offer: plain writers ignore it) and
@@ -55,7 +59,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,17 +77,19 @@ from federation_sender.replication.positions import (
     fetch_gap,
 )
 from federation_sender.replication.reconnect import DEFAULT_BACKOFF, Backoff
-from federation_sender.replication.rows import ROW_PARSERS, Row
+from federation_sender.replication.rows import Row, RowParser
 from federation_sender.replication.transport import ConnectionLost, Session, Transport
 
 logger = logging.getLogger(__name__)
 
-KNOWN_STREAMS = frozenset(ROW_PARSERS) | {
-    # Synapse 1.163's other streams (replication/tcp/streams/): skipped silently.
+SKIPPED_STREAMS = frozenset({
+    # Synapse 1.163's streams that the worker does not consume
+    # (replication/tcp/streams/): skipped silently; any other stream not consumed is
+    # logged once as unknown.
     "backfill", "push_rules", "pushers", "account_data", "thread_subscriptions",
     "profile_updates", "sticky_events", "quarantined_media", "un_partial_stated_room",
     "un_partial_stated_event",
-}
+})
 
 
 PERSISTED_STREAMS = frozenset({"events"})
@@ -118,6 +124,10 @@ class GapNote:
     skipped: str
 
 
+ROWS_SKIPPED = GapNote(logging.WARNING, "its rows in that range are skipped (no fetcher)")
+"""What a gap skips in a stream that has neither a fetcher nor a note."""
+
+
 class ReplicationClient:
     def __init__(
         self,
@@ -128,16 +138,18 @@ class ReplicationClient:
         fetchers: Mapping[str, StreamFetcher],
         handler: ReplicationHandler,
         clock: Clock,
+        streams: Mapping[str, RowParser],
         rng: random.Random | None = None,
-        streams: Collection[str] | None = None,
         backoff: Backoff = DEFAULT_BACKOFF,
         announce: Callable[[], Sequence[c.Command]] | None = None,
         save_interval_s: float = 0.0,
         gap_notes: Mapping[str, GapNote | None] | None = None,
         outage: Callable[[BaseException], str | None] = lambda _e: None,
     ) -> None:
-        """``gap_notes``: per stream without a fetcher, what a gap skips (None: nothing,
-        no line is logged); a stream missing from it is logged as skipping its rows.
+        """``streams``: the consumed streams, each with its row parser; RDATA, POSITION
+        and HISTORY of any other stream are skipped. ``gap_notes``: per stream without
+        a fetcher, what a gap skips (None: nothing, no line is logged); a stream missing
+        from it is logged as skipping its rows (:data:`ROWS_SKIPPED`).
         ``outage``: one line for an error that means the database is out of reach (the
         storage's ``db_outage``), None for anything else; such an error is logged as that
         line, without a traceback."""
@@ -150,11 +162,7 @@ class ReplicationClient:
         self._handler = handler
         self._clock = clock
         self._rng = rng or random.Random()
-        self._parsers = {
-            name: parser
-            for name, parser in ROW_PARSERS.items()
-            if streams is None or name in streams
-        }
+        self._parsers = dict(streams)
         self._backoff = backoff
         self._announce = announce
         """Positions of the streams we write (Synapse: ``POSITION caches <us> ..``), sent
@@ -286,7 +294,7 @@ class ReplicationClient:
                 stream = command.stream_name
                 parser = parsers.get(stream)
                 if parser is None or command.instance_name == me:
-                    if parser is None and stream not in KNOWN_STREAMS:
+                    if parser is None and stream not in SKIPPED_STREAMS:
                         self._note_unknown_stream(stream)
                     continue
                 try:
@@ -381,7 +389,7 @@ class ReplicationClient:
                              stream, instance, gap.from_token, gap.upto_token)
                 return
         else:
-            note = GapNote(logging.WARNING, "its rows in that range are skipped (no fetcher)")
+            note = ROWS_SKIPPED
         logger.log(note.level, "replication: %s/%s missed (%d, %d]: %s", stream, instance,
                    gap.from_token, gap.upto_token, note.skipped)
 

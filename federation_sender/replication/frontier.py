@@ -71,6 +71,11 @@ class WritersFrontier:
         """Every stream ordering at or below it is committed by its writer."""
 
     @property
+    def stream(self) -> str:
+        """The stream whose writers it follows (``events``, ``device_lists``)."""
+        return self._stream
+
+    @property
     def positions(self) -> Mapping[str, int]:
         return self._positions
 

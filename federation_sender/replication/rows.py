@@ -2,13 +2,16 @@
 
 Each stream's row is a JSON array (Synapse serialises an attrs tuple); a few
 streams wrap a type tag around the data (``events``: ``["ev", [...]]``;
-``federation``: ``["e" | "k" | "pd", {...}]``). :func:`parse_row` validates
+``federation``: ``["e" | "k" | "pd", {...}]``). Each ``parse_*_row`` validates
 shape and types and raises :class:`ProtocolError` for anything else, so a bad
 row is handled exactly like a bad line. Every row type has ``wire()``, the
 inverse, used by the writer side and the simulator.
 
-Streams not in :data:`ROW_PARSERS` are not consumed; the reader skips them
-without parsing their rows (Synapse publishes many we do not need).
+Which stream each parser reads is said once, in the worker's stream table
+(:data:`federation_sender.intake.streams.STREAMS`, from which ``ROW_PARSERS`` and
+``parse_row`` are derived); the replication client is given the parsers of the
+streams it consumes and skips the others without parsing their rows (Synapse
+publishes many we do not need).
 
 Compatibility: ``ev`` rows from older Synapse versions had 5 to 8 fields; the
 missing trailing fields default to ``None`` / ``False``. A row with more fields than
@@ -25,7 +28,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import NamedTuple, TypeAlias
 
-from federation_sender.errors import ProtocolError
 from federation_sender.replication.commands import JsonValue
 from federation_sender.replication.row_checks import (
     EXTRA_FIELDS_WARNED,
@@ -55,7 +57,6 @@ from federation_sender.replication.rows_tagged import (
 
 __all__ = [
     "EXTRA_FIELDS_WARNED",
-    "ROW_PARSERS",
     "AllStateRow",
     "CachesRow",
     "CurrentStateRow",
@@ -71,6 +72,7 @@ __all__ = [
     "PresenceState",
     "ReceiptsRow",
     "Row",
+    "RowParser",
     "ToDeviceStreamRow",
     "TypingRow",
     "parse_caches_row",
@@ -80,7 +82,6 @@ __all__ = [
     "parse_presence_federation_row",
     "parse_presence_row",
     "parse_receipts_row",
-    "parse_row",
     "parse_to_device_row",
     "parse_typing_row",
 ]
@@ -240,23 +241,5 @@ Row: TypeAlias = (
     | PresenceRow
 )
 
-ROW_PARSERS: dict[str, Callable[[JsonValue], Row]] = {
-    "events": parse_events_row,
-    "federation": parse_federation_row,
-    "to_device": parse_to_device_row,
-    "device_lists": parse_device_lists_row,
-    "receipts": parse_receipts_row,
-    "typing": parse_typing_row,
-    "presence_federation": parse_presence_federation_row,
-    "caches": parse_caches_row,
-    "presence": parse_presence_row,
-}
-"""The streams the worker consumes, by name."""
-
-
-def parse_row(stream_name: str, row: JsonValue) -> Row:
-    """Parse a decoded RDATA row of a consumed stream; ``ProtocolError`` if invalid."""
-    parser = ROW_PARSERS.get(stream_name)
-    if parser is None:
-        raise ProtocolError(f"stream {stream_name!r} is not consumed")
-    return parser(row)
+RowParser: TypeAlias = Callable[[JsonValue], Row]
+"""Reads one decoded RDATA row of a stream; ``ProtocolError`` if it is not one."""

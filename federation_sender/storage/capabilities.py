@@ -6,8 +6,9 @@ What only one backend can do is offered here and is absent (None, empty, a no-op
 elsewhere:
 
 * ``fetchers`` and ``gap_notes``: the replication gap fetchers of the streams the
-  backend's schema has tables for, and what a gap in each other stream skips
-  (:mod:`.stream_fetchers`);
+  backend's schema has tables for, and what a gap in a stream skips on this backend
+  where that differs from the stream's own note
+  (:mod:`federation_sender.intake.streams`; :mod:`.stream_fetchers`);
 * ``signals``: what the backend says on replication about the streams it writes
   (beside Synapse: cache invalidations, ``REMOTE_SERVER_UP``, ``POSITION caches``);
 * ``edu_rooms``: rooms, hosts, event metadata and presence states for the ephemeral

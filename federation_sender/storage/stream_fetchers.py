@@ -20,12 +20,16 @@ could only skip them. What each consumed stream needs:
 * ``presence_federation``: none possible, main keeps that queue in memory;
 * ``federation``: none, Synapse 1.163 never writes this stream.
 
-Which fetchers and notes a deployment has is the backend's capability
+Which fetchers a deployment has is the backend's capability
 (:mod:`federation_sender.storage.capabilities`); the Synapse-only ones are in
 :mod:`federation_sender.storage.synapse.stream_fetchers`. What a gap without a fetcher
-skips is said by the backend's gap notes: the replication
-client logs nothing for ``events`` (nothing is missed) and one line naming what is
-skipped for the others (INFO for what is volatile anyway, WARNING for rows lost).
+skips is the stream's own note in the stream table
+(:mod:`federation_sender.intake.streams`), unless the backend's gap notes say otherwise
+(natively: no receipts, no presence; beside Synapse: nothing is missed in
+``federation``): the replication client logs nothing above DEBUG for ``events``
+(nothing is missed) and one line naming what is skipped for the others (INFO for what
+is volatile anyway, WARNING for rows lost). The stream names here are checked against
+the table (``tests/intake/test_streams.py``): the storage layer is below the intake.
 
 Rows sharing a stream id are never split between two fetches: a fetch that fills its
 limit stops before the last stream id it saw, unless that id alone fills it, in which
@@ -88,44 +92,11 @@ class SqlStreamFetcher:
         return [(int(r[0]), self._make_row(r)) for r in kept], int(kept[-1][0]), True
 
 
-def common_gap_notes() -> dict[str, GapNote | None]:
-    """For each consumed stream no backend can fetch: what a gap in it skips (None:
-    nothing, it is read elsewhere), as the replication client logs it."""
-    wakeups = GapNote(
-        logging.INFO,
-        "its cache invalidations are not replayed: a destination another process "
-        "stopped backing off in that range is woken by the next wake-up sweep "
-        "(queue.wakeup_interval_s), and every destination's row is read afresh when "
-        "its queue starts",
-    )
-    typing = GapNote(
-        logging.INFO,
-        "typing notifications in that range are not sent (main keeps typing in memory); "
-        "a user still typing is sent again within 40 s",
-    )
-    presence_federation = GapNote(
-        logging.INFO,
-        "presence main sent to named servers in that range is not sent again (main "
-        "keeps that queue in memory); the users' next change is",
-    )
-    return {
-        "events": None,  # the intake reads events past its own persisted position
-        "caches": wakeups,
-        "typing": typing,
-        "presence_federation": presence_federation,
-    }
-
-
 def native_gap_notes() -> dict[str, GapNote | None]:
-    """The native backend's: the common notes, plus the streams its schema keeps no
-    table for."""
+    """What a gap skips on the native backend where the stream table's note
+    (:mod:`federation_sender.intake.streams`) does not say it: the streams its schema
+    keeps no table for."""
     return {
-        **common_gap_notes(),
-        "federation": GapNote(
-            logging.WARNING,
-            "the EDUs main queued for federation in that range are not sent (main "
-            "keeps them in memory until acknowledged)",
-        ),
         "receipts": GapNote(
             logging.WARNING,
             "receipts in that range are not sent (the native schema keeps no receipts)",

@@ -16,9 +16,10 @@ import asyncio
 from collections.abc import Callable, Sequence
 
 from federation_sender.clock import Clock
+from federation_sender.intake.streams import parse_row
 from federation_sender.replication import commands as c
 from federation_sender.replication.connection import ReplicationConnection, Role
-from federation_sender.replication.rows import Row, parse_row
+from federation_sender.replication.rows import Row
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.transport import ConnectionLost
 from federation_sender.testing.waiting import wait_until

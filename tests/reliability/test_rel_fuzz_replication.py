@@ -39,13 +39,13 @@ from hypothesis.stateful import (
 )
 
 from federation_sender.errors import ProtocolError
+from federation_sender.intake.streams import ROW_PARSERS, parse_row
 from federation_sender.replication import commands as c
 from federation_sender.replication.connection import (
     Limits,
     ReplicationConnection,
     Role,
 )
-from federation_sender.replication.rows import ROW_PARSERS, parse_row
 from federation_sender.testing.captures import captures_dir
 from federation_sender.testing.clock import FakeClock
 

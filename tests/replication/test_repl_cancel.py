@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+from federation_sender.intake.streams import ROW_PARSERS
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.transport import ConnectionLost, Session, cancel_and_wait
 from federation_sender.testing.clock import FakeClock
@@ -73,6 +74,7 @@ async def test_a_cancelled_client_stops_even_if_a_library_swallowed_the_cancel()
         store=InMemoryPositionStore(),
         fetchers={},
         handler=RecordingHandler(),
+        streams=ROW_PARSERS,
         clock=FakeClock(),  # a reconnect backoff would wait forever on it
     )
     task = asyncio.create_task(client.run())

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Sequence
 import pytest
 
 from federation_sender.intake.positions import DbPositionStore
+from federation_sender.intake.streams import ROW_PARSERS
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.positions import PositionStore
 from federation_sender.replication.rows import ToDeviceStreamRow
@@ -43,7 +44,7 @@ async def replay(
         fetchers={},
         handler=handler,
         clock=clock,
-        streams=["to_device"],
+        streams={"to_device": ROW_PARSERS["to_device"]},
     )
     task = asyncio.create_task(client.run())
     try:

@@ -11,6 +11,7 @@ import random
 
 import pytest
 
+from federation_sender.intake.streams import ROW_PARSERS
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.frontier import WritersFrontier
 from federation_sender.testing.clock import FakeClock
@@ -119,7 +120,7 @@ async def test_an_events_writer_going_backwards_is_a_warning(
     handler = RecordingHandler()
     client = ReplicationClient(
         MemoryTransport([session]), instance_name="fed1", store=store, fetchers={},
-        handler=handler, clock=clock, streams=["events", "typing"],
+        handler=handler, clock=clock, streams={s: ROW_PARSERS[s] for s in ("events", "typing")},
     )  # fmt: skip
     task = asyncio.create_task(client.run())
     try:

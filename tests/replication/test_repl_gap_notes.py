@@ -3,7 +3,8 @@ position restored at start): nothing above DEBUG for ``events`` (the intake read
 events from the database, nothing is missed), one INFO line saying what is skipped for
 a volatile stream (typing), one WARNING line for rows lost (native receipts), and the
 generic WARNING for a stream nobody described. The notes are the worker's own
-(the backends' gap notes); the input goes through the real connection parser."""
+(the stream table's, with the backends' gap notes over them); the input goes through
+the real connection parser."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import logging
 
 import pytest
 
+from federation_sender.intake.streams import ROW_PARSERS, gap_notes
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.storage.stream_fetchers import native_gap_notes
 from federation_sender.storage.synapse.stream_fetchers import synapse_gap_notes
@@ -35,8 +37,8 @@ async def run_positions(synapse: bool, caplog: pytest.LogCaptureFixture) -> list
     handler = RecordingHandler()
     client = ReplicationClient(
         MemoryTransport([session]), instance_name="fed1", store=store, fetchers={},
-        handler=handler, clock=clock, streams=STREAMS,
-        gap_notes=synapse_gap_notes() if synapse else native_gap_notes(),
+        handler=handler, clock=clock, streams={s: ROW_PARSERS[s] for s in STREAMS},
+        gap_notes=gap_notes(synapse_gap_notes() if synapse else native_gap_notes()),
     )  # fmt: skip
     caplog.set_level(logging.DEBUG, logger="federation_sender.replication.client")
     task = asyncio.create_task(client.run())

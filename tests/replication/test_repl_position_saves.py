@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from federation_sender.intake.streams import ROW_PARSERS
 from federation_sender.replication import commands as c
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.rows import ToDeviceStreamRow
@@ -67,7 +68,7 @@ async def running(
         fetchers={"to_device": db.fetcher("to_device")} if db is not None else {},
         handler=handler,
         clock=clock,
-        streams=["to_device"],
+        streams={"to_device": ROW_PARSERS["to_device"]},
         save_interval_s=interval_s,
     )
     task = asyncio.create_task(client.run())

@@ -13,6 +13,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from federation_sender.clock import SystemClock
+from federation_sender.intake.streams import ROW_PARSERS
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.connection import MAX_BUS_MESSAGE_BYTES
 from federation_sender.replication.reconnect import Backoff
@@ -73,6 +74,7 @@ def make_reader(
         fetchers={} if db is None else {"events": db.fetcher("events")},
         handler=handler,
         clock=clock,
+        streams=ROW_PARSERS,
         rng=random.Random(2),
         backoff=Backoff(0.01, 0.05),
     )

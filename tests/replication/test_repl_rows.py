@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from federation_sender.errors import ProtocolError
+from federation_sender.intake.streams import ROW_PARSERS, parse_row
 from federation_sender.replication import commands as c
 from federation_sender.replication import rows as r
 from federation_sender.testing.captures import capture_lines
@@ -14,15 +15,15 @@ def test_capture_rows_of_consumed_streams_parse_and_round_trip() -> None:
     seen: set[str] = set()
     for line in capture_lines():
         command = c.parse_line(line)
-        if isinstance(command, c.RdataCommand) and command.stream_name in r.ROW_PARSERS:
-            row = r.parse_row(command.stream_name, command.row)
+        if isinstance(command, c.RdataCommand) and command.stream_name in ROW_PARSERS:
+            row = parse_row(command.stream_name, command.row)
             assert row.wire() == command.row
             seen.add(command.stream_name)
     assert {"events", "typing", "receipts", "to_device", "device_lists", "caches"} <= seen
 
 
 def test_event_row_fields() -> None:
-    row = r.parse_row(
+    row = parse_row(
         "events", ["ev", ["$e", "!r", "m.room.member", "@u:hs", None, None, "join", False, True]]
     )
     assert row == r.EventsStreamRow(
@@ -31,7 +32,7 @@ def test_event_row_fields() -> None:
 
 
 def test_old_five_field_event_rows_get_defaults() -> None:
-    row = r.parse_row("events", ["ev", ["$e", "!r", "m.room.message", None, None]])
+    row = parse_row("events", ["ev", ["$e", "!r", "m.room.message", None, None]])
     assert row == r.EventsStreamRow(
         "$e", "!r", "m.room.message", None, None, None, None, False, False
     )
@@ -66,7 +67,7 @@ GOOD = [
 
 @pytest.mark.parametrize(("stream", "raw"), GOOD)
 def test_rows_round_trip(stream: str, raw: object) -> None:
-    assert r.parse_row(stream, raw).wire() == raw
+    assert parse_row(stream, raw).wire() == raw
 
 
 BAD = [
@@ -92,7 +93,7 @@ BAD = [
 @pytest.mark.parametrize(("stream", "raw"), BAD)
 def test_bad_rows_raise_protocol_error(stream: str, raw: object) -> None:
     with pytest.raises(ProtocolError):
-        r.parse_row(stream, raw)
+        parse_row(stream, raw)
 
 
 LONGER = [(stream, [*raw, "added later"]) for stream, raw in GOOD if stream not in (
@@ -115,8 +116,8 @@ def test_rows_longer_than_known_are_read_by_their_known_fields(
     known = [raw[0], raw[1][:-1]] if tagged else raw[:-1]
     if raw[0] == "ev":
         known = [raw[0], raw[1][:9]]
-    assert r.parse_row(stream, raw) == r.parse_row(stream, known)
-    assert r.parse_row(stream, raw) == r.parse_row(stream, known)  # warned once only
+    assert parse_row(stream, raw) == parse_row(stream, known)
+    assert parse_row(stream, raw) == parse_row(stream, known)  # warned once only
     assert len([m for m in caplog.messages if "extra ones are ignored" in m]) == 1
 
 
@@ -135,4 +136,4 @@ STILL_BAD = [
 @pytest.mark.parametrize(("stream", "raw"), STILL_BAD)
 def test_missing_or_mistyped_known_fields_are_still_errors(stream: str, raw: object) -> None:
     with pytest.raises(ProtocolError):
-        r.parse_row(stream, raw)
+        parse_row(stream, raw)

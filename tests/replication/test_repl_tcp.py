@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import pytest
 
 from federation_sender.clock import SystemClock
+from federation_sender.intake.streams import ROW_PARSERS
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.connection import Limits
 from federation_sender.replication.reconnect import Backoff
@@ -66,6 +67,7 @@ async def reader(
         fetchers=fetchers,
         handler=handler,
         clock=clock,
+        streams=ROW_PARSERS,
         rng=random.Random(1),
         backoff=FAST,
     )

@@ -17,11 +17,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.replication.client import GapNote
 from federation_sender.replication.positions import StreamFetcher
 from federation_sender.replication.rows import PresenceRow, PresenceState, ReceiptsRow, Row
-from federation_sender.storage.stream_fetchers import (
-    SqlStreamFetcher,
-    common_fetchers,
-    common_gap_notes,
-)
+from federation_sender.storage.stream_fetchers import SqlStreamFetcher, common_fetchers
 
 _PRESENCE = (
     "SELECT stream_id, user_id, state, last_active_ts, last_federation_update_ts,"
@@ -60,4 +56,6 @@ def synapse_fetchers(engine: AsyncEngine) -> dict[str, StreamFetcher]:
 
 
 def synapse_gap_notes() -> dict[str, GapNote | None]:
-    return {**common_gap_notes(), "federation": None}  # Synapse 1.163 never writes it
+    """What a gap skips beside Synapse where the stream table's note does not say it
+    (:mod:`federation_sender.intake.streams`)."""
+    return {"federation": None}  # Synapse 1.163 never writes it

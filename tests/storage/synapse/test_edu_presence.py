@@ -16,11 +16,12 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.clock import SystemClock
+from federation_sender.intake.streams import ROW_PARSERS, parse_row
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.commands import MAX_LINE_BYTES
 from federation_sender.replication.reconnect import Backoff
 from federation_sender.replication.redis import RedisTransport
-from federation_sender.replication.rows import PresenceRow, parse_row
+from federation_sender.replication.rows import PresenceRow
 from federation_sender.storage.capabilities import EduRooms
 from federation_sender.storage.synapse.backend import SynapseBackend
 from federation_sender.storage.synapse.database import create_synapse_engine
@@ -136,7 +137,7 @@ async def test_a_100_kb_presence_line_from_synapse_is_handled(
         handler=handler,
         clock=clock,
         rng=random.Random(1),
-        streams={"presence"},
+        streams={"presence": ROW_PARSERS["presence"]},
         backoff=Backoff(0.01, 0.05),
     )
     path = f"/_matrix/client/v3/presence/{urllib.parse.quote(alice.user_id)}/status"

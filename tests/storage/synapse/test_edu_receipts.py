@@ -13,8 +13,9 @@ import pytest
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.edus.receipts import ReceiptFanout
+from federation_sender.intake.streams import parse_row
 from federation_sender.replication.positions import fetch_gap
-from federation_sender.replication.rows import ReceiptsRow, parse_row
+from federation_sender.replication.rows import ReceiptsRow
 from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers
 from federation_sender.testing.clock import FakeClock
