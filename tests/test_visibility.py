@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from federation_sender.storage import synapse_visibility
+from federation_sender.storage.synapse import visibility as synapse_visibility
 from federation_sender.visibility import SHAREABLE, EventFacts, Verdict, decide
 
 SEND, ERASED = Verdict.SEND, Verdict.ERASED_SENDER

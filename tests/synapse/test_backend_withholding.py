@@ -34,7 +34,7 @@ import pytest
 from federation_sender.model import EventRow
 from federation_sender.storage.synapse import events as ev
 from federation_sender.storage.synapse.database import create_synapse_engine
-from federation_sender.storage.synapse_visibility import visibility_facts
+from federation_sender.storage.synapse.visibility import visibility_facts
 from federation_sender.testing.synapse_deployment import SynapseDeployment
 from federation_sender.testing.synapse_peer import FederationPeer, PeerNetwork
 from federation_sender.testing.waiting import wait_until_blocking

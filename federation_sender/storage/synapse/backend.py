@@ -48,7 +48,7 @@ from federation_sender.storage.synapse.schema import cache_invalidation_stream_b
 from federation_sender.storage.synapse.send_time import SynapseSendTime
 from federation_sender.storage.synapse.signals import PendingSignals, ReplicationSignals
 from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers, synapse_gap_notes
-from federation_sender.storage.synapse_visibility import SynapseVisibility
+from federation_sender.storage.synapse.visibility import SynapseVisibility
 
 log = logging.getLogger(__name__)
 
