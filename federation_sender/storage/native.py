@@ -2,7 +2,7 @@
 (``storage/schema.py``), on PostgreSQL or SQLite.
 
 Each aggregate is a thin object bound to the transaction's connection that calls the
-per-table-group module (``events.py``, ``rooms.py``, ``destinations.py``,
+per-table-group module (``events.py``, ``hosts.py``, ``destinations.py``,
 ``outboxes.py``, ``positions.py``, ``txlog.py``, ``admin_queries.py``), where the SQL
 is. State that outlives a transaction (the room-membership cache the fan-out rolls
 forward) belongs to the :class:`NativeBackend`.
@@ -27,9 +27,9 @@ from federation_sender.model import (
 from federation_sender.storage import admin_queries as aq
 from federation_sender.storage import destinations as dst
 from federation_sender.storage import events as ev
+from federation_sender.storage import hosts as hs
 from federation_sender.storage import outboxes as ob
 from federation_sender.storage import positions as pos
-from federation_sender.storage import rooms as rm
 from federation_sender.storage import txlog
 from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.catchup import CATCHUP, CatchUpReads
@@ -54,9 +54,9 @@ class NativeBackend:
 
     name = "native"
 
-    def __init__(self, engine: AsyncEngine, hosts_cache: rm.RoomHostsCache | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, hosts_cache: hs.RoomHostsCache | None = None) -> None:
         self.engine = engine
-        self.hosts_cache = hosts_cache or rm.RoomHostsCache()
+        self.hosts_cache = hosts_cache or hs.RoomHostsCache()
 
     def capabilities(self) -> Capabilities:
         """The outbox streams' gap fetchers; nothing Synapse-only."""
@@ -85,11 +85,11 @@ class NativeTx:
         "visibility",
     )
 
-    def __init__(self, conn: AsyncConnection, hosts_cache: rm.RoomHostsCache) -> None:
+    def __init__(self, conn: AsyncConnection, hosts_cache: hs.RoomHostsCache) -> None:
         self.events = EventReads(conn, ev.QUERIES)
         self.hosts = _Hosts(conn, hosts_cache)
         self.destinations = dst.DestinationsTable(conn)
-        self.catchup = CatchUpReads(conn, CATCHUP, rm.server_membership_history)
+        self.catchup = CatchUpReads(conn, CATCHUP, hs.server_membership_history)
         # The native schema has no erasure and no history visibility: the simulator's
         # events are all shareable, so catch-up withholds nothing on that ground.
         self.visibility: CatchUpVisibility | None = None
@@ -106,7 +106,7 @@ class _Hosts:
 
     __slots__ = ("_c", "_cache")
 
-    def __init__(self, conn: AsyncConnection, cache: rm.RoomHostsCache) -> None:
+    def __init__(self, conn: AsyncConnection, cache: hs.RoomHostsCache) -> None:
         self._c = conn
         self._cache = cache
 
@@ -119,14 +119,14 @@ class _Hosts:
         for room, evs in events.items():
             answers = joined[room]
             for i, e in enumerate(evs):
-                extra = rm.leaving_server(e)
+                extra = hs.leaving_server(e)
                 if extra is not None and extra not in answers[i]:
                     answers[i] = answers[i] | {extra}
             out[room] = answers
         return out
 
     async def current_hosts(self, room_ids: Collection[str]) -> dict[str, frozenset[str]]:
-        return {room: await rm.joined_servers_at(self._c, room, LATEST) for room in room_ids}
+        return {room: await hs.joined_servers_at(self._c, room, LATEST) for room in room_ids}
 
 
 class _Outbox:

@@ -6,7 +6,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.queue.core.catchup import server_joined_at
 from federation_sender.storage import events as ev
-from federation_sender.storage import rooms as rm
+from federation_sender.storage import hosts as rm
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 
