@@ -9,8 +9,8 @@ The fan-out asks this once per event, always at increasing positions per room, s
 reached and rolls it forward with the rows in between (one query per batch of events
 for all rooms in the batch). Positions behind the cached one fall back to replaying the
 room's history from the database. Catch-up asks the reverse question (was server D in
-the room at position S) through :func:`server_membership_history`, which reads only
-D's rows (the answer is computed by the pure ``queue.catchup.server_joined_at``).
+the room at position S) through :mod:`.membership_history`, which reads only D's rows
+(the answer is computed by the pure ``queue.core.catchup.server_joined_at``).
 """
 
 from __future__ import annotations
@@ -69,17 +69,22 @@ class MembershipState:
         return self._snapshot
 
 
-def _mrow(r: Sequence[object]) -> MembershipRow:
+def membership_row(r: Sequence[object]) -> MembershipRow:
+    """A row of :data:`MEMBERSHIP_COLUMNS` as a :class:`MembershipRow`."""
     return MembershipRow(int(r[0]), str(r[1]), str(r[2]), str(r[3]))  # type: ignore[call-overload]
 
 
-_MCOLS = (rm.c.event_stream_ordering, rm.c.user_id, rm.c.server_name, rm.c.membership)
+MEMBERSHIP_COLUMNS = (
+    rm.c.event_stream_ordering, rm.c.user_id, rm.c.server_name, rm.c.membership
+)
+"""The columns of a :class:`MembershipRow` (this module's reads and
+:mod:`.membership_history`'s)."""
 
 
 # Built once (the intake reads this for every batch): constructing a statement and its
 # cache key costs more than executing a cached one.
 _ROWS = (
-    select(rm.c.room_id, *_MCOLS)
+    select(rm.c.room_id, *MEMBERSHIP_COLUMNS)
     .where(
         rm.c.room_id.in_(bindparam("rooms", expanding=True)),
         rm.c.event_stream_ordering > bindparam("after"),
@@ -97,7 +102,7 @@ async def _rows(
         return out
     res = await conn.execute(_ROWS, {"rooms": list(room_ids), "after": after, "upto": upto})
     for r in res:
-        out[str(r[0])].append(_mrow(tuple(r)[1:]))
+        out[str(r[0])].append(membership_row(tuple(r)[1:]))
     return out
 
 
@@ -173,27 +178,3 @@ class RoomHostsCache:
     def __len__(self) -> int:
         return len(self._rooms)
 
-
-_SERVER_HISTORY = (
-    select(rm.c.room_id, *_MCOLS)
-    .where(
-        rm.c.room_id.in_(bindparam("rooms", expanding=True)),
-        rm.c.server_name == bindparam("server"),
-    )
-    .order_by(rm.c.event_stream_ordering)
-)
-
-
-async def server_membership_history(
-    conn: AsyncConnection, server_name: str, room_ids: Collection[str]
-) -> dict[str, list[MembershipRow]]:
-    """Membership rows of ``server_name``'s users in each room, oldest first."""
-    out: dict[str, list[MembershipRow]] = {r: [] for r in room_ids}
-    if not room_ids:
-        return out
-    res = await conn.execute(
-        _SERVER_HISTORY, {"rooms": list(room_ids), "server": server_name}
-    )
-    for r in res:
-        out[str(r[0])].append(_mrow(tuple(r)[1:]))
-    return out

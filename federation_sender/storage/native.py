@@ -35,6 +35,7 @@ from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.catchup import CATCHUP, CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.event_reads import EventReads
+from federation_sender.storage.membership_history import server_membership_history
 from federation_sender.storage.protocols import (
     NOTHING_CHANGED,
     CatchUpVisibility,
@@ -89,7 +90,7 @@ class NativeTx:
         self.events = EventReads(conn, ev.QUERIES)
         self.hosts = _Hosts(conn, hosts_cache)
         self.destinations = dst.DestinationsTable(conn)
-        self.catchup = CatchUpReads(conn, CATCHUP, hs.server_membership_history)
+        self.catchup = CatchUpReads(conn, CATCHUP, server_membership_history)
         # The native schema has no erasure and no history visibility: the simulator's
         # events are all shareable, so catch-up withholds nothing on that ground.
         self.visibility: CatchUpVisibility | None = None

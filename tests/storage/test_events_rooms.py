@@ -7,6 +7,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from federation_sender.queue.core.catchup import server_joined_at
 from federation_sender.storage import events as ev
 from federation_sender.storage import hosts as rm
+from federation_sender.storage import membership_history as mh
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 
@@ -57,7 +58,7 @@ async def test_hosts_cache_agrees_with_uncached_replay(engine: AsyncEngine) -> N
         back = positions[:3]
         got = (await cache.hosts_for_events(conn, {"!r:l": back}))["!r:l"]
         assert got == [await rm.joined_servers_at(conn, "!r:l", so) for so in back]
-        hist = (await rm.server_membership_history(conn, "s1", ["!r:l"]))["!r:l"]
+        hist = (await mh.server_membership_history(conn, "s1", ["!r:l"]))["!r:l"]
         for so in positions:
             assert server_joined_at(hist, so) == ("s1" in await rm.joined_servers_at(
                 conn, "!r:l", so))

@@ -31,10 +31,10 @@ from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
 from federation_sender.storage.protocols import Backend, SendTimeFacts, Tx
-from federation_sender.storage.synapse import catchup
 from federation_sender.storage.synapse import destinations as wr
 from federation_sender.storage.synapse import device_lists as dl
 from federation_sender.storage.synapse import events as ev
+from federation_sender.storage.synapse import membership_history
 from federation_sender.storage.synapse import positions as pos
 from federation_sender.storage.synapse import to_device as td
 from federation_sender.storage.synapse.destinations import SynapseDestinations
@@ -164,7 +164,9 @@ class SynapseTx:
         self.destinations = SynapseDestinations(
             conn, s, b.instance_name, lambda: time_ms(b.clock)
         )
-        self.catchup = CatchUpReads(conn, wr.CATCHUP, catchup.server_membership_history)
+        self.catchup = CatchUpReads(
+            conn, wr.CATCHUP, membership_history.server_membership_history
+        )
         self.visibility = SynapseVisibility(conn)
         self.outbox = _Outbox(conn, b)
         self.positions = _Positions(conn, b)

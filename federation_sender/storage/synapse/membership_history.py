@@ -1,7 +1,9 @@
-"""A server's membership history in Synapse's tables, for catch-up.
+"""A server's membership history in Synapse's tables, for catch-up (the native
+schema's is :mod:`federation_sender.storage.membership_history`).
 
 (The catch-up rows themselves, Synapse's ``get_catch_up_room_event_ids``, are the shared
-query of :mod:`federation_sender.storage.destinations` joined with ``events``.) A
+:class:`federation_sender.storage.catchup.CatchupQuery` joined with ``events``,
+:data:`.destinations.CATCHUP`.) A
 destination's membership history is read from ``room_memberships`` (Synapse
 has no server column: the server is the part of the user id after the first colon),
 ordered by stream position; rows without one (outliers of a room joined over
