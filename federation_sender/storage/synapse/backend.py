@@ -38,12 +38,12 @@ from federation_sender.storage.synapse import membership_history
 from federation_sender.storage.synapse import positions as pos
 from federation_sender.storage.synapse import to_device as td
 from federation_sender.storage.synapse.destinations import SynapseDestinations
+from federation_sender.storage.synapse.edu_rooms import EduRoomReads, SynapseEduRooms
 from federation_sender.storage.synapse.hosts import (
     ExternalCache,
     StateGroupHostsCache,
     SynapseHostsReader,
 )
-from federation_sender.storage.synapse.rooms import RoomReads, SynapseRooms
 from federation_sender.storage.synapse.schema import cache_invalidation_stream_by_instance
 from federation_sender.storage.synapse.send_time import SynapseSendTime
 from federation_sender.storage.synapse.signals import PendingSignals, ReplicationSignals
@@ -103,16 +103,16 @@ class SynapseBackend:
             fetchers=synapse_fetchers(self.engine),
             gap_notes=synapse_gap_notes(),
             signals=self.signals,
-            edu_rooms=SynapseRooms(self),
+            edu_rooms=SynapseEduRooms(self),
             bind_stream_tokens=self._bind_stream_tokens,
         )
 
     def _bind_stream_tokens(self, tokens: Mapping[str, int]) -> None:
         self.stream_token = tokens.get
 
-    async def read_rooms(self, fn: Callable[[RoomReads], Awaitable[T]]) -> T:
+    async def read_rooms(self, fn: Callable[[EduRoomReads], Awaitable[T]]) -> T:
         """``fn`` on the EDU fan-outs' reads, in one transaction."""
-        return await run_in_transaction(self.engine, lambda conn: fn(RoomReads(conn)))
+        return await run_in_transaction(self.engine, lambda conn: fn(EduRoomReads(conn)))
 
     async def load_caches_position(self) -> int:
         t = cache_invalidation_stream_by_instance

@@ -1,4 +1,7 @@
-"""Rooms, hosts and presence states from Synapse's tables, for the ephemeral EDUs.
+"""The ``edu_rooms`` capability on Synapse's tables: rooms, hosts, event metadata and
+presence states for the ephemeral EDUs (the Protocols are
+:class:`federation_sender.storage.capabilities.EduRooms`'s; the native backend offers
+none).
 
 * current hosts: ``get_current_hosts_in_room`` (:func:`.hosts.current_hosts`); for
   receipts, in a partial-state room, also the servers at our join
@@ -9,9 +12,9 @@
 * presence: ``presence_stream`` (Synapse keeps the latest row per user), the non-offline
   states at start as ``take_presence_startup_info`` reads them.
 
-:class:`RoomReads` runs them on one connection; :class:`SynapseRooms` runs each read in
-a transaction of the backend (:meth:`SynapseBackend.read_rooms`), which offers it as its
-``edu_rooms`` capability.
+:class:`EduRoomReads` runs them on one connection; :class:`SynapseEduRooms` runs each
+read in a transaction of the backend (:meth:`SynapseBackend.read_rooms`), which offers it
+as its ``edu_rooms`` capability.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def _state(r: Any) -> PresenceState:
     )
 
 
-class RoomReads:
+class EduRoomReads:
     """The EDU fan-outs' reads on one connection."""
 
     __slots__ = ("_c",)
@@ -79,15 +82,15 @@ class RoomReads:
         return None if found is None else EventMeta(*found)
 
 
-class RoomReader(Protocol):
-    async def read_rooms(self, fn: Callable[[RoomReads], Awaitable[T]]) -> T: ...
+class EduRoomReader(Protocol):
+    async def read_rooms(self, fn: Callable[[EduRoomReads], Awaitable[T]]) -> T: ...
 
 
-class SynapseRooms:
+class SynapseEduRooms:
     """Implements :class:`federation_sender.storage.capabilities.EduRooms` on Synapse's
     tables, each read in a transaction of the backend."""
 
-    def __init__(self, backend: RoomReader) -> None:
+    def __init__(self, backend: EduRoomReader) -> None:
         self._b = backend
 
     async def startup_states(self) -> list[PresenceState]:
