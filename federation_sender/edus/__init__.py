@@ -37,7 +37,7 @@ from collections.abc import Hashable
 from typing import Protocol
 
 from federation_sender.queue.core.items import JsonDict
-from federation_sender.storage.edu_reads import EventMeta, RoomHosts
+from federation_sender.storage.protocols import EventMeta, RoomHosts
 
 __all__ = ["EduSink", "EventMeta", "RoomHosts"]
 

@@ -29,7 +29,7 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.ids import server_of
 from federation_sender.queue.core.items import JsonDict
 from federation_sender.replication.rows import PresenceFederationRow, PresenceRow, PresenceState
-from federation_sender.storage.edu_reads import PresenceSource
+from federation_sender.storage.protocols import PresenceSource
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Protocol
 from federation_sender.replication.client import GapNote
 from federation_sender.replication.commands import Command
 from federation_sender.replication.positions import StreamFetcher
-from federation_sender.storage.edu_reads import PresenceSource, RoomHosts
+from federation_sender.storage.protocols import PresenceSource, RoomHosts
 
 
 class ReplicationSignals(Protocol):

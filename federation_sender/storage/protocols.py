@@ -30,6 +30,11 @@ Rules every backend keeps (``tests/storage/test_backend_contract.py`` checks the
 * reads "past" a stream id or a keyset cursor are strict (``>``), oldest first;
 * :meth:`Backend.run` retries the whole function on transient database errors, so the
   function must have no effect outside the transaction.
+
+The last Protocols (:class:`RoomHosts`, :class:`PresenceSource`, with
+:class:`EventMeta`) are what the EDU fan-outs read of the backend outside a ``Tx``: each
+read is a transaction of its own, offered by the backend's ``edu_rooms`` capability
+(:mod:`.capabilities`) and re-exported by :mod:`federation_sender.edus`.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from federation_sender.model import (
     ToDeviceRow,
     TxnLogRow,
 )
+from federation_sender.replication.rows import PresenceState
 from federation_sender.storage.batch_apply import BatchCounts, StagedChange
 
 # What the callers of Backend.run need to tell a database outage (an expected operational
@@ -429,3 +435,48 @@ class Backend(SendTimeReader, Protocol):
         transient database errors (bounded, jittered), so ``fn`` must have no effect
         outside the transaction."""
         ...
+
+
+# What the EDU fan-outs read of the backend (rooms, hosts, an event's sender and
+# reception time, presence states), outside a Tx: declared here, below the EDU fan-outs,
+# so that each backend's capabilities can offer them without importing edus/.
+
+
+@dataclass(frozen=True, slots=True)
+class EventMeta:
+    """What the receipt pacing rule needs to know of the receipt's event."""
+
+    sender: str
+    received_ts: int
+    """When this server received (or created) the event, in ms."""
+
+
+class RoomHosts(Protocol):
+    """The backend's view of rooms, for ephemeral EDUs."""
+
+    async def current_hosts(self, room_id: str) -> Collection[str]:
+        """Servers with a joined member in the room now (our own included or not)."""
+
+    async def receipt_hosts(self, room_id: str) -> Collection[str]:
+        """Where a receipt goes: the current hosts, and in a partial-state room also
+        the servers in it at our join (Synapse's
+        ``get_current_hosts_in_room_or_partial_state_approximation``)."""
+
+    async def event_meta(self, room_id: str, event_id: str) -> EventMeta | None:
+        """Sender and reception time of an event; None if unknown."""
+
+
+class PresenceSource(Protocol):
+    """The backend's side of presence."""
+
+    async def startup_states(self) -> list[PresenceState]:
+        """Every user's latest state that is not offline."""
+
+    async def states_for_users(self, user_ids: Collection[str]) -> dict[str, PresenceState]:
+        """The latest stored state of each user that has one."""
+
+    async def rooms_for_user(self, user_id: str) -> Collection[str]:
+        """Rooms the user is joined to now."""
+
+    async def current_hosts(self, room_id: str) -> Collection[str]:
+        """Servers with a joined member in the room now."""

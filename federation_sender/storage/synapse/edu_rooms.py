@@ -26,7 +26,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from federation_sender.replication.rows import PresenceState
-from federation_sender.storage.edu_reads import EventMeta
+from federation_sender.storage.protocols import EventMeta
 from federation_sender.storage.synapse.events import sender_and_received_ts
 from federation_sender.storage.synapse.hosts import current_hosts, partial_state_servers
 
