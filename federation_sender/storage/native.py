@@ -34,7 +34,6 @@ from federation_sender.storage import txlog
 from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.catchup import CATCHUP, CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
-from federation_sender.storage.event_reads import EventReads
 from federation_sender.storage.membership_history import server_membership_history
 from federation_sender.storage.protocols import (
     NOTHING_CHANGED,
@@ -87,7 +86,7 @@ class NativeTx:
     )
 
     def __init__(self, conn: AsyncConnection, hosts_cache: hs.RoomHostsCache) -> None:
-        self.events = EventReads(conn, ev.QUERIES)
+        self.events = ev.EventReads(conn, ev.QUERIES)
         self.hosts = _Hosts(conn, hosts_cache)
         self.destinations = dst.DestinationsTable(conn)
         self.catchup = CatchUpReads(conn, CATCHUP, server_membership_history)

@@ -28,7 +28,7 @@ from federation_sender.model import (
 from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.catchup import CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
-from federation_sender.storage.event_reads import EventReads
+from federation_sender.storage.events import EventReads
 from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
 from federation_sender.storage.protocols import Backend, SendTimeFacts, Tx
 from federation_sender.storage.synapse import destinations as wr

@@ -26,7 +26,7 @@ from typing import Any
 from sqlalchemy import func
 
 from federation_sender.model import EventRow
-from federation_sender.storage.event_reads import EventQueries, EventSource
+from federation_sender.storage.events import EventQueries, EventSource
 from federation_sender.storage.synapse.schema import (
     event_forward_extremities,
     event_json,
