@@ -1,5 +1,7 @@
-"""The admin API's reads on the native schema: destinations, their rooms and their
-transaction log.
+"""The admin API's reads: destinations, their rooms and their transaction log, on the
+native schema and on Synapse's (whose ``destinations`` and ``destination_rooms`` have
+the same columns; the log is ours on both). :class:`AdminQueries` is the ``tx.admin``
+of both backends.
 
 Every function takes an open connection; the caller chooses the transaction. Sorting
 is stable (ties broken by destination / room id / log id) and NULLs sort as the
@@ -154,3 +156,53 @@ async def count_destinations_backing_off(conn: AsyncConnection) -> int:
     """Destinations with a retry scheduled (``retry_last_ts`` set, as Synapse tests)."""
     stmt = select(func.count()).select_from(destinations).where(_D.retry_last_ts > 0)
     return int((await conn.execute(stmt)).scalar_one())
+
+
+class AdminQueries:
+    """Implements :class:`federation_sender.storage.protocols.AdminReads` (both backends:
+    Synapse's ``destinations`` and ``destination_rooms`` have the native columns, and
+    the transaction log is ours on either)."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def list_destinations(
+        self,
+        *,
+        start: int,
+        limit: int,
+        search: str | None = None,
+        order_by: DestinationOrder = DestinationOrder.DESTINATION,
+        direction: Direction = Direction.FORWARDS,
+    ) -> tuple[list[DestinationRow], int]:
+        return await list_destinations(
+            self._c, start=start, limit=limit, search=search, order_by=order_by,
+            direction=direction,
+        )
+
+    async def find_destination(self, destination: str) -> DestinationRow | None:
+        return await find_destination(self._c, destination)
+
+    async def list_destination_rooms(
+        self,
+        destination: str,
+        *,
+        start: int,
+        limit: int,
+        direction: Direction = Direction.FORWARDS,
+    ) -> tuple[list[tuple[str, int]], int]:
+        return await list_destination_rooms(
+            self._c, destination, start=start, limit=limit, direction=direction
+        )
+
+    async def list_transactions(
+        self, destination: str, *, start: int, limit: int, status: str | None = None
+    ) -> tuple[list[TxnLogRow], int]:
+        return await list_transactions(
+            self._c, destination, start=start, limit=limit, status=status
+        )
+
+    async def count_destinations_backing_off(self) -> int:
+        return await count_destinations_backing_off(self._c)

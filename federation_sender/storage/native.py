@@ -1,11 +1,17 @@
 """The native backend: the storage Protocols over the project's own schema
-(``storage/schema.py``), on PostgreSQL or SQLite.
+(``storage/schema.py``), on PostgreSQL or SQLite; the pair of
+:mod:`federation_sender.storage.synapse.backend`.
 
-Each aggregate is a thin object bound to the transaction's connection that calls the
-per-table-group module (``events.py``, ``hosts.py``, ``destinations.py``,
-``outboxes.py``, ``positions.py``, ``txlog.py``, ``admin_queries.py``), where the SQL
-is. State that outlives a transaction (the room-membership cache the fan-out rolls
-forward) belongs to the :class:`NativeBackend`.
+This module holds no SQL: it wires. :class:`NativeTx` hands out one object per
+aggregate, each bound to the transaction's connection: most are the table groups' own
+classes, shared with the Synapse backend where the tables are the same
+(:class:`~.events.EventReads`, :class:`~.destinations.DestinationsTable`,
+:class:`~.catchup.CatchUpReads`, :class:`~.txlog.TxnLogTable`,
+:class:`~.admin_queries.AdminQueries`); the three below (hosts, outbox, positions) are
+native-only adapters, mostly methods that forward to the functions of
+:mod:`.hosts`, :mod:`.outboxes` and :mod:`.positions`, where the SQL is. State that
+outlives a transaction (the room-membership cache the fan-out rolls forward) belongs to
+the :class:`NativeBackend`.
 """
 
 from __future__ import annotations
@@ -16,13 +22,9 @@ from typing import TypeVar
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.model import (
-    DestinationOrder,
-    DestinationRow,
     DeviceListRow,
-    Direction,
     EventRow,
     ToDeviceRow,
-    TxnLogRow,
 )
 from federation_sender.storage import admin_queries as aq
 from federation_sender.storage import destinations as dst
@@ -95,8 +97,8 @@ class NativeTx:
         self.visibility: CatchUpVisibility | None = None
         self.outbox = _Outbox(conn)
         self.positions = _Positions(conn)
-        self.txlog = NativeTxnLog(conn)
-        self.admin = NativeAdminReads(conn)
+        self.txlog = txlog.TxnLogTable(conn)
+        self.admin = aq.AdminQueries(conn)
 
 
 class _Hosts:
@@ -184,62 +186,3 @@ class _Positions:
 
     async def save_replication(self, reader: str, stream: str, writer: str, token: int) -> None:
         await pos.save_position(self._c, pos.replication_prefix(reader) + stream, writer, token)
-
-
-class NativeTxnLog:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def log_transactions(self, rows: Sequence[TxnLogRow]) -> None:
-        await txlog.log_transactions(self._c, rows)
-
-    async def recent_transactions(self, destination: str, limit: int = 100) -> list[TxnLogRow]:
-        return await txlog.recent_transactions(self._c, destination, limit)
-
-
-class NativeAdminReads:
-    __slots__ = ("_c",)
-
-    def __init__(self, conn: AsyncConnection) -> None:
-        self._c = conn
-
-    async def list_destinations(
-        self,
-        *,
-        start: int,
-        limit: int,
-        search: str | None = None,
-        order_by: DestinationOrder = DestinationOrder.DESTINATION,
-        direction: Direction = Direction.FORWARDS,
-    ) -> tuple[list[DestinationRow], int]:
-        return await aq.list_destinations(
-            self._c, start=start, limit=limit, search=search, order_by=order_by,
-            direction=direction,
-        )
-
-    async def find_destination(self, destination: str) -> DestinationRow | None:
-        return await aq.find_destination(self._c, destination)
-
-    async def list_destination_rooms(
-        self,
-        destination: str,
-        *,
-        start: int,
-        limit: int,
-        direction: Direction = Direction.FORWARDS,
-    ) -> tuple[list[tuple[str, int]], int]:
-        return await aq.list_destination_rooms(
-            self._c, destination, start=start, limit=limit, direction=direction
-        )
-
-    async def list_transactions(
-        self, destination: str, *, start: int, limit: int, status: str | None = None
-    ) -> tuple[list[TxnLogRow], int]:
-        return await aq.list_transactions(
-            self._c, destination, start=start, limit=limit, status=status
-        )
-
-    async def count_destinations_backing_off(self) -> int:
-        return await aq.count_destinations_backing_off(self._c)

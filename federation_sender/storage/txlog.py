@@ -2,7 +2,9 @@
 
 Every attempt is one row, whatever its outcome. ``pdu_event_ids`` (a JSON list),
 ``max_stream_ordering`` and ``catchup`` are always filled: an offline audit job joins
-them against ``events`` to prove delivery.
+them against ``events`` to prove delivery. The table is ours on both backends (beside
+Synapse, in schema ``federation_sender``): :class:`TxnLogTable` is the ``tx.txlog`` of
+both.
 """
 
 from __future__ import annotations
@@ -109,3 +111,19 @@ async def recent_transactions(
         )
         for r in res
     ]
+
+
+class TxnLogTable:
+    """Implements :class:`federation_sender.storage.protocols.TxnLog` (both backends: on
+    Synapse's database the table is ours, in schema ``federation_sender``)."""
+
+    __slots__ = ("_c",)
+
+    def __init__(self, conn: AsyncConnection) -> None:
+        self._c = conn
+
+    async def log_transactions(self, rows: Sequence[TxnLogRow]) -> None:
+        await log_transactions(self._c, rows)
+
+    async def recent_transactions(self, destination: str, limit: int = 100) -> list[TxnLogRow]:
+        return await recent_transactions(self._c, destination, limit)

@@ -25,11 +25,11 @@ from federation_sender.model import (
     DeviceListRow,
     ToDeviceRow,
 )
+from federation_sender.storage.admin_queries import AdminQueries
 from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.catchup import CatchUpReads
 from federation_sender.storage.engine import run_in_transaction
 from federation_sender.storage.events import EventReads
-from federation_sender.storage.native import NativeAdminReads, NativeTxnLog
 from federation_sender.storage.protocols import Backend, SendTimeFacts, Tx
 from federation_sender.storage.synapse import destinations as wr
 from federation_sender.storage.synapse import device_lists as dl
@@ -49,6 +49,7 @@ from federation_sender.storage.synapse.send_time import SynapseSendTime
 from federation_sender.storage.synapse.signals import PendingSignals, ReplicationSignals
 from federation_sender.storage.synapse.stream_fetchers import synapse_fetchers, synapse_gap_notes
 from federation_sender.storage.synapse.visibility import SynapseVisibility
+from federation_sender.storage.txlog import TxnLogTable
 
 log = logging.getLogger(__name__)
 
@@ -171,9 +172,9 @@ class SynapseTx:
         self.outbox = _Outbox(conn, b)
         self.positions = _Positions(conn, b)
         # Our transaction log (in our schema) and the admin reads of ``destinations`` and
-        # ``destination_rooms`` (same columns as Synapse's) are the native code's.
-        self.txlog = NativeTxnLog(conn)
-        self.admin = NativeAdminReads(conn)
+        # ``destination_rooms`` (same columns as Synapse's) are the shared table groups'.
+        self.txlog = TxnLogTable(conn)
+        self.admin = AdminQueries(conn)
 
 
 class _Outbox:
