@@ -68,8 +68,8 @@ from federation_sender.config import FederationSettings, QueueSettings
 from federation_sender.queue.manager import QueueManager
 from federation_sender.runtime import loop_factory, raise_open_file_limit
 from federation_sender.sharding import static_owner
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
-from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 _OK = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\n\r\n"

@@ -474,7 +474,7 @@ class BenchSender:
     def manager(self, engine: Any, settings: Any, **kwargs: Any) -> Any:
         """A QueueManager over this sender and observer, as the worker builds it."""
         from federation_sender.queue.manager import QueueManager
-        from federation_sender.storage.native import NativeBackend
+        from federation_sender.storage.backend import NativeBackend
 
         return QueueManager(NativeBackend(engine), self.sender, settings, ME, "bench", clock(),
                             random.Random(1), lambda _d: True, self.observer, **kwargs)

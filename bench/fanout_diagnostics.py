@@ -34,7 +34,7 @@ from common import ME, build_rooms, clock, database, receivers
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue.manager import QueueManager
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.transport.result import Outcome, SendResult, Transaction
 

@@ -15,8 +15,8 @@ import tracemalloc
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue.manager import QueueManager
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
-from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.clock import FakeClock
 
 

@@ -45,9 +45,9 @@ from common import ME, RecordingSender, build_rooms, clock, receivers, rss_mb, u
 
 from federation_sender.config import QueueSettings
 from federation_sender.queue.manager import QueueManager
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.http_sender import HttpTransactionSender
 from federation_sender.testing.postgres import ephemeral_cluster
 from federation_sender.testing.queue_writer import HomeserverWriter

@@ -1,6 +1,6 @@
 """The neutral row types that cross the storage boundary, declared once.
 
-Every storage backend (``storage/native.py`` over the project's own schema; a Synapse
+Every storage backend (``storage/backend.py`` over the project's own schema; a Synapse
 backend over Synapse's tables) returns these and nothing else: the queue engine, the
 admin API and the intake never see a table, a column or a connection. They are plain
 values (frozen dataclasses or named tuples, for speed on the hot path) with no I/O.

@@ -20,11 +20,11 @@ from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.sharding import ShardCoordinator
 from federation_sender.startup import wait_for_database
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.engine import is_sqlite
 from federation_sender.storage.instance_lock import InstanceLock, instance_lock
 from federation_sender.storage.migrate import check_schema, upgrade
-from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend
 from federation_sender.synapse.config import SynapseConfig
 from federation_sender.synapse.wiring import (

@@ -45,9 +45,9 @@ from sqlalchemy.engine import make_url
 
 from federation_sender.batch.session import JDBC_DRIVER, SQLITE_JDBC_DRIVER
 from federation_sender.storage import batch_reads
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.batch_apply import BatchCounts, StagedChange
 from federation_sender.storage.engine import create_engine, run_in_transaction
-from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Tx
 from federation_sender.storage.synapse import batch_apply as synapse_apply
 from federation_sender.storage.synapse import batch_reads as synapse_reads

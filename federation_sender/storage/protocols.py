@@ -10,7 +10,7 @@ on any backend.
 
 Two implementations stand behind the same Protocols:
 
-* ``native`` (:mod:`federation_sender.storage.native`): the project's own schema
+* ``native`` (:mod:`federation_sender.storage.backend`): the project's own schema
   (``storage/schema.py``), on PostgreSQL or SQLite.
 * ``synapse`` (:mod:`federation_sender.storage.synapse.backend`): Synapse's own tables
   (``events`` + ``event_json``, ``destinations``, ``destination_rooms``,

@@ -19,7 +19,7 @@ from federation_sender.queue.core.states import DestinationState
 from federation_sender.queue.manager import QueueManager
 from federation_sender.queue.observer import NoopObserver
 from federation_sender.storage import schema as s
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.http_sender import HttpTransactionSender

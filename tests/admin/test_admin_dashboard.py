@@ -18,9 +18,9 @@ from aiohttp import ClientSession
 
 from federation_sender.admin.app import build_admin_app, dashboard_page
 from federation_sender.admin.server import start_http_server
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.admin_fakes import FakeQueueControl, seed_destinations
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.prereq import missing, require_module

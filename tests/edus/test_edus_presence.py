@@ -14,7 +14,7 @@ from federation_sender.replication.rows import (
     PresenceRow,
     PresenceState,
 )
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing import queue_harness as harness
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.intake import native_intake

@@ -12,7 +12,7 @@ from federation_sender.edus.receipts import MAX_TIME_IN_QUEUE_S, ReceiptFanout
 from federation_sender.queue.core.batching import Limits, take_batch
 from federation_sender.queue.core.items import PendingItems
 from federation_sender.replication.rows import ReceiptsRow
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.intake import native_intake
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with

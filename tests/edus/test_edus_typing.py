@@ -8,7 +8,7 @@ import asyncio
 from federation_sender.edus.typing_edus import PING_INTERVAL_MS, TypingState
 from federation_sender.intake import ReplicationIntake
 from federation_sender.replication.rows import TypingRow
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing.intake import native_intake
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 from federation_sender.testing.waiting import wait_until

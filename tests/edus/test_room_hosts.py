@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from federation_sender.edus.room_hosts import StorageRoomHosts
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.protocols import EventMeta
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 

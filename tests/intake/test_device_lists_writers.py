@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from federation_sender.replication.rows import DeviceListsRow
 from federation_sender.storage import schema
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing.intake import native_intake
 from federation_sender.testing.main_writes import insert_rows, poke_row
 from federation_sender.testing.queue_harness import ALICE, ME, Harness

@@ -4,7 +4,7 @@ before the other writer's but committed after them is sent, once, in stream orde
 
 from __future__ import annotations
 
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing.intake import native_intake
 from federation_sender.testing.queue_harness import ALICE, ME, Harness, room_with
 from federation_sender.testing.replication import InMemoryPositionStore

@@ -6,7 +6,7 @@ main's EDUs to the queues, and a stream outside the table only has its token not
 from __future__ import annotations
 
 from federation_sender.replication.rows import Edu, EduRow, KeyedEduRow, ToDeviceStreamRow
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing.intake import native_intake
 from federation_sender.testing.queue_harness import ALICE, ME, Harness
 

@@ -24,7 +24,7 @@ from federation_sender.intake.streams import (
 )
 from federation_sender.replication.client import ROWS_SKIPPED, SKIPPED_STREAMS
 from federation_sender.storage.capabilities import Capabilities
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.synapse.backend import SynapseBackend
 from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.synapse.config import parse_synapse_config

@@ -358,7 +358,7 @@ async def test_instances_started_in_the_same_millisecond_use_distinct_txn_ids(
     import random
 
     from federation_sender.queue.manager import QueueManager
-    from federation_sender.storage.native import NativeBackend
+    from federation_sender.storage.backend import NativeBackend
 
     first = h.make_manager()
     second = QueueManager(NativeBackend(h.engine), h.sender, h.settings, "local.test",

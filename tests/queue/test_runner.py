@@ -22,9 +22,9 @@ from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.observer import NoopObserver
 from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.queue.runner import DestinationRunner, RunnerConfig
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.fake_homeserver import FakeHomeserver
 from federation_sender.testing.http_sender import HttpTransactionSender

@@ -18,8 +18,8 @@ from federation_sender.queue.send_time import (
     apply_facts,
     filter_at_send,
 )
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
-from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import SendTimeFacts
 from federation_sender.transport.encoding import canonical_json
 

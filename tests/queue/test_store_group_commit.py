@@ -16,7 +16,7 @@ from federation_sender.model import TxnLogRow
 from federation_sender.queue.core.steps import Effects
 from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.storage import destinations as dst
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 
 D = "remote.test"

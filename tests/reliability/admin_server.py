@@ -16,9 +16,9 @@ import sys
 from aiohttp import web
 
 from federation_sender.admin.app import build_admin_app
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.admin_fakes import FakeQueueControl, seed_destinations
 from federation_sender.testing.clock import FakeClock
 

@@ -46,9 +46,9 @@ from federation_sender.config import (
     Settings,
     TelemetrySettings,
 )
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
 from federation_sender.telemetry.logging import setup_logging
 from federation_sender.testing.admin_fakes import FakeQueueControl
 from federation_sender.testing.certs import CertFiles, make_certs

@@ -15,9 +15,9 @@ from federation_sender.intake.streams import ROW_PARSERS
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.replication.positions import PositionStore
 from federation_sender.replication.rows import ToDeviceStreamRow
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.replication import (
     InMemoryPositionStore,

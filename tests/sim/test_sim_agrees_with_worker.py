@@ -18,7 +18,7 @@ from federation_sender.queue.core.catchup import is_sendable
 from federation_sender.queue.fanout import recipients
 from federation_sender.sim.driver import Driver, OperationMix, Scenario
 from federation_sender.sim.publish import RecordingPublisher
-from federation_sender.storage.native import NativeBackend
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.protocols import Tx
 from federation_sender.testing.clock import FakeClock
 

@@ -14,9 +14,9 @@ from typing import Any, Protocol, TypeVar
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
-from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.storage.synapse.backend import SynapseBackend
 from federation_sender.storage.synapse.database import create_synapse_engine, upgrade_own_schema

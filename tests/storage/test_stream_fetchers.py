@@ -47,7 +47,7 @@ async def test_rows_of_one_stream_id_are_never_split(h: Harness) -> None:
 async def test_the_first_outbox_token_makes_live_queues_read_again(h: Harness) -> None:
     """Beside Synapse, outbox reads stop at the stream's token; a queue that read before
     the first token arrived found nothing and must read again once it is known."""
-    from federation_sender.storage.native import NativeBackend
+    from federation_sender.storage.backend import NativeBackend
     from federation_sender.testing.intake import native_intake
     from federation_sender.testing.queue_harness import ME
 

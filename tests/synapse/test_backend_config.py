@@ -15,8 +15,8 @@ from federation_sender.config import Settings
 from federation_sender.errors import ConfigError
 from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.sharding import ShardCoordinator
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
-from federation_sender.storage.native import NativeBackend
 from federation_sender.synapse.config import load_synapse_config, parse_duration_ms
 from federation_sender.synapse.merge import merge_settings
 from federation_sender.telemetry.metrics import Metrics, new_registry

@@ -15,8 +15,8 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from federation_sender.storage.backend import NativeBackend
 from federation_sender.storage.engine import create_engine
-from federation_sender.storage.native import NativeBackend
 from federation_sender.storage.protocols import NOTHING_CHANGED
 from federation_sender.storage.synapse.send_time import SynapseSendTime
 from federation_sender.testing.waiting import wait_until
