@@ -34,11 +34,11 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.batch_baseline import run_query
 from federation_sender.batch.arguments import add_batch_parser
 from federation_sender.batch.cli import run_batch
 from federation_sender.batch.session import SessionOptions, build_session
 from federation_sender.config import DatabaseSettings, Settings
-from federation_sender.storage.batch_baseline import run_query
 from federation_sender.storage.engine import create_engine
 from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.postgres import ephemeral_cluster

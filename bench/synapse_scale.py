@@ -47,7 +47,7 @@ row's indices and ``--seed``). What it makes, for ``--rows N``:
 The expected class of every (destination, room) follows from these choices; the
 generator writes the counts to ``synscale.expected`` (a small side schema the jobs
 do not read) and ``check`` compares the plain query
-(:mod:`federation_sender.storage.synapse.batch_baseline`) and the Spark audit with them.
+(``bench/synapse_batch_baseline.py``) and the Spark audit with them.
 
 ``run`` times each job (``audit``, ``health-report``, ``backfill-destination-rooms
 --dry-run``) as an operator runs it (``federation-sender batch … --synapse-config
@@ -83,7 +83,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from federation_sender.storage.synapse.batch_baseline import run_counts  # noqa: E402
+from bench.synapse_batch_baseline import run_counts  # noqa: E402
 from federation_sender.testing.ports import free_port  # noqa: E402
 from federation_sender.testing.postgres import PostgresCluster, find_pg_bin  # noqa: E402
 
@@ -821,8 +821,8 @@ NATIVE_COPIES: tuple[tuple[str, str, str], ...] = (
 """Our native tables from Synapse's: the same events (rejected = has a rejection
 reason), every membership row with its server, the same rows, positions and log. The
 native audit has no ``proactively_send`` or erasure rules, so its classes are its own:
-the check on this schema is the plain query (:mod:`federation_sender.storage
-.batch_baseline`) against the Spark audit, count for count."""
+the check on this schema is the plain query (``bench/batch_baseline.py``) against
+the Spark audit, count for count."""
 
 
 def native_dbname_for(rows: int) -> str:
@@ -1399,10 +1399,10 @@ class NativePlain:
 
 
 def run_native_plain(url: str, dbname: str, rows: int, work_mem: str) -> NativePlain:
-    """The native audit as plain PostgreSQL (:mod:`federation_sender.storage
-    .batch_baseline`): the undelivered pairs and the ``destination_rooms`` diff, the two
+    """The native audit as plain PostgreSQL (``bench/batch_baseline.py``): the
+    undelivered pairs and the ``destination_rooms`` diff, the two
     queries the audit's classes come from, one after the other."""
-    from federation_sender.storage.batch_baseline import run_query
+    from bench.batch_baseline import run_query
 
     with sample_rss(lambda: None, dbname) as peaks:
         t0 = time.perf_counter()

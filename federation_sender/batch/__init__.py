@@ -21,8 +21,8 @@ transaction apply; :mod:`.session` builds the SparkSession; one module per job
 :mod:`.cli` parses arguments. No SQL here: the driver's reads, the staging table and the
 apply statements are :mod:`federation_sender.storage.batch_reads` and
 :mod:`~federation_sender.storage.batch_apply`, and the same computations as plain SQL
-inside PostgreSQL (for the benchmark and as a cross-check) are
-:mod:`federation_sender.storage.batch_baseline`.
+inside PostgreSQL (for the benchmark and as a cross-check) are benchmark code,
+``bench/batch_baseline.py``.
 
 On a Synapse deployment (``--synapse-config``) the same jobs read Synapse's tables and
 our transaction log beside them: :mod:`.synapse_source` (its reads named by

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from federation_sender.storage.batch_baseline import run_query
+from bench.batch_baseline import run_query
 
 from .histories import (
     OUR,

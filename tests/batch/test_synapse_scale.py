@@ -1,6 +1,6 @@
 """``bench/synapse_scale.py``'s generator at a tiny size, on the suite's PostgreSQL and a
 schema Synapse itself created: what it loads is consistent, and the audit as one plain
-query (``storage/synapse/batch_baseline.py``) finds exactly the classes the generator
+query (``bench/synapse_batch_baseline.py``) finds exactly the classes the generator
 planted, every one of them.
 
 The tiny world has 120 destinations and 60 rooms (the benchmark's sizes have 1 per 200
@@ -17,8 +17,8 @@ import time
 import psycopg
 import pytest
 
+from bench.synapse_batch_baseline import FINDINGS, run_counts
 from bench.synapse_scale import DANGLING, OUR, derive, expected, generate, table_counts
-from federation_sender.storage.synapse.batch_baseline import FINDINGS, run_counts
 from federation_sender.storage.synapse.database import create_synapse_engine, upgrade_own_schema
 from tests.synapse.backend_support import synapse_db_url_fixture, synapse_template_fixture
 

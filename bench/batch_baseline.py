@@ -1,5 +1,8 @@
 """The batch computations as plain SQL inside PostgreSQL: the benchmark's baseline and a
 cross-check of the Spark transforms (the tests compare both with the same oracle).
+Benchmark code, not the package's (``bench/batch.py``, ``bench/synapse_scale.py`` and
+``tests/batch/test_sql_baseline.py`` import it); the Synapse audit's plain query is
+``bench/synapse_batch_baseline.py``.
 
 Each query takes ``%(server)s`` (our server name) and ``%(hwm)s`` (the high-water mark)
 and returns the same rows as the corresponding transform. The as-of lookup "latest local

@@ -4,7 +4,7 @@ of the Spark job, and the baseline ``bench/synapse_scale.py`` races it against.
 :data:`FINDINGS` returns one row per (destination, room) with an event the destination
 should have, with the class and reason of
 :data:`federation_sender.batch.synapse_transforms.RULES` (first match wins), computed
-from the same tables the job reads (:mod:`.batch_reads`):
+from the same tables the job reads (:mod:`federation_sender.storage.synapse.batch_reads`):
 
 * the newest sendable event per room (not an outlier, not rejected, a depth canonical
   JSON can carry, not ``proactively_send: false`` nor an out-of-band membership, a
