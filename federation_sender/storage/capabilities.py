@@ -1,7 +1,8 @@
 """What a backend offers beyond one transaction's Protocols.
 
-The backend is chosen once, in the composition root (``app.py``), which asks the backend
-it opened for its :class:`Capabilities`; nothing downstream asks which backend it has.
+The backend is chosen once, in the composition root (``app/assembly.py``), which asks
+the backend it opened for its :class:`Capabilities`; nothing downstream asks which
+backend it has.
 What only one backend can do is offered here and is absent (None, empty, a no-op)
 elsewhere:
 
