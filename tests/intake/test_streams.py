@@ -23,8 +23,8 @@ from federation_sender.intake.streams import (
     parse_row,
 )
 from federation_sender.replication.client import ROWS_SKIPPED, SKIPPED_STREAMS
-from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.backend import NativeBackend
+from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.synapse.backend import SynapseBackend
 from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.synapse.config import parse_synapse_config
