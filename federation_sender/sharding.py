@@ -30,11 +30,15 @@ Assumptions and failure modes: wall clocks of instances agree to well within
 and sending stops until the database returns; a crashed instance's destinations move
 after ``lease_s``. Released leases keep their row (``lease_until_ts = 0``) so fencing
 tokens never go backwards. The statements are in :mod:`federation_sender.storage.leases`.
+
+The heartbeat is an ``every`` tick under the worker's
+:class:`~federation_sender.supervisor.Supervisor` (a failed one, the database down as one
+line, is retried the next interval); :meth:`ShardCoordinator.stop` stops it, after the
+queues have drained, so leases are renewed while in-flight transactions finish.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import inspect
 import logging
@@ -47,9 +51,10 @@ from federation_sender.config import ShardingSettings
 from federation_sender.storage import leases as sql
 from federation_sender.storage.engine import db_outage, is_sqlite, run_in_transaction
 from federation_sender.storage.leases import lease_is_current
+from federation_sender.supervisor import Supervisor
 
 __all__ = [
-    "REAP_AFTER_LEASES", "SINGLE_MODE_TOKEN", "ShardCoordinator", "lease_is_current",
+    "HEARTBEAT", "REAP_AFTER_LEASES", "SINGLE_MODE_TOKEN", "ShardCoordinator", "lease_is_current",
     "rendezvous_owner", "static_owner",
 ]
 
@@ -59,6 +64,9 @@ MembershipCallback = Callable[[frozenset[str]], Awaitable[None] | None]
 
 SINGLE_MODE_TOKEN = 0
 """The fencing token :meth:`ShardCoordinator.acquire_lease` returns in ``single`` mode."""
+
+HEARTBEAT = "shard heartbeat"
+"""The heartbeat's task under the supervisor (and the subject of its log lines)."""
 
 REAP_AFTER_LEASES = 10
 """Instance rows silent for this many lease periods are deleted (housekeeping only)."""
@@ -101,7 +109,7 @@ class ShardCoordinator:
         self.on_membership_change = on_membership_change
         self._live: frozenset[str] = frozenset([instance_name])
         self._leases: dict[str, tuple[int, float]] = {}  # destination -> (token, until_s)
-        self._task: asyncio.Task[None] | None = None
+        self._supervisor: Supervisor | None = None
         if self._mode == "static" and instance_name not in settings.instances:
             raise ValueError("static sharding: instance_name must be in sharding.instances")
 
@@ -115,24 +123,27 @@ class ShardCoordinator:
     def live_instances(self) -> frozenset[str]:
         return self._live
 
-    async def start(self) -> None:
-        """Register and start heartbeating (a no-op in ``single`` mode)."""
+    async def start(self, supervisor: Supervisor | None = None) -> None:
+        """Register and start heartbeating under ``supervisor`` (the worker's; without
+        one, a supervisor of its own); a no-op in ``single`` mode."""
         if self._mode == "single":
             return
         if self._mode == "dynamic" and is_sqlite(self._engine):
             log.warning("dynamic sharding on SQLite: only instances sharing this file "
                         "on one host can coordinate; use PostgreSQL")
         await self.heartbeat_once()
-        self._task = asyncio.create_task(self._heartbeat_loop(),
-                                         name=f"shard-heartbeat-{self.instance_name}")
+        self._supervisor = supervisor or Supervisor(self._clock)
+        # A failed heartbeat is retried next interval; leases lapse locally meanwhile,
+        # which stops sending.
+        self._supervisor.every(HEARTBEAT, self._settings.heartbeat_interval_s,
+                               self.heartbeat_once, db_outage=db_outage, logger=log)
 
     async def stop(self) -> None:
         """Stop heartbeating, release every lease and deregister, so the others take
         over at their next heartbeat rather than after ``lease_s``."""
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        if self._supervisor is not None:
+            await self._supervisor.stop(HEARTBEAT)
+            self._supervisor = None
         if self._mode == "single":
             return
 
@@ -141,21 +152,6 @@ class ShardCoordinator:
 
         await run_in_transaction(self._engine, leave)
         self._leases.clear()
-
-    async def _heartbeat_loop(self) -> None:
-        while True:
-            await self._clock.sleep(self._settings.heartbeat_interval_s)
-            try:
-                await self.heartbeat_once()
-            except Exception as e:
-                # Top of the task: a failed heartbeat is retried next interval; leases
-                # lapse locally meanwhile, which stops sending.
-                outage = db_outage(e)
-                if outage is not None:
-                    log.warning("shard heartbeat skipped, the database is unavailable (%s)",
-                                outage)
-                else:
-                    log.exception("shard heartbeat failed")
 
     # --- membership -----------------------------------------------------------------
 

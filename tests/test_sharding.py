@@ -8,11 +8,13 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.config import ShardingSettings
 from federation_sender.sharding import (
+    HEARTBEAT,
     ShardCoordinator,
     lease_is_current,
     rendezvous_owner,
     static_owner,
 )
+from federation_sender.supervisor import Supervisor
 from federation_sender.testing.clock import FakeClock
 from federation_sender.testing.waiting import wait_until
 
@@ -106,10 +108,11 @@ async def test_lease_lifecycle_and_monotonic_tokens(engine: AsyncEngine,
 
 
 async def started(engine: AsyncEngine, clock: FakeClock, name: str,
-                  seen: list[frozenset[str]] | None = None) -> ShardCoordinator:
+                  seen: list[frozenset[str]] | None = None,
+                  supervisor: Supervisor | None = None) -> ShardCoordinator:
     c = ShardCoordinator(engine, name, clock, DYNAMIC,
                          on_membership_change=(seen.append if seen is not None else None))
-    await c.start()
+    await c.start(supervisor)
     return c
 
 
@@ -163,13 +166,14 @@ async def test_leaving_instance_hands_over_at_once(pg_engine: AsyncEngine,
 async def test_crashed_instance_is_fenced_out_after_the_lease(pg_engine: AsyncEngine,
                                                               clock: FakeClock) -> None:
     a = await started(pg_engine, clock, "fs1")
-    b = await started(pg_engine, clock, "fs2")
+    b_tasks = Supervisor(clock)
+    b = await started(pg_engine, clock, "fs2", supervisor=b_tasks)
     await a.heartbeat_once()
     d = next(x for x in DESTS if b.owns(x))
     assert await b.acquire_lease(d) == 1
     # fs2 stops heartbeating (a crash, a long pause); fs1 keeps going.
-    assert b._task is not None
-    b._task.cancel()
+    assert b_tasks.names() == [HEARTBEAT]
+    await b_tasks.stop(HEARTBEAT)
     for _ in range(5):
         clock.advance(5)
         await a.heartbeat_once()

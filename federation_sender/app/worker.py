@@ -251,17 +251,28 @@ class Worker:
         if self.own_client is not None:
             await self.own_client.start()
             push(self.own_client.close)
-        await self.shards.start()
+        # One supervisor for every background task. Each part stops its own at its
+        # place in the stop order (the shard heartbeat after the queues drained); the
+        # shutdown pushed here, run last, cancels anything a failed start left behind.
+        self.supervisor = supervisor = Supervisor(self.clock)
+        push(supervisor.shutdown, 5.0)
+        await self.shards.start(supervisor)
         push(self.shards.stop)
-        await self.manager.start()
+        await self.manager.start(supervisor)
         push(self._stop_queues)
-        self.supervisor = Supervisor(self.clock)
-        push(self.supervisor.shutdown, 5.0)
+        parts = set(supervisor.names())
+
+        async def stop_own_tasks() -> None:
+            # The intake, the lock and the trimmer stop before the queues drain.
+            await supervisor.stop(*(n for n in supervisor.names() if n not in parts),
+                                  timeout_s=5.0)
+
+        push(stop_own_tasks)
         if self.lock is not None:
-            self.supervisor.start("instance-lock", self.lock.hold)
-        self.replication = self._start_replication(self.supervisor)
+            supervisor.start("instance-lock", self.lock.hold)
+        self.replication = self._start_replication(supervisor)
         trimmer = MemoryTrimmer(lambda: self.manager.active_queues, self.clock)
-        self.supervisor.start("memory-trim", trimmer.run, restart=True)
+        supervisor.start("memory-trim", trimmer.run, restart=True)
         for key, bind, port, app, tls in self._listeners():
             server = await listen(
                 key, bind, port, start_http_server(app, bind, port, ssl_context=tls)

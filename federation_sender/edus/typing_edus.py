@@ -2,7 +2,8 @@
 
 :class:`TypingState` is the pure part: the typing sets, the diff, the reset and which
 typers are due a re-send. :class:`TypingFanout` looks up the room's hosts and queues
-the EDUs; its :meth:`TypingFanout.run` loop does the re-sends.
+the EDUs; its :meth:`TypingFanout.run` (an ``every`` tick of
+:mod:`federation_sender.supervisor`, run under the worker's supervisor) does the re-sends.
 
 Synapse's follower (``handlers/typing.py``) checks its timers every 5 s and re-sends
 ``typing: true`` once the last send to remotes is 40 s old; so does this module. It does
@@ -19,6 +20,7 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.edus import EduSink, RoomHosts
 from federation_sender.ids import server_of
 from federation_sender.replication.rows import TypingRow
+from federation_sender.supervisor import every
 
 log = logging.getLogger(__name__)
 
@@ -116,13 +118,10 @@ class TypingFanout:
         return len(due)
 
     async def run(self) -> None:
-        """The re-send loop; runs until cancelled."""
-        while True:
-            await self._clock.sleep(CHECK_INTERVAL_S)
-            try:
-                await self.resend_due()
-            except Exception:  # top of a periodic task: the next tick tries again
-                log.exception("typing re-send failed")
+        """The re-send loop, every :data:`CHECK_INTERVAL_S`; runs until cancelled (a
+        failed tick is logged, the next one tries again)."""
+        await every("typing re-send", CHECK_INTERVAL_S, self.resend_due, clock=self._clock,
+                    logger=log)
 
     async def _push(self, room_id: str, user_id: str, typing: bool) -> None:
         self.state.sent(room_id, user_id, time_ms(self._clock))

@@ -8,11 +8,14 @@
   the federation stream is :mod:`~federation_sender.queue.federation_stream`; status
   building is :mod:`~federation_sender.queue.core.status`. Runners own their state: the
   manager only calls their methods.
+* Its background work (the fan-out, kept running through failures: a database outage is
+  one line and a restart 1 s later; the sweep and eviction ticks) runs under the
+  :class:`~federation_sender.supervisor.Supervisor` :meth:`QueueManager.start` is given,
+  and :meth:`QueueManager.stop` stops it there.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
 import random
@@ -41,9 +44,13 @@ from federation_sender.queue.runner import DestinationRunner
 from federation_sender.queue.runner_config import RunnerConfig
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage.protocols import Backend, db_outage
+from federation_sender.supervisor import Supervisor
 from federation_sender.transport.result import TransactionSender
 
 log = logging.getLogger(__name__)
+
+FANOUT = "queue fan-out"
+"""The fan-out's task under the supervisor (its lines: "queue fan-out loop ...")."""
 
 
 def _base36(n: int) -> str:
@@ -124,11 +131,14 @@ class QueueManager:
             storage, server_name, instance_name, settings.event_batch_size, shard_filter,
             self._enqueue_pdus, self.observer, clock, poll_interval_s, self.gate,
         )
-        self._background: list[asyncio.Task[None]] = []
+        self._supervisor: Supervisor | None = None
+        self._tasks: tuple[str, ...] = ()
         self.federation = FederationStream(
             self.store, instance_name, self.enqueue_edu, self.enqueue_presence
         )
-        self.housekeeping = Housekeeping.from_settings(self, self.store, clock, rng, settings)
+        self.housekeeping = Housekeeping.from_settings(
+            self.queues.live, self._wake_for_sweep, self.store.wakeup_page, clock, rng, settings
+        )
         self.wake_log = WakeLog(clock)
         self.catchup_at_start: list[str] = []
         """Destinations owed events recorded before the last stop, found at start (the
@@ -136,49 +146,30 @@ class QueueManager:
 
     # --- lifecycle -----------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, supervisor: Supervisor | None = None) -> None:
+        """Load the positions, then run the background work under ``supervisor`` (the
+        worker's; without one, a supervisor of the manager's own: tests, benchmarks)."""
         await self.fanout.load()
         await self.federation.load()
         behind = sorted(d for d in await self.store.destinations_behind()
                         if self.shard_filter(d))
         self.queues.start(behind)
         self.catchup_at_start = behind
-        self._background = [
-            asyncio.create_task(self._supervise("fan-out", self.fanout.run)),
-            asyncio.create_task(self._supervise("wakeups", self.housekeeping.wakeup_loop)),
-            asyncio.create_task(
-                self._supervise("housekeeping", self.housekeeping.eviction_loop)
-            ),
-        ]
+        self._supervisor = sup = supervisor or Supervisor(self.clock)
+        sup.keep_running(FANOUT, self.fanout.run, retry_s=1.0, db_outage=db_outage, logger=log)
+        self._tasks = (FANOUT, *self.housekeeping.start(sup))
 
     async def stop(self, deadline_s: float) -> None:
         """Stop the fan-out and wake-ups, let in-flight transactions finish within
         ``deadline_s``, then cancel what is left. Positions are persisted as they
         advance, so nothing more needs saving."""
         self.fanout.stop()
-        for t in self._background:
-            t.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._supervisor is not None:
+            await self._supervisor.stop(*self._tasks)
         if self.gate is not None:
             self.gate.close()
         await self.queues.stop_all(deadline_s)
         await self.store.drain()
-
-    async def _supervise(self, name: str, fn: Callable[[], Awaitable[None]]) -> None:
-        while True:
-            try:
-                await fn()
-                return
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:
-                outage = db_outage(e)
-                if outage is not None:
-                    log.warning("queue %s loop stopped, the database is unavailable (%s); "
-                                "restarting", name, outage)
-                else:
-                    log.exception("queue %s loop failed; restarting", name)
-                await self.clock.sleep(1.0)
 
     # --- registry ------------------------------------------------------------------------
 
@@ -300,7 +291,7 @@ class QueueManager:
     def notify_all_outboxes(self) -> None:
         """Every live queue reads its outboxes again (an outbox stream's first token
         arrived: reads before it, bounded by no token, found nothing)."""
-        for r in self.live():
+        for r in self.queues.live():
             r.poke_outbox()
 
     @property
@@ -365,10 +356,7 @@ class QueueManager:
 
     # --- housekeeping ------------------------------------------------------------------------
 
-    def live(self) -> list[DestinationRunner]:
-        return self.queues.live()
-
-    def wake_for_sweep(self, destination: str, persisted: int | None) -> bool:
+    def _wake_for_sweep(self, destination: str, persisted: int | None) -> bool:
         if not self.shard_filter(destination):
             return False
         self.queues.owe_catchup(destination)

@@ -5,9 +5,12 @@
   follows active destinations only. A parked destination's retry time is remembered (a
   dict of ints) so events for it are not even queued: they are in
   ``destination_rooms`` already and catch-up sends them when the backoff ends.
-* Runners are supervised: one that raises is logged and forgotten; the next item or
-  wake-up sweep recreates it from the database, in catch-up mode (items may have been
-  lost from memory).
+* Runners are supervised here, not by the worker's supervisor: a runner is one task
+  for one queue's life, not a loop to restart. One that raises is logged (as the
+  supervisor's tasks are, :func:`~federation_sender.supervisor.log_failure`: a database
+  outage in one line) and forgotten; the next item or wake-up sweep recreates it from
+  the database, in catch-up mode (items may have been lost from memory).
+  :meth:`QueueRegistry.stop_all` lets them finish within the deadline, then cancels.
 * With shard leases, a runner sends only while it holds its destination's lease.
 """
 
@@ -25,6 +28,7 @@ from federation_sender.queue.fanout import refused_destination
 from federation_sender.queue.observer import QueueObserver
 from federation_sender.queue.runner import DestinationRunner
 from federation_sender.storage.protocols import db_outage
+from federation_sender.supervisor import log_failure
 from federation_sender.telemetry.logging import log_context
 
 log = logging.getLogger(__name__)
@@ -167,14 +171,10 @@ class QueueRegistry:
             clean = True
         except asyncio.CancelledError:
             raise
-        except Exception as e:
-            outage = db_outage(e)
-            if outage is not None:
-                # The database restarting or unreachable: expected, and one line.
-                log.warning("queue for %s stopped, the database is unavailable (%s); it "
-                            "will be recreated from the database", d, outage)
-            else:
-                log.exception("queue for %s failed; it will be recreated from the database", d)
+        except Exception as e:  # the top of the queue's task: the next item recreates it
+            # The database restarting or unreachable is expected, and one line.
+            log_failure(log, e, f"queue for {d}", db_outage=db_outage,
+                        then="; it will be recreated from the database")
         finally:
             self._forget(r, clean)
             if leased and self._leases is not None:

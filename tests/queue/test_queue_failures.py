@@ -395,30 +395,37 @@ async def test_a_queue_stopped_by_the_database_going_away_is_one_line(
 
 
 async def test_a_loop_stopped_by_the_database_going_away_is_one_line(
-        h: Harness, caplog: pytest.LogCaptureFixture) -> None:
-    """The fan-out, wake-up and housekeeping loops restart after a failure; a database
-    restart (the second long chaos run beside Synapse) is one warning, no traceback."""
+        h: Harness, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fan-out restarts 1 s after a failure (under the supervisor, kept running); a
+    database restart (the second long chaos run beside Synapse) is one warning, no
+    traceback."""
     import asyncio
 
     from sqlalchemy.exc import OperationalError
 
     calls = 0
+    second = asyncio.Event()
 
     async def intake() -> None:
         nonlocal calls
         calls += 1
         if calls == 1:
             raise OperationalError("SELECT 1", {}, Exception("connection refused"))
+        second.set()
 
     caplog.set_level(logging.WARNING, logger="federation_sender.queue")
-    await start_with_room(h)
-    task = asyncio.ensure_future(h.m._supervise("fan-out", intake))
+    m = h.make_manager()
+    monkeypatch.setattr(m.fanout, "run", intake)
+    h.manager = m
+    await m.start()
     await wait_until(lambda: calls == 1, "the first failure", timeout_s=10)
-    await h.advance(1.0)
-    await asyncio.wait_for(task, 5)
+    assert not second.is_set()
+    await h.clock.advance_and_settle(1.0)
+    await asyncio.wait_for(second.wait(), 5)
     assert calls == 2
     (record,) = [r for r in caplog.records if "fan-out loop" in r.getMessage()]
     assert record.levelno == logging.WARNING and record.exc_info is None
+    assert record.name == "federation_sender.queue.manager"
     assert record.getMessage() == (
         "queue fan-out loop stopped, the database is unavailable ((builtins.Exception) "
         "connection refused); restarting"
