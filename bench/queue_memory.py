@@ -32,7 +32,7 @@ async def main() -> None:
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.take_snapshot()
-    queues = [m._make_runner(f"d{i}.test", False) for i in range(a.queues)]
+    queues = [m.runners(f"d{i}.test", False) for i in range(a.queues)]
     gc.collect()
     after = tracemalloc.take_snapshot()
     diff = after.compare_to(before, "lineno")

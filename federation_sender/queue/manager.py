@@ -3,7 +3,9 @@
 * Queues live in a :class:`~federation_sender.queue.registry.QueueRegistry` (created
   lazily, supervised, forgotten when idle or parked in a long backoff).
 * One slot limit bounds concurrent transactions across all destinations; another bounds
-  concurrent database work of queues (catch-up planning, outbox reads, persisting).
+  concurrent database work of queues (catch-up planning, outbox reads, persisting): both
+  are the :class:`~federation_sender.queue.runner_factory.RunnerFactory`'s, which builds
+  every runner from what they share.
 * The wake-up sweep and idle eviction are :mod:`~federation_sender.queue.housekeeping`;
   the federation stream is :mod:`~federation_sender.queue.federation_stream`; status
   building is :mod:`~federation_sender.queue.core.status`. Runners own their state: the
@@ -16,22 +18,15 @@
 
 from __future__ import annotations
 
-import itertools
 import logging
 import random
-import zlib
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 
-from federation_sender.aio.slots import Slots
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
 from federation_sender.queue.coalesce import HandOverGate
-from federation_sender.queue.core.backoff import RESET, BackoffPolicy
-from federation_sender.queue.core.batching import Limits
-from federation_sender.queue.core.catchup import PduCache
-from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.backoff import RESET
 from federation_sender.queue.core.items import JsonDict, PduItem
-from federation_sender.queue.core.states import DestinationState
 from federation_sender.queue.core.status import DestinationStatus, oldest_age_s
 from federation_sender.queue.core.steps import Effects
 from federation_sender.queue.fanout import EventFanout
@@ -41,7 +36,7 @@ from federation_sender.queue.observer import NoopObserver, QueueObserver
 from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.queue.registry import LeaseGuard, QueueRegistry
 from federation_sender.queue.runner import DestinationRunner
-from federation_sender.queue.runner_config import RunnerConfig
+from federation_sender.queue.runner_factory import RunnerFactory
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage.protocols import Backend, db_outage
 from federation_sender.supervisor import Supervisor
@@ -51,24 +46,6 @@ log = logging.getLogger(__name__)
 
 FANOUT = "queue fan-out"
 """The fan-out's task under the supervisor (its lines: "queue fan-out loop ...")."""
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
-
-
-def _txn_id_base(now_ms: int, instance_name: str) -> str:
-    """The prefix of this run's txn ids. The start time alone repeated itself when two
-    instances started in the same millisecond: after a hand-over the new owner's
-    "base.N" could equal a txn id the destination had already answered, which it would
-    deduplicate unread. Instance names are unique among the shard's members."""
-    return f"{_base36(now_ms)}_{_base36(zlib.crc32(instance_name.encode()))}"
 
 
 def _warn_deprecated(settings: QueueSettings) -> None:
@@ -109,24 +86,19 @@ class QueueManager:
         self.leases = leases
         self.observer: QueueObserver = observer or NoopObserver()
         self.store = QueuePersistence(storage, commit_gather_s=settings.commit_gather_s)
-        self.policy = BackoffPolicy.from_settings(settings)
-        self.limits = Limits.from_settings(settings)
-        self.runner_config = RunnerConfig.from_settings(
-            settings, server_name, instance_name, attempt_deadline_s
-        )
-        self.txn_slots = Slots(settings.max_concurrent_transactions)
-        self.db_slots = Slots(db_concurrency)
-        # A sender that caches per destination (the federation client) is told when a
-        # queue is dropped; other senders have nothing to forget.
-        self.queues = QueueRegistry(self._make_runner, clock, self.observer, leases,
-                                    getattr(sender, "forget_destination", None))
-        self._pdu_cache = PduCache()
-        self._txn_base = _txn_id_base(time_ms(clock), instance_name)
-        _warn_deprecated(settings)
-        self._txn_counter = itertools.count(1)
         self.gate = (
             HandOverGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
         )
+        self.runners = RunnerFactory(
+            self.store, sender, settings, server_name, instance_name, clock, rng,
+            self.observer, self.gate, attempt_deadline_s=attempt_deadline_s,
+            db_concurrency=db_concurrency,
+        )
+        # A sender that caches per destination (the federation client) is told when a
+        # queue is dropped; other senders have nothing to forget.
+        self.queues = QueueRegistry(self.runners, clock, self.observer, leases,
+                                    getattr(sender, "forget_destination", None))
+        _warn_deprecated(settings)
         self.fanout = EventFanout(
             storage, server_name, instance_name, settings.event_batch_size, shard_filter,
             self._enqueue_pdus, self.observer, clock, poll_interval_s, self.gate,
@@ -170,42 +142,6 @@ class QueueManager:
             self.gate.close()
         await self.queues.stop_all(deadline_s)
         await self.store.drain()
-
-    # --- registry ------------------------------------------------------------------------
-
-    def _next_txn_id(self) -> str:
-        return f"{self._txn_base}.{next(self._txn_counter)}"
-
-    def _make_runner(
-        self, destination: str, catching_up: bool, last_error: str | None = None
-    ) -> DestinationRunner:
-        def on_state(old: DestinationState, new: DestinationState) -> None:
-            self.observer.state_changed(destination, old, new)
-
-        core = DestinationCore(
-            destination,
-            self.policy,
-            self.limits,
-            self.rng,
-            self._next_txn_id,
-            max_item_failures=self.settings.max_item_failures,
-            max_rooms_per_txn=self.settings.catchup_rooms_per_batch,
-            on_state_change=on_state,
-            catching_up=catching_up,
-            parse_pdu=self._pdu_cache,
-            last_error=last_error,
-        )
-        return DestinationRunner(
-            core,
-            self.store,
-            self.sender,
-            self.txn_slots,
-            self.db_slots,
-            self.clock,
-            self.observer,
-            self.runner_config,
-            self.gate,
-        )
 
     # --- fan-out ----------------------------------------------------------------------------
 

@@ -363,7 +363,7 @@ async def test_instances_started_in_the_same_millisecond_use_distinct_txn_ids(
     first = h.make_manager()
     second = QueueManager(NativeBackend(h.engine), h.sender, h.settings, "local.test",
                           "fs2", h.clock, random.Random(1), lambda _d: True)
-    ids = [m._next_txn_id() for m in (first, second)]
+    ids = [m.runners.next_txn_id() for m in (first, second)]
     assert ids[0] != ids[1] and all(i.endswith(".1") for i in ids), ids
 
 

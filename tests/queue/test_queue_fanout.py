@@ -199,7 +199,7 @@ async def test_global_concurrency_limit(h: Harness) -> None:
     h.fake.behave(None, hang=True)
     await h.writer.message("!a:l", ALICE)
     h.poke()
-    await wait_until(lambda: (h.fake.in_progress, h.m.txn_slots.waiting),
+    await wait_until(lambda: (h.fake.in_progress, h.m.runners.txn_slots.waiting),
                      "3 transactions in flight and 5 waiting for a slot",
                      accept=lambda seen: seen == (3, 5), timeout_s=10)
     assert len(opened) == 3
