@@ -23,11 +23,16 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
+# The tests' order is drawn at random (pytest-randomly): from scripts/test.sh's seed when
+# it runs us (PYTEST_SEED), else from a new one, printed either way.
+ORDER=(--randomly-seed="${PYTEST_SEED:-$(( (RANDOM << 15) | RANDOM ))}")
+echo "test order: pytest-randomly ${ORDER[0]}"
 
 VERSIONS=(3.12 3.13)
 if [ "$#" -gt 0 ]; then VERSIONS=("$@"); fi
 # The dev extra's packages the service-free tests import (versions from pyproject.toml).
-TEST_PACKAGES=(pytest pytest-asyncio pytest-timeout hypothesis uvloop openapi-spec-validator)
+TEST_PACKAGES=(pytest pytest-asyncio pytest-timeout pytest-randomly hypothesis uvloop
+               openapi-spec-validator)
 DEMO_ARGS=(--destinations 6 --rooms 4 --events 120 --duration 6 --no-live)
 # Run first in their own process, as scripts/test.sh does on 3.11 (ast.parse and threads).
 BOUNDARY=tests/storage/test_boundary.py
@@ -184,7 +189,7 @@ sys.exit(0 if federation_sender.__file__.startswith('$ROOT/$rt/') else
     || { result "FAILED, $tv does not see the worker of $rt"; return 1; }
   local -a pytest=(env FEDERATION_SENDER_SERVICE_FREE=1
                    FEDERATION_SENDER_PORT_SLICE="$((2 * slot))/$slices" "$tv/bin/python" -m pytest
-                   -q -p no:cacheprovider)
+                   -q -p no:cacheprovider "${ORDER[@]}")
   "${pytest[@]}" "$BOUNDARY" > "$log-tests-first.log" 2>&1
   rc_first=$?
   # The demo's own end-to-end test is left out: the demo part above ran the same demo,

@@ -13,6 +13,13 @@ cd "$(dirname "$0")/.."
 # test failed; beside the whole suite its timings would suffer. The extra arguments are
 # the suite's; they do not go there.
 mkdir -p build
+# The tests run in an order drawn from a seed (pytest-randomly: the modules, and the tests
+# within each module; tests/conftest.py then puts the longest modules first, keeping the
+# drawn order otherwise), so a test that passes only after another fails here. The seed
+# is printed; PYTEST_SEED=N scripts/test.sh runs that order again (3.12 and 3.13 too).
+export PYTEST_SEED="${PYTEST_SEED:-$(( (RANDOM << 15) | RANDOM ))}"
+ORDER=(--randomly-seed="$PYTEST_SEED")
+echo "== test order: pytest-randomly seed $PYTEST_SEED (again: PYTEST_SEED=$PYTEST_SEED scripts/test.sh)"
 # Each part says when it starts, in seconds since the run began (where the time goes).
 stage() { echo "== $* (at ${SECONDS} s)"; }
 # In a process group of its own, so that a failed set-up stops all of it.
@@ -51,7 +58,7 @@ set +e
 # alone, never.
 SCHEMATHESIS=tests/reliability/test_rel_admin_schemathesis.py
 BOUNDARY=tests/storage/test_boundary.py
-.venv/bin/pytest "$@" "$SCHEMATHESIS" "$BOUNDARY"
+.venv/bin/pytest "${ORDER[@]}" "$@" "$SCHEMATHESIS" "$BOUNDARY"
 rc_first=$?
 stage "mypy's result"
 if ! wait "$mypy_pid"; then
@@ -66,7 +73,7 @@ cat build/mypy.out
 # to 1,018 s on this 2-core machine (tests/conftest.py's LONG_MODULES go first).
 # PYTEST_WORKERS=0 runs it in this process.
 stage "pytest, the rest"
-.venv/bin/pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@" \
+.venv/bin/pytest -n "${PYTEST_WORKERS:-2}" --dist loadfile "${ORDER[@]}" "$@" \
   --ignore="$SCHEMATHESIS" --ignore="$BOUNDARY"
 rc=$?
 set -e

@@ -5,6 +5,7 @@ loopback with simulated destinations. Saves ``artifacts/dashboard*.png``."""
 from __future__ import annotations
 
 import asyncio
+import copy
 import os
 import threading
 from collections.abc import Iterator
@@ -83,8 +84,22 @@ class Served:
         self._run(self._resume)
 
 
+@pytest.fixture
+def served(served_module: Served) -> Iterator[Served]:
+    """The module's admin app, its fake queues' live states and counters as they were
+    seeded at each test's start: the tests run in a random order, and each sets states
+    of its own."""
+    states = copy.deepcopy(served_module.queues.states)
+    counters = dict(served_module.counters)
+    yield served_module
+    served_module.queues.states.clear()
+    served_module.queues.states.update(states)
+    served_module.counters.clear()
+    served_module.counters.update(counters)
+
+
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+def served_module(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     """The admin app on its own loop in a thread: Selenium's calls block."""
     db = tmp_path_factory.mktemp("dash") / "admin.db"
     ready = threading.Event()
@@ -180,6 +195,10 @@ def test_dashboard_end_to_end(served: Served, browser: Any) -> None:
 
     ARTIFACTS.mkdir(exist_ok=True)
     d = browser
+    # Signed out, whichever of this module's tests ran before in this tab (random order).
+    d.get(served.url + "/dashboard")
+    d.execute_script("sessionStorage.clear()")
+    d.get_log("browser")  # read is emptied: what earlier tests caused (the banner's refusals)
     d.get(served.url + "/dashboard")
 
     # A wrong token is refused and the form comes back with the reason.
@@ -253,8 +272,7 @@ def test_live_refresh_picks_up_changes(served: Served, browser: Any) -> None:
     from selenium.webdriver.common.by import By
 
     d = browser
-    d.get(served.url + "/dashboard")  # token still in this tab's sessionStorage
-    _wait(d, lambda d: len(_rows(d)) > 0)
+    _sign_in(d, served)
     name = sorted(served.names)[0]
     served.queues.set_state(name, "sending", pending_pdus=4242, pending_edus=7)
     _wait(d, lambda d: "4242" in _row_text(d, name), timeout=12)
