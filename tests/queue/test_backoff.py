@@ -122,3 +122,14 @@ def test_short_retry_follows_the_configured_delays() -> None:
     assert all(p.probe_delay_ms(i, random.Random(i)) <= 200 for i in range(50))
     assert all(4_000 <= p.long_delay_ms(9, random.Random(i)) <= 7_000 for i in range(50))
     assert P.short_retry == ShortRetryPolicy()  # QueueSettings' defaults are Synapse's
+
+
+def test_the_policy_defaults_are_the_settings_defaults() -> None:
+    """One home for each default (config/__init__.py's QueueSettings): a policy built
+    with no argument is the one the default settings give."""
+    from federation_sender.config import QueueSettings
+
+    assert BackoffPolicy() == BackoffPolicy.from_settings(QueueSettings())
+    changed = QueueSettings(backoff_initial_s=5.0, max_short_retries=1,
+                            short_retry_probe_window_s=2.0, return_probe_interval_s=0.0)
+    assert BackoffPolicy.from_settings(changed) != BackoffPolicy()

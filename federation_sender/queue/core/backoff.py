@@ -37,6 +37,9 @@ from dataclasses import dataclass
 
 from federation_sender.config import QueueSettings
 
+_DEFAULT = QueueSettings()
+"""The defaults are the settings' (``config/__init__.py``), written once there."""
+
 
 @dataclass(frozen=True, slots=True)
 class BackoffState:
@@ -75,11 +78,11 @@ class ShortRetryPolicy:
     ``max_short_retries`` times, then ``max_short_retry_delay_s``), never longer than
     ``max_short_retry_delay_s``, then follows Synapse's long retries."""
 
-    max_long_retries: int = 10
-    max_long_retry_delay_s: float = 60.0
-    max_short_retries: int = 3
-    max_short_retry_delay_s: float = 2.0
-    probe_window_s: float = 30.0
+    max_long_retries: int = _DEFAULT.max_long_retries
+    max_long_retry_delay_s: float = _DEFAULT.max_long_retry_delay_s
+    max_short_retries: int = _DEFAULT.max_short_retries
+    max_short_retry_delay_s: float = _DEFAULT.max_short_retry_delay_s
+    probe_window_s: float = _DEFAULT.short_retry_probe_window_s
 
     @property
     def enabled(self) -> bool:
@@ -167,14 +170,14 @@ class ShortRetry:
 
 @dataclass(frozen=True, slots=True)
 class BackoffPolicy:
-    initial_s: float = 600.0
-    multiplier: float = 2.0
-    jitter_min: float = 0.8
-    jitter_max: float = 1.4
-    max_s: float = 7 * 24 * 3600.0
-    catchup_threshold_s: float = 3600.0
+    initial_s: float = _DEFAULT.backoff_initial_s
+    multiplier: float = _DEFAULT.backoff_multiplier
+    jitter_min: float = _DEFAULT.backoff_jitter_min
+    jitter_max: float = _DEFAULT.backoff_jitter_max
+    max_s: float = _DEFAULT.backoff_max_s
+    catchup_threshold_s: float = _DEFAULT.catchup_threshold_s
     short_retry: ShortRetryPolicy = ShortRetryPolicy()
-    return_probe_s: float = 60.0
+    return_probe_s: float = _DEFAULT.return_probe_interval_s
     """In a persisted backoff, with something to send and down for less than
     ``catchup_threshold_s``: ask the destination whether it is back this often, and
     send at once when it is (0: wait the backoff out, as Synapse)."""
