@@ -127,8 +127,6 @@ def test_short_retry_follows_the_configured_delays() -> None:
 def test_the_policy_defaults_are_the_settings_defaults() -> None:
     """One home for each default (config/__init__.py's QueueSettings): a policy built
     with no argument is the one the default settings give."""
-    from federation_sender.config import QueueSettings
-
     assert BackoffPolicy() == BackoffPolicy.from_settings(QueueSettings())
     changed = QueueSettings(backoff_initial_s=5.0, max_short_retries=1,
                             short_retry_probe_window_s=2.0, return_probe_interval_s=0.0)
