@@ -33,7 +33,7 @@ A redacted event keeps only what its room's event authorisation needs (the spec'
   keep it; when the event has one, it keeps ``age_ts`` and ``replaces_state`` only, as
   Synapse's own pruning does, so the bytes are those Synapse sends for a redacted event.
 
-The rules of each room version Synapse 1.163 knows are in :data:`ROOM_VERSIONS`;
+The rules of each room version the newest tested Synapse knows are in :data:`ROOM_VERSIONS`;
 :func:`rules_for` answers None for any other (the caller withholds such an event rather
 than guess). ``tests/test_pruning.py`` checks every version against Synapse's own
 ``redact_event_dict`` over many event shapes.
@@ -98,7 +98,7 @@ ROOM_VERSIONS: Mapping[str, RedactionRules] = {
                                             join_authorised=True, state_dags=True,
                                             room_ids_as_hashes=True),
 }  # fmt: skip
-"""Every room version of Synapse 1.163 (its stable ones and its experimental ones)."""
+"""Every room version of the newest tested Synapse (its stable ones and its experimental ones)."""
 
 _KEYS = frozenset({
     "event_id", "type", "room_id", "sender", "state_key", "content", "hashes",

@@ -18,7 +18,13 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-WINDOW=(1.158.0 1.159.0 1.160.0 1.161.0 1.162.0 1.163.0 1.163.1 1.163.2)
+if [ ! -x .venv/bin/python ]; then
+  echo "synapse-compat.sh: no .venv; run scripts/bootstrap.sh test first" >&2
+  exit 2
+fi
+# The window is the package's one list (storage/synapse/schema.py).
+read -r -a WINDOW < <(.venv/bin/python -c "from federation_sender.storage.synapse.schema \
+import SYNAPSE_RELEASE_WINDOW as w; print(*w)")
 if [ "$#" -gt 0 ]; then WINDOW=("$@"); fi
 TESTS=${COMPAT_TESTS:-"tests/synapse/test_backend_e2e.py tests/synapse/test_edu_e2e.py \
 tests/storage/synapse/test_backend_queries.py tests/storage/synapse/test_backend_schema.py \

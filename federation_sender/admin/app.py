@@ -110,7 +110,7 @@ async def _server_version(request: web.Request) -> web.Response:
 
 CLIENT_VERSIONS = ("r0.6.1", *(f"v1.{minor}" for minor in range(1, 13)))
 """The Matrix client-server spec versions ``/_matrix/client/versions`` lists (those
-Synapse 1.163 lists from r0.6.1 on): synapse-admin checks the server answers before
+Synapse lists from r0.6.1 on): synapse-admin checks the server answers before
 it asks ``whoami``. Only ``whoami`` of the client API is served here."""
 
 

@@ -83,7 +83,7 @@ from federation_sender.replication.transport import ConnectionLost, Session, Tra
 logger = logging.getLogger(__name__)
 
 SKIPPED_STREAMS = frozenset({
-    # Synapse 1.163's streams that the worker does not consume
+    # Synapse's streams that the worker does not consume
     # (replication/tcp/streams/): skipped silently; any other stream not consumed is
     # logged once as unknown.
     "backfill", "push_rules", "pushers", "account_data", "thread_subscriptions",

@@ -9,7 +9,7 @@ has finished, which is what Synapse's own sender reads up to (its
 ``MultiWriterIdGenerator.get_persisted_upto_position``, behind
 ``get_room_max_token``). Sans-I/O: fed with per-writer tokens, it answers a number.
 
-Rules, as Synapse 1.163 applies them on a process that reads the stream:
+Rules, as Synapse applies them on a process that reads the stream:
 
 * Each writer has a position: everything it wrote at or below it is committed. It
   moves with the writer's rows (RDATA) and with its POSITION commands. A writer that

@@ -25,7 +25,7 @@ Two backends
   single source) on SQLite or PostgreSQL. The two SQL dialects are branches inside one
   module where they differ (PostgreSQL: one statement over ``unnest`` of arrays;
   SQLite: executemany), never two modules.
-* **Synapse** (:mod:`.synapse.backend`, ``--synapse-config``): a Synapse 1.163
+* **Synapse** (:mod:`.synapse.backend`, ``--synapse-config``): a Synapse
   PostgreSQL database, read and written as Synapse's own federation sender does; the
   tables Synapse lacks live in our schema ``federation_sender``, first on every
   connection's ``search_path`` (:mod:`.synapse.database`).

@@ -18,7 +18,7 @@ could only skip them. What each consumed stream needs:
 * ``typing``: none possible, main keeps typing in memory; the next change or the 40 s
   re-send repairs a lost one;
 * ``presence_federation``: none possible, main keeps that queue in memory;
-* ``federation``: none, Synapse 1.163 never writes this stream.
+* ``federation``: none, Synapse never writes this stream.
 
 Which fetchers a deployment has is the backend's capability
 (:mod:`federation_sender.storage.capabilities`); the Synapse-only ones are in

@@ -5,7 +5,7 @@
 synapse-admin (logged in to Synapse as a server admin) can call our federation admin
 routes through a reverse proxy with the token it already has.
 
-The checks follow Synapse 1.163's internal auth (``synapse.api.auth.internal`` and
+The checks follow Synapse's internal auth (``synapse.api.auth.internal`` and
 ``assert_requester_is_admin``), in its order, with its answers:
 
 * The token is looked up in ``access_tokens`` joined with ``users`` on

@@ -81,7 +81,7 @@ class SynapseConfig:
     by default). The events intake reads only below what all of them finished."""
     device_list_writers: tuple[str, ...] = ("master",)
     """``stream_writers.device_lists`` (several allowed, unlike ``to_device``, which
-    Synapse 1.163 limits to one writer): device-list outbox reads stay below what all of
+    Synapse limits to one writer): device-list outbox reads stay below what all of
     them finished."""
     # --- egress (docs/synapse.md, "Restricted egress") ----------------------------------
     worker_replication_secret: str | None = field(default=None, repr=False)

@@ -3,7 +3,7 @@
 Main gets three listeners on 127.0.0.1: federation (TLS, with a certificate from the
 test CA), client (plain HTTP) and, when workers are configured, replication (plain
 HTTP, the ``instance_map`` entry for ``main``). Federation sending belongs to the
-worker named in ``federation_sender_instances``; in Synapse 1.163 that list alone
+worker named in ``federation_sender_instances``; in Synapse that list alone
 takes sending away from main (the legacy ``send_federation: false`` is implied and
 must not be set beside it).
 

@@ -1,4 +1,5 @@
-"""A real Synapse 1.163 deployment on loopback: main on PostgreSQL and Redis, workers.
+"""A real Synapse deployment (the pinned release) on loopback: main on PostgreSQL and
+Redis, workers.
 
 Theory of operation
 -------------------

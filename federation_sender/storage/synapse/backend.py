@@ -1,4 +1,4 @@
-"""The Synapse backend: the storage Protocols over a Synapse 1.163 database.
+"""The Synapse backend: the storage Protocols over a Synapse database.
 
 :class:`SynapseBackend` owns what outlives a transaction: the engine (its connections
 see our schema first, :mod:`.database`), the state-group hosts cache, Synapse's Redis

@@ -1,4 +1,4 @@
-"""The batch jobs' reads of a Synapse 1.163 database: which tables and columns, as the
+"""The batch jobs' reads of a Synapse database: which tables and columns, as the
 queries Spark's executors run over JDBC, and how each is split into parallel reads.
 
 Each :class:`SynapseRead` is one frame the jobs see (``batch/synapse_source.py`` loads

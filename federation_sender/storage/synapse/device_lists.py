@@ -1,6 +1,6 @@
 """Device-list and cross-signing EDUs from Synapse's tables, as Synapse builds them.
 
-Mirrors ``synapse/storage/databases/main/devices.py`` (1.163):
+Mirrors ``synapse/storage/databases/main/devices.py``:
 :func:`device_updates_by_remote` is ``get_device_updates_by_remote`` with
 ``_get_device_updates_by_remote_txn`` and ``_get_device_update_edus_by_remote``;
 :func:`mark_sent` is ``_mark_as_sent_devices_by_remote_txn``;

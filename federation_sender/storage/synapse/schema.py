@@ -2,7 +2,8 @@
 
 These definitions are *not* alembic's: Synapse owns and migrates these tables, and
 ``federation-sender migrate`` never creates or alters them (our own tables live in the
-``federation_sender`` schema, see :mod:`federation_sender.synapse.migrate`). Only the
+``federation_sender`` schema, migrated by their own alembic chain in
+``storage/synapse/migrations/``). Only the
 columns we read or write are declared. ``destinations`` and ``destination_rooms`` are not
 here: ours have Synapse's columns, and the Synapse backend uses their declarations
 (:mod:`federation_sender.storage.schema`).
@@ -13,10 +14,10 @@ We write exactly what Synapse's own federation sender writes: ``destinations``,
 their deletes and ``device_lists_outbound_last_success``).
 
 The version check accepts exactly the schema range this code has been tested against
-(:data:`TESTED_SCHEMA_VERSIONS`, the releases :data:`TESTED_SYNAPSE_RELEASES` of
-``scripts/synapse-compat.sh``), and, as Synapse's own rule for a worker, a
+(:data:`TESTED_SCHEMA_VERSIONS`, those of the releases of :data:`SYNAPSE_RELEASE_WINDOW`,
+which ``scripts/synapse-compat.sh`` runs), and, as Synapse's own rule for a worker, a
 ``schema_compat_version`` (the oldest code version that can still use the database)
-no newer than the newest of them. Every release of the window (1.158.0 to 1.163.2) has
+no newer than the newest of them. Every release of the window has
 ``SCHEMA_VERSION`` 94 and ``SCHEMA_COMPAT_VERSION`` 84; what differs between them within
 schema 94 is in docs/synapse.md ("Synapse releases").
 """
@@ -44,8 +45,15 @@ SCHEMA_VERSION = 94
 TESTED_SCHEMA_VERSIONS = (94, 94)
 """The lowest and highest ``schema_version`` accepted: those of the tested releases."""
 
-TESTED_SYNAPSE_RELEASES = ("1.158.0", "1.163.2")
-"""The oldest and newest Synapse release the tests have run against (docs/synapse.md)."""
+SYNAPSE_RELEASE_WINDOW = (
+    "1.158.0", "1.159.0", "1.160.0", "1.161.0", "1.162.0", "1.163.0", "1.163.1", "1.163.2",
+)
+"""Every Synapse release the tests have run against, oldest first: the one list
+(``scripts/synapse-compat.sh`` runs this window; the suite's pinned release,
+``testing/synapse_install.py``'s ``SYNAPSE_VERSION``, is its newest; docs/synapse.md)."""
+
+TESTED_SYNAPSE_RELEASES = (SYNAPSE_RELEASE_WINDOW[0], SYNAPSE_RELEASE_WINDOW[-1])
+"""The oldest and newest of :data:`SYNAPSE_RELEASE_WINDOW`."""
 
 synapse_metadata = MetaData()
 

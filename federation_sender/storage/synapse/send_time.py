@@ -1,4 +1,4 @@
-"""Erasures and valid redactions of a transaction's PDUs, from a Synapse 1.163 database.
+"""Erasures and valid redactions of a transaction's PDUs, from a Synapse database.
 
 Asked once per transaction just before it goes out (``queue/send_time.py``): one
 statement, one round trip (the connection in autocommit: no ``BEGIN``, no ``COMMIT``),
@@ -19,7 +19,7 @@ The statement reads
   An ``m.room.create`` event is never redacted (Synapse ignores such redactions);
 * ``rooms.room_version`` of the rooms of the redacted events (the algorithm depends on it).
 
-One corner is stricter than Synapse 1.163: a redaction its ``redactions.recheck`` column
+One corner is stricter than Synapse: a redaction its ``redactions.recheck`` column
 records as checked is applied there without looking at the redacting event; here it
 too must be in the redacted event's room and not rejected, which every redaction Synapse
 accepts at persistence is. The ``recheck`` column itself is not read: it is new in

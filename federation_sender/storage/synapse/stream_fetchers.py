@@ -2,7 +2,7 @@
 
 ``receipts`` from ``receipts_linearized`` and ``presence`` from ``presence_stream``
 (Synapse keeps the latest row per user, which is what Synapse's own fetch returns too);
-``federation`` needs none, Synapse 1.163 never writes that stream. The shared
+``federation`` needs none, Synapse never writes that stream. The shared
 machinery and the outbox fetchers are in :mod:`federation_sender.storage.stream_fetchers`.
 """
 
@@ -58,4 +58,4 @@ def synapse_fetchers(engine: AsyncEngine) -> dict[str, StreamFetcher]:
 def synapse_gap_notes() -> dict[str, GapNote | None]:
     """What a gap skips beside Synapse where the stream table's note does not say it
     (:mod:`federation_sender.intake.streams`)."""
-    return {"federation": None}  # Synapse 1.163 never writes it
+    return {"federation": None}  # Synapse never writes it

@@ -1,4 +1,4 @@
-"""The facts of :mod:`federation_sender.visibility`, read from a Synapse 1.163 database.
+"""The facts of :mod:`federation_sender.visibility`, read from a Synapse database.
 
 For the events catch-up is about to send to one destination, as Synapse's
 ``filter_events_for_server`` gathers them:
