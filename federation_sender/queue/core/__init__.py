@@ -5,7 +5,7 @@ metrics: time comes in as ``now_ms``, randomness as a ``random.Random``, results
 :class:`~federation_sender.transport.result.SendResult` values, and decisions go out as
 return values (:class:`~.steps.Effects` and the steps ``Send``, ``Wait``, ``NeedOutbox``,
 ``NeedCatchup``, ``Idle``). The asyncio shell in
-``queue/`` (``runner.py``, ``manager.py``, ``store.py``) feeds it and carries its
+``queue/`` (``runner.py``, ``manager.py``, ``persistence.py``) feeds it and carries its
 decisions out. An import-linter contract (pyproject.toml, "The queue's core is pure")
 forbids asyncio, aiohttp, SQLAlchemy, storage, the clock and telemetry here, indirect
 imports included, so a Hypothesis model can drive it step by step
