@@ -27,7 +27,7 @@ All database access goes through the storage boundary
 (:mod:`federation_sender.storage.protocols`): ``queue/persistence.py`` and the fan-out speak
 its Protocols, and the pure core (``queue/core/``) imports no storage module, only the
 neutral rows of :mod:`federation_sender.model`. The same engine therefore runs
-on any backend (the native schema today; Synapse's tables next).
+on either backend (the native schema, or Synapse's own tables beside Synapse).
 
 Failure modes: a crash at any point loses nothing that was persisted as an event -
 positions only advance past what was recorded or delivered, and catch-up replays the
@@ -43,9 +43,10 @@ loads only the pure core.
 
 ``federation_sender.queue.manager.QueueManager(storage, sender, settings.queue,
 server_name, instance_name, clock, rng, shard_filter, observer=None, *,
-attempt_deadline_s=120.0, poll_interval_s=None, db_concurrency=16)``
+attempt_deadline_s=120.0, poll_interval_s=None, db_concurrency=16, leases=None)``
 
-* ``await start()`` / ``await stop(deadline_s)``
+* ``await start(supervisor=None)`` (its fan-out, wake-up sweep and idle eviction run
+  under the worker's supervisor) / ``await stop(deadline_s)``
 * ``notify_new_events(max_stream_ordering)``: poke from the events stream (with
   ``poll_interval_s`` set, the fan-out also polls the database)
 * ``enqueue_edu(destination, edu_type, content, key=None)``,
