@@ -29,7 +29,7 @@ CONSTRAINTS = ("txredisapi<1.6.0",)
 """Installed beside Synapse: what its later releases pin. Releases before 1.163.0 do not
 cap txredisapi, and 1.6.0 (published after them) makes main crash at start with Redis
 (``AttributeError: 'super' object has no attribute 'startedConnecting'`` in
-``replication/tcp/redis.py``); 1.163.0 and later ask for ``<1.6.0`` themselves."""
+``synapse/replication/tcp/redis.py``); 1.163.0 and later ask for ``<1.6.0`` themselves."""
 INSTALL_TIMEOUT_S = 1800.0
 
 

@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 
 class ExternalCache(Protocol):
-    """Synapse's Redis external cache, read-only (``replication/tcp/external_cache.py``)."""
+    """Synapse's Redis external cache, read-only
+    (``synapse/replication/tcp/external_cache.py``)."""
 
     async def get_many(self, cache_name: str, keys: Sequence[str]) -> list[Any | None]:
         """The decoded JSON values (None where absent or unreadable)."""
