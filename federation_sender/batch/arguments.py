@@ -21,6 +21,9 @@ JOBS = {
     "snapshot": "copy the tables the jobs read into a Parquet directory",
 }
 
+ROOM_JOBS = ("backfill-destination-rooms", "audit")
+"""The jobs ``--room`` restricts (:mod:`.rooms`)."""
+
 DESCRIPTION = """\
 Spark batch jobs over the worker's database (PostgreSQL, or the embedded SQLite
 file the demo and the default configuration use), or, with --synapse-config
@@ -73,6 +76,10 @@ def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -
         if name == "backfill-destination-rooms":
             p.add_argument("--dry-run", action="store_true",
                            help="report the differences, change nothing")
+        if name in ROOM_JOBS:
+            p.add_argument("--room", action="append", default=None, metavar="ROOM_ID",
+                           dest="rooms", help="only this room (repeatable): its pairs "
+                           "are found and repaired as in a run on every room")
         if name == "audit":
             p.add_argument("--repair", action="store_true", help="fix destination_rooms and "
                            "rewind catch-up positions so the worker resends")

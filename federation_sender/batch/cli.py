@@ -48,6 +48,7 @@ from federation_sender.batch.requirements import (
     check_remote,
     check_sqlite_jdbc,
 )
+from federation_sender.batch.rooms import OnlyRooms, checked_rooms
 from federation_sender.batch.session import (
     SQLITE_JDBC_JAR,
     SessionOptions,
@@ -164,6 +165,7 @@ def _checked_options(args: argparse.Namespace, job: str, db: Database | None) ->
         raise ValueError("snapshot needs --output DIR")
     if args.partitions is not None and args.partitions < 1:
         raise ValueError("--partitions must be at least 1")
+    checked_rooms(getattr(args, "rooms", None) or ())
     writes = getattr(args, "repair", False) or (
         job == "backfill-destination-rooms" and not args.dry_run)
     if writes and db is None:
@@ -325,6 +327,9 @@ def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database |
         else:
             assert db is not None
             source = JdbcSource(spark, db, partitions)
+        rooms: list[str] | None = getattr(args, "rooms", None)
+        if rooms:
+            source = OnlyRooms(source, rooms)
     if beside_synapse != (source.schema == "synapse"):
         # A snapshot's repairs go to --synapse-config's database only if it is Synapse's.
         raise ValueError(f"a snapshot of the {source.schema} schema "
@@ -332,9 +337,9 @@ def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database |
     output = Path(args.output) if args.output else None
     ctx = JobContext(spark, source, db, server_name, progress, clock, output)
     if job == "backfill-destination-rooms":
-        return backfill.run(ctx, dry_run=args.dry_run)
+        return _only_rooms(backfill.run(ctx, dry_run=args.dry_run), source)
     if job == "audit":
-        res = audit.run(ctx, repair=args.repair, receivers=receivers)
+        res = _only_rooms(audit.run(ctx, repair=args.repair, receivers=receivers), source)
         if res.exit_status:
             res.exit_status = EXIT_FINDINGS
         return res
@@ -346,6 +351,13 @@ def _run(job: str, args: argparse.Namespace, spark: SparkSession, db: Database |
         return JobResult(job, {"high_water_mark": source.high_water_mark,
                                **{f"rows_{k}": v for k, v in counts.items()}})
     raise AssertionError(job)  # pragma: no cover - argparse restricts the choices
+
+
+def _only_rooms(result: JobResult, source: Source) -> JobResult:
+    """The result, saying how many rooms it covers when ``--room`` restricted it."""
+    if isinstance(source, OnlyRooms):
+        result.summary["only_rooms"] = len(source.rooms)
+    return result
 
 
 def _jsonable(v: Any) -> Any:

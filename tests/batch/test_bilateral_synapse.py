@@ -15,18 +15,18 @@ other two ``held`` and the peer's ``unreachable``; with ``--repair`` it hands th
 back to catch-up, and after a restart the worker resends the event and the receiver
 holds it again (bob reads it); the audit is then clean.
 
-The audit reads Synapse's tables here through :func:`synapse_source` (Synapse's
-``events``, ``room_memberships``, ``destination_rooms``, ``destinations``,
-``partial_state_rooms`` and our ``federation_sender.federation_transaction_log``, the
-columns the audit reads derived where Synapse names them otherwise), restricted to this
-module's rooms so that what other tests left in the session's database does not count.
+The audit runs as an operator runs it (``federation-sender batch audit -c ours.yaml
+--synapse-config … --ask-receivers``, parsed and merged by the main command line), on
+Synapse's tables through the production source (``SynapseJdbcSource``), with ``--room``
+for each of this module's rooms: the session's database holds other modules' rooms,
+which must not count (and ``--room`` is what an operator gives to audit some rooms).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -36,18 +36,11 @@ from typing import Any
 
 import pytest
 
-from federation_sender.batch import audit
-from federation_sender.batch.bilateral import AskLimits, ReceiverCheck
-from federation_sender.batch.io import Database, DataFrameSource
-from federation_sender.batch.job import JobContext, JobResult
-from federation_sender.batch.progress import Progress
+from federation_sender import cli
+from federation_sender.batch.arguments import EXIT_FINDINGS
+from federation_sender.batch.cli import run_batch
 from federation_sender.builders import running_federation_client
 from federation_sender.clock import SystemClock
-from federation_sender.config import Settings
-from federation_sender.config.loading import load_settings
-from federation_sender.storage import batch_reads
-from federation_sender.synapse.config import load_synapse_config
-from federation_sender.synapse.merge import SHARED_FEDERATION_KEYS, keys_set_in, merge_settings
 from federation_sender.testing.backlog import receiver_state
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.outage import SendingRoom, join_rooms, visible
@@ -92,57 +85,26 @@ class Scene:
     peer: str
 
 
-def worker_settings(worker: OurWorker) -> Settings:
-    """Our worker's settings as ``federation-sender ... --synapse-config`` builds them."""
-    ours = str(worker.config)
-    return merge_settings(
-        load_settings(ours), load_synapse_config([worker.d.homeserver_yaml, worker.worker_yaml]),
-        explicit=keys_set_in(ours, os.environ, SHARED_FEDERATION_KEYS), check_instance=True)
-
-
-def synapse_source(spark: Any, db: Database, rooms: list[str]) -> DataFrameSource:
-    """The tables the audit reads, from Synapse's database, for ``rooms`` only."""
-    from pyspark.sql import functions as F
-
-    from federation_sender.batch.transforms import server_of
-
-    def table(name: str) -> Any:
-        return spark.read.format("jdbc").options(**db.jdbc_options(), dbtable=name).load()
-
-    with db.read() as conn:
-        hwm = batch_reads.high_water_mark(conn)
-    mine = F.col("room_id").isin(rooms)
-    events = table("events").filter(mine & (F.col("stream_ordering") <= hwm)).select(
-        "stream_ordering", "event_id", "room_id", "sender", "outlier",
-        F.col("rejection_reason").isNotNull().alias("rejected"))
-    memberships = table("room_memberships").filter(
-        mine & (F.col("event_stream_ordering") <= hwm)).select(
-        "event_stream_ordering", "room_id", "user_id",
-        server_of(F.col("user_id")).alias("server_name"), "membership")
-    return DataFrameSource({
-        "events": events,
-        "room_memberships": memberships,
-        "destination_rooms": table("destination_rooms").filter(mine),
-        "destinations": table("destinations"),
-        "federation_transaction_log": table("federation_sender.federation_transaction_log"),
-        "partial_state_rooms": table("partial_state_rooms").filter(mine),
-    }, hwm)
-
-
-def run_audit(spark: Any, worker: OurWorker, rooms: list[str], *, repair: bool) -> JobResult:
-    d = worker.d
-    db = Database.from_urls(d.database_url)
-    clock = SystemClock()
-    settings = worker_settings(worker)
-    check = ReceiverCheck(
-        lambda c: running_federation_client(settings, c, synapse_key=True),
-        AskLimits(total=1000, per_destination_per_s=2.0), seed=43)
-    ctx = JobContext(spark, synapse_source(spark, db, rooms), db, d.server_name,
-                     Progress("audit", clock), clock)
-    result = audit.run(ctx, repair=repair, receivers=check)
-    log.info("audit%s: %s; steps %s", " --repair" if repair else "", result.summary,
-             ctx.progress.steps)
-    return result
+def run_audit(spark: Any, worker: OurWorker, rooms: list[str], *, repair: bool
+              ) -> dict[str, Any]:
+    """``federation-sender batch audit -c ours.yaml --synapse-config homeserver.yaml
+    --synapse-config fed1.yaml --room … --ask-receivers`` as the main command line
+    parses, merges and runs it (its receivers: the worker's federation client), on the
+    shared Spark session; the JSON document."""
+    synapse = [a for f in (worker.d.homeserver_yaml, worker.worker_yaml)
+               for a in ("--synapse-config", str(f))]
+    args = cli.build_parser().parse_args(
+        ["batch", "audit", "-c", str(worker.config), *synapse,
+         *[a for r in rooms for a in ("--room", r)], "--ask-receivers", "--ask-seed", "43",
+         *(["--repair"] if repair else []), "--json", "--quiet", "--partitions", "2"])
+    settings = cli._load(args)  # the main command line's merge of ours and Synapse's files
+    out = io.StringIO()
+    run_batch(args, settings, spark=spark, out=out,
+              receivers=lambda c: running_federation_client(settings, c, synapse_key=True))
+    doc: dict[str, Any] = json.loads(out.getvalue())
+    log.info("audit%s: %s; steps %s", " --repair" if repair else "", doc["summary"],
+             doc["steps"])
+    return doc
 
 
 def delivered(d: SynapseDeployment, destination: str) -> set[str]:
@@ -203,9 +165,9 @@ def set_scene(sender: OurWorker, receiver: SynapseDeployment, network: PeerNetwo
     return Scene(rooms, bob, newest, peer.server_name)
 
 
-def answers(result: JobResult) -> dict[tuple[str, str], str]:
+def answers(doc: dict[str, Any]) -> dict[tuple[str, str], str]:
     return {(row["destination"], row["room_id"]): row["answer"]
-            for name, rows in result.samples.items() if name.startswith("bilateral_")
+            for name, rows in doc["samples"].items() if name.startswith("bilateral_")
             for row in rows}
 
 
@@ -229,24 +191,31 @@ def test_the_audit_finds_the_event_the_receiver_lost_and_catch_up_resends_it(
 
     found = run_audit(spark, sender, scene.rooms, repair=False)
     r = receiver.server_name
-    s = found.summary
+    s = found["summary"]
     assert answers(found) == {
         (r, scene.rooms[0]): "held", (r, lost_room): "not_held", (r, scene.rooms[2]): "held",
         (scene.peer, scene.rooms[0]): "unreachable",
-    }, found.samples
+    }, found["samples"]
+    # The pairs of these rooms only, the rest of the session's database not read.
+    assert (s["only_rooms"], s["pairs"], s["schema"]) == (3, 4, "synapse"), s
     assert (s["bilateral_delivered_pairs"], s["bilateral_asked"], s["bilateral_held"],
             s["bilateral_not_held"], s["bilateral_unreachable"]) == (4, 4, 2, 1, 1), s
-    assert s["undelivered_lost"] == 0 and found.exit_status == 1  # a finding: theirs only
-    [row] = found.samples["bilateral_not_held"]
+    assert s["lost"] == 0 and found["exit_status"] == EXIT_FINDINGS  # theirs only
+    [row] = found["samples"]["bilateral_not_held"]
     assert row["event_id"] == lost
 
     repaired = run_audit(spark, sender, scene.rooms, repair=True)
-    s = repaired.summary
-    assert (s["bilateral_rows_upserted"], s["bilateral_positions_lowered"]) == (1, 1), s
+    s = repaired["summary"]
+    # The row is at the event already (the worker wrote it when it sent it), and on
+    # Synapse's schema only a newer event raises a row: the position is what goes back.
+    assert (s["bilateral_rows_upserted"], s["bilateral_positions_lowered"]) == (0, 1), s
     so = int(sender.d.sql(f"SELECT stream_ordering FROM events WHERE event_id = '{lost}'"))
     position = sender.d.sql("SELECT last_successful_stream_ordering FROM destinations "
                             f"WHERE destination = '{r}'")
     assert int(position) == so - 1
+    row = sender.d.sql("SELECT stream_ordering FROM destination_rooms WHERE destination = "
+                       f"'{r}' AND room_id = '{lost_room}'")
+    assert int(row) == so
 
     clock = SystemClock()
     sender.start()
@@ -260,4 +229,4 @@ def test_the_audit_finds_the_event_the_receiver_lost_and_catch_up_resends_it(
     again = run_audit(spark, sender, scene.rooms, repair=False)
     assert answers(again) == {
         (r, room): "held" for room in scene.rooms} | {(scene.peer, scene.rooms[0]): "unreachable"}
-    assert again.exit_status == 0  # an unreachable receiver is reported, not a finding
+    assert again["exit_status"] == 0  # an unreachable receiver is reported, not a finding

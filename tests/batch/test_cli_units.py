@@ -9,14 +9,17 @@ from typing import Any
 
 import pytest
 
-from federation_sender.batch.arguments import add_batch_parser
+from federation_sender.batch.arguments import EXIT_USAGE, add_batch_parser
+from federation_sender.batch.cli import run_batch
 from federation_sender.batch.io import Database, write_outputs
 from federation_sender.batch.progress import Progress, format_summary
+from federation_sender.batch.rooms import checked_rooms, room_frames
 from federation_sender.batch.session import (
     SessionOptions,
     remote_session_conf,
     session_conf,
 )
+from federation_sender.config import Settings
 from federation_sender.testing.clock import FakeClock
 
 
@@ -114,3 +117,26 @@ def test_write_outputs_drops_connect_metrics(tmp_path: Path) -> None:
     assert pd.read_parquet(tmp_path / "x.parquet").to_dict("list") == {
         "destination": ["a.example"], "n": [1]}
     assert (tmp_path / "x.csv").read_text() == "destination,n\na.example,1\n"
+
+
+def test_room_option_restricts_audit_and_backfill_to_room_frames(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    a = _parse("audit", "--room", "!one:example.org", "--room", "!two")
+    assert a.rooms == ["!one:example.org", "!two"]
+    assert _parse("backfill-destination-rooms", "--room", "!one").rooms == ["!one"]
+    assert _parse("audit").rooms is None
+    with pytest.raises(SystemExit):
+        _parse("health-report", "--room", "!one")  # per destination: not by room
+    capsys.readouterr()
+    assert checked_rooms(["!b", "!a", "!b"]) == ("!b", "!a")
+    with pytest.raises(ValueError, match="not an alias"):
+        checked_rooms(["#general:example.org"])
+    # The frames of a room on each schema; the destinations' and the log are read whole.
+    assert room_frames("native") == {"events", "room_memberships", "destination_rooms",
+                                     "partial_state_rooms"}
+    assert room_frames("synapse") == {"events", "current_members", "destination_rooms",
+                                      "partial_state_rooms"}
+    args = _parse("audit", "--room", "#general:example.org", "--database-url",
+                  "postgresql://u@db.invalid/fed")
+    assert run_batch(args, Settings()) == EXIT_USAGE
+    assert "--room wants a room id" in capsys.readouterr().err

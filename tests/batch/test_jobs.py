@@ -215,3 +215,20 @@ def test_audit_and_backfill_agree_on_rows_pruned_after_delivery(
     status, _ = run(spark, batch_db, "backfill-destination-rooms")
     assert status == 0
     assert pruned_key not in read_destination_rooms(batch_db)
+
+
+@pytest.mark.parametrize("rooms", [("!r1",), ("!r2", "!gone")])
+def test_room_option_finds_those_rooms_differences_only(
+        spark: Any, batch_db: str, rooms: tuple[str, ...]) -> None:
+    """``--room`` on our schema: each room's differences as in a run on every room, and
+    no other room's (``!gone``, a purged room, has only a stale row)."""
+    h = broken(scenario())
+    load_pg(h, batch_db)
+    status, doc = run(spark, batch_db, "backfill-destination-rooms", "--dry-run",
+                      *[a for r in rooms for a in ("--room", r)])
+    assert status == 0
+    problems = [p for (_, room), p in expected_diff(h).items() if room in rooms]
+    s = doc["summary"]
+    assert {p: s[p] for p in ("missing", "behind", "ahead", "stale")} == {
+        p: problems.count(p) for p in ("missing", "behind", "ahead", "stale")}
+    assert s["only_rooms"] == len(rooms) and problems
