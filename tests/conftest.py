@@ -125,6 +125,7 @@ def _needs_a_service(item: pytest.Item) -> str | None:
 
 LONG_MODULES: dict[str, int] = {
     "reliability/test_rel_chaos.py": 104,
+    "batch/test_synapse_remote.py": 110,
     "synapse/test_catchup_pacing.py": 71,
     "test_install.py": 60,
     "batch/test_cluster.py": 60,
