@@ -7,6 +7,7 @@ imports)."""
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from dataclasses import dataclass
 
 EXIT_OK = 0
@@ -14,15 +15,56 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_FINDINGS = 4
 
-JOBS = {
-    "backfill-destination-rooms": "recompute destination_rooms from events and memberships",
-    "audit": "anti-entropy check: undelivered events and wrong destination_rooms rows",
-    "health-report": "per-destination health as Parquet, CSV and an HTML report",
-    "snapshot": "copy the tables the jobs read into a Parquet directory",
+def _dry_run(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dry-run", action="store_true", help="report the differences, change nothing")
+
+
+def _rooms(p: argparse.ArgumentParser) -> None:
+    """``--room`` (:mod:`.rooms`)."""
+    p.add_argument("--room", action="append", default=None, metavar="ROOM_ID", dest="rooms",
+                   help="only this room (repeatable): its pairs are found and repaired as in "
+                   "a run on every room")
+
+
+def _repair(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--repair", action="store_true", help="fix destination_rooms and rewind "
+                   "catch-up positions so the worker resends")
+    _add_receiver_options(p)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job as the command line knows it: its help, its own options, and when a run
+    writes to the database (a write needs ``--database-url`` and a database that answers,
+    even with ``--snapshot``). What it runs is :func:`.cli._run`'s, which imports pyspark.
+    A new job is an entry here, its module and a line there."""
+
+    help: str
+    options: tuple[Callable[[argparse.ArgumentParser], None], ...] = ()
+    writes: Callable[[argparse.Namespace], bool] = lambda args: False
+    needs_output: bool = False
+
+
+JOBS: dict[str, JobSpec] = {
+    "backfill-destination-rooms": JobSpec(
+        "recompute destination_rooms from events and memberships", (_dry_run, _rooms),
+        writes=lambda args: not args.dry_run),
+    "audit": JobSpec(
+        "anti-entropy check: undelivered events and wrong destination_rooms rows",
+        (_rooms, _repair), writes=lambda args: bool(args.repair)),
+    "health-report": JobSpec("per-destination health as Parquet, CSV and an HTML report"),
+    "snapshot": JobSpec("copy the tables the jobs read into a Parquet directory",
+                        needs_output=True),
 }
 
-ROOM_JOBS = ("backfill-destination-rooms", "audit")
+ROOM_JOBS = tuple(name for name, job in JOBS.items() if _rooms in job.options)
 """The jobs ``--room`` restricts (:mod:`.rooms`)."""
+
+
+def writes(job: str, args: argparse.Namespace) -> bool:
+    """Whether this run of ``job`` writes to the database."""
+    return JOBS[job].writes(args)
+
 
 DESCRIPTION = """\
 Spark batch jobs over the worker's database (PostgreSQL, or the embedded SQLite
@@ -71,19 +113,10 @@ def _common() -> argparse.ArgumentParser:
 
 def add_job_parsers(jobs: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = _common()
-    for name, text in JOBS.items():
-        p = jobs.add_parser(name, help=text, description=text, parents=[common])
-        if name == "backfill-destination-rooms":
-            p.add_argument("--dry-run", action="store_true",
-                           help="report the differences, change nothing")
-        if name in ROOM_JOBS:
-            p.add_argument("--room", action="append", default=None, metavar="ROOM_ID",
-                           dest="rooms", help="only this room (repeatable): its pairs "
-                           "are found and repaired as in a run on every room")
-        if name == "audit":
-            p.add_argument("--repair", action="store_true", help="fix destination_rooms and "
-                           "rewind catch-up positions so the worker resends")
-            _add_receiver_options(p)
+    for name, job in JOBS.items():
+        p = jobs.add_parser(name, help=job.help, description=job.help, parents=[common])
+        for add_options in job.options:
+            add_options(p)
 
 
 def _add_receiver_options(p: argparse.ArgumentParser) -> None:

@@ -30,7 +30,9 @@ from federation_sender.batch.arguments import (
     EXIT_FAILED,
     EXIT_FINDINGS,
     EXIT_USAGE,
+    JOBS,
     AskLimits,
+    writes,
 )
 from federation_sender.batch.bilateral import ProbeOpener, ReceiverCheck
 from federation_sender.batch.io import Database, JdbcSource, SnapshotSource, Source, write_snapshot
@@ -161,14 +163,12 @@ def _target(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:
 def _checked_options(args: argparse.Namespace, job: str, db: Database | None) -> dict[str, str]:
     """The ``--conf`` pairs, once the options are consistent (:class:`ValueError`: the
     usage line otherwise)."""
-    if job == "snapshot" and not args.output:
-        raise ValueError("snapshot needs --output DIR")
+    if JOBS[job].needs_output and not args.output:
+        raise ValueError(f"{job} needs --output DIR")
     if args.partitions is not None and args.partitions < 1:
         raise ValueError("--partitions must be at least 1")
     checked_rooms(getattr(args, "rooms", None) or ())
-    writes = getattr(args, "repair", False) or (
-        job == "backfill-destination-rooms" and not args.dry_run)
-    if writes and db is None:
+    if writes(job, args) and db is None:
         raise ValueError(f"{job} writes to the database: give a --database-url "
                          "(or use --dry-run / leave out --repair)")
     conf: dict[str, str] = {}
@@ -246,9 +246,7 @@ def _start_spark(args: argparse.Namespace, job: str, db: Database | None,
         if db is not None and db.sqlite and not args.snapshot and "spark.jars" not in conf:
             check_sqlite_jdbc(SQLITE_JDBC_JAR)
         # What must answer, each in seconds, before Spark takes a minute to find out.
-        writes = getattr(args, "repair", False) or (
-            job == "backfill-destination-rooms" and not args.dry_run)
-        if db is not None and (not args.snapshot or writes):
+        if db is not None and (not args.snapshot or writes(job, args)):
             check_database(db)
         if args.master:
             check_master(args.master)
