@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import replace
+from typing import TypeVar
 
 import pytest
 from sqlalchemy import text
@@ -17,10 +19,47 @@ from federation_sender.queue.core.steps import Effects
 from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.storage import destinations as dst
 from federation_sender.storage.backend import NativeBackend
+from federation_sender.storage.protocols import Backend, SendTimeFacts, Tx
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 
 D = "remote.test"
 OTHER = "other.test"
+T = TypeVar("T")
+
+
+class HeldWrites:
+    """A backend whose transactions begin only once the test releases them: the first
+    ``run`` sets ``started`` (the flusher has taken a batch and is writing it), so a test
+    submits its next results while that write is in progress, not a loop turn after it
+    may have begun."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.started = asyncio.Event()
+        self._go = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return self.backend.name
+
+    def release(self) -> None:
+        self._go.set()
+
+    async def run(self, fn: Callable[[Tx], Awaitable[T]]) -> T:
+        self.started.set()
+        await self._go.wait()
+        return await self.backend.run(fn)
+
+    async def send_time_facts(self, event_ids: Collection[str],
+                              senders: Collection[str]) -> SendTimeFacts:
+        return await self.backend.send_time_facts(event_ids, senders)
+
+
+async def write_under_way(store: QueuePersistence, backend: HeldWrites) -> None:
+    """Wait until the flusher has taken the first batch and its write has begun."""
+    async with asyncio.timeout(10):
+        await backend.started.wait()
+    assert store.commits == 1 and not store.idle
 
 
 def log_row(txn_id: str, destination: str, event_id: str, so: int,
@@ -40,17 +79,18 @@ async def test_a_failed_write_is_not_overtaken_by_the_same_destinations_later_on
     (the queue then restarts in catch-up from the persisted position and resends);
     another destination's write in the same window still commits."""
     backend = NativeBackend(engine)
-    store = QueuePersistence(backend)
+    held = HeldWrites(backend)
+    store = QueuePersistence(held)
     t1 = store.submit(D, Effects(last_successful=10, succeeded=True),
                       log_row("t1", D, "$a", 10, request_bytes=2**70), 0)
     assert t1 is not None
-    await asyncio.sleep(0)  # one step of the flusher: it takes T1's batch and writes it
-    assert store._pending == [] and not store.idle
+    await write_under_way(store, held)  # T1's batch, alone
     t2 = store.submit(D, Effects(last_successful=20, succeeded=True),
                       log_row("t2", D, "$b", 20), 0)
     other = store.submit(OTHER, Effects(last_successful=7, succeeded=True),
                          log_row("o1", OTHER, "$c", 7), 0)
     assert t2 is not None and other is not None
+    held.release()
     results = await asyncio.gather(t1, t2, other, return_exceptions=True)
     assert isinstance(results[0], Exception)
     assert results[1] is results[0], "T2's write committed without T1's"
@@ -75,13 +115,15 @@ async def test_failed_writes_nobody_awaits_are_not_printed_at_exit(
     """The runner awaits its oldest unpersisted write and fails on it; its later writes
     fail with it and are dropped unawaited. asyncio must not print each of those with a
     traceback when they are collected ("Future exception was never retrieved")."""
-    store = QueuePersistence(NativeBackend(engine))
+    held = HeldWrites(NativeBackend(engine))
+    store = QueuePersistence(held)
     t1 = store.submit(D, Effects(last_successful=10, succeeded=True),
                       log_row("t1", D, "$a", 10, request_bytes=2**70), 0)
-    await asyncio.sleep(0)  # the flusher takes T1's batch
+    await write_under_way(store, held)
     t2 = store.submit(D, Effects(last_successful=20, succeeded=True),
                       log_row("t2", D, "$b", 20), 0)
     assert t1 is not None and t2 is not None
+    held.release()
     with pytest.raises(Exception):  # noqa: B017 - whatever the driver raises
         await t1
     await store.drain()
