@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Iterator
 from collections.abc import Set as AbstractSet
 
+from federation_sender.aio.idle import IdleSignal
 from federation_sender.aio.timing import AttemptDeadline
 from federation_sender.clock import Clock
 from federation_sender.queue.core.batching import Batch
@@ -36,12 +37,16 @@ class Confirmations:
     failed, and the task that asks the receiver. Made on the queue's first paced success
     (most queues never pace)."""
 
-    __slots__ = ("_check_deadline", "_due", "_failed_at", "_pacer", "_request_deadline",
+    __slots__ = ("_check_deadline", "_due", "_failed_at", "_idle", "_pacer", "_request_deadline",
                  "_sleeping", "_task", "clock", "destination", "observer", "policy")
 
     def __init__(self, destination: str, policy: PacingPolicy, clock: Clock,
-                 observer: QueueObserver, attempt_deadline_s: float) -> None:
+                 observer: QueueObserver, attempt_deadline_s: float,
+                 idle: IdleSignal | None = None) -> None:
         self.destination = destination
+        self._idle = idle or IdleSignal()
+        """Raised when the task becomes :attr:`quiet` (it sleeps, waits for a due room
+        or ends)."""
         self.policy = policy
         self.clock = clock
         self.observer = observer
@@ -140,13 +145,17 @@ class Confirmations:
     async def _run(self, probe: EventProbe, stopping: Callable[[], bool],
                    wake: Callable[[], None]) -> None:
         pacer = self._pacer
-        while not stopping():
-            if not pacer.held:
-                self._due.clear()
-                await self._due.wait()
-                continue
-            if not await self._confirm_due(probe, stopping, wake):
-                return
+        try:
+            while not stopping():
+                if not pacer.held:
+                    self._due.clear()
+                    self._idle.went_idle()
+                    await self._due.wait()
+                    continue
+                if not await self._confirm_due(probe, stopping, wake):
+                    return
+        finally:
+            self._idle.went_idle()
 
     async def _confirm_due(self, probe: EventProbe, stopping: Callable[[], bool],
                            wake: Callable[[], None]) -> bool:
@@ -190,6 +199,7 @@ class Confirmations:
                 delays = pacing.poll_delays()
                 continue
             self._sleeping = True
+            self._idle.went_idle()
             try:
                 await clock.sleep(max(0.0, min(next(delays), soonest)))
             finally:

@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from federation_sender.aio.idle import IdleSignal
 from federation_sender.aio.timing import wait_or_timeout
 from federation_sender.clock import Clock
 from federation_sender.ids import server_name_error
@@ -126,8 +127,11 @@ class EventFanout:
         clock: Clock,
         poll_interval_s: float | None = None,
         gate: HandOverGate | None = None,
+        idle: IdleSignal | None = None,
     ) -> None:
         self.storage = storage
+        self._idle = idle or IdleSignal()
+        """Raised when the loop, caught up, starts waiting for a poke (and when it ends)."""
         self.gate = gate
         self.server_name = server_name
         self.instance_name = instance_name
@@ -140,6 +144,8 @@ class EventFanout:
         self.position = 0
         self.target = 0
         self._poked = asyncio.Event()
+        self._busy = False
+        """Polling, reading or handing over (not waiting for a poke or the poll)."""
         self.stopping = False
         self._known_destinations: set[str] = set()
         self.replay_upto: int | None = None
@@ -186,9 +192,15 @@ class EventFanout:
             if self.gate is not None:
                 self.gate.behind = True
 
+    @property
+    def idle(self) -> bool:
+        """Caught up, and waiting for a poke or the next poll (or not running)."""
+        return not self._busy and self.position >= self.target
+
     async def run(self) -> None:
         try:
             while not self.stopping:
+                self._busy = True
                 self._poked.clear()
                 if self.poll_interval_s is not None:
                     await self._poll()
@@ -196,8 +208,12 @@ class EventFanout:
                     await self.process_batch()
                 if self.gate is not None:
                     self.gate.set_behind(self.position < self.target)
+                self._busy = False
+                self._idle.went_idle()
                 await wait_or_timeout(self.clock, self._poked, self.poll_interval_s)
         finally:
+            self._busy = False
+            self._idle.went_idle()
             if self.gate is not None:
                 self.gate.set_behind(False)  # nobody waits for a hand-over that won't come
 

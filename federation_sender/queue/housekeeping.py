@@ -21,6 +21,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Iterable
 
+from federation_sender.aio.idle import IdleSignal
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
 from federation_sender.queue.runner import DestinationRunner
@@ -58,8 +59,12 @@ class Housekeeping:
         wakeup_interval_s: float,
         wakeup_rate_per_s: float,
         idle_ttl_s: float,
+        idle: IdleSignal | None = None,
     ) -> None:
         self._live = live
+        self._idle = idle or IdleSignal()
+        self.sweeping = 0
+        """Sweeps under way (each raises ``idle`` when it ends)."""
         self._wake = wake
         self._wakeup_page = wakeup_page
         self._clock = clock
@@ -72,9 +77,11 @@ class Housekeeping:
     def from_settings(
         cls, live: Callable[[], Iterable[DestinationRunner]], wake: WakeForSweep,
         wakeup_page: WakeupPage, clock: Clock, rng: random.Random, q: QueueSettings,
+        idle: IdleSignal | None = None,
     ) -> Housekeeping:
         return cls(live, wake, wakeup_page, clock, rng, wakeup_interval_s=q.wakeup_interval_s,
-                   wakeup_rate_per_s=q.wakeup_rate_per_s, idle_ttl_s=q.idle_queue_ttl_s)
+                   wakeup_rate_per_s=q.wakeup_rate_per_s, idle_ttl_s=q.idle_queue_ttl_s,
+                   idle=idle)
 
     def start(self, supervisor: Supervisor) -> tuple[str, ...]:
         """Run the sweep (the first one at a random point of the first interval, then
@@ -91,6 +98,14 @@ class Housekeeping:
 
     async def sweep(self) -> int:
         """One sweep; returns how many destinations were woken."""
+        self.sweeping += 1
+        try:
+            return await self._sweep()
+        finally:
+            self.sweeping -= 1
+            self._idle.went_idle()
+
+    async def _sweep(self) -> int:
         per_tick = max(1, int(max(self.wakeup_rate_per_s, 1.0) * TICK_S))
         after: str | None = None
         woken = 0

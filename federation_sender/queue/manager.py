@@ -22,6 +22,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Sequence
 
+from federation_sender.aio.idle import IdleSignal
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
 from federation_sender.queue.coalesce import HandOverGate
@@ -85,23 +86,28 @@ class QueueManager:
         self.shard_filter = shard_filter
         self.leases = leases
         self.observer: QueueObserver = observer or NoopObserver()
-        self.store = QueuePersistence(storage, commit_gather_s=settings.commit_gather_s)
+        self.idle_signal = IdleSignal()
+        """Raised by the fan-out, the group commit, the sweep, the registry and every
+        queue whenever they may have gone idle: :meth:`quiescent` may hold now (tests and
+        benchmarks wait on it instead of polling)."""
+        self.store = QueuePersistence(storage, commit_gather_s=settings.commit_gather_s,
+                                      idle=self.idle_signal)
         self.gate = (
             HandOverGate(clock, settings.coalesce_hold_s) if settings.coalesce_hold_s > 0 else None
         )
         self.runners = RunnerFactory(
             self.store, sender, settings, server_name, instance_name, clock, rng,
             self.observer, self.gate, attempt_deadline_s=attempt_deadline_s,
-            db_concurrency=db_concurrency,
+            db_concurrency=db_concurrency, idle=self.idle_signal,
         )
         # A sender that caches per destination (the federation client) is told when a
         # queue is dropped; other senders have nothing to forget.
         self.queues = QueueRegistry(self.runners, clock, self.observer, leases,
-                                    getattr(sender, "forget_destination", None))
+                                    getattr(sender, "forget_destination", None), self.idle_signal)
         _warn_deprecated(settings)
         self.fanout = EventFanout(
             storage, server_name, instance_name, settings.event_batch_size, shard_filter,
-            self._enqueue_pdus, self.observer, clock, poll_interval_s, self.gate,
+            self._enqueue_pdus, self.observer, clock, poll_interval_s, self.gate, self.idle_signal,
         )
         self._supervisor: Supervisor | None = None
         self._tasks: tuple[str, ...] = ()
@@ -109,7 +115,8 @@ class QueueManager:
             self.store, instance_name, self.enqueue_edu, self.enqueue_presence
         )
         self.housekeeping = Housekeeping.from_settings(
-            self.queues.live, self._wake_for_sweep, self.store.wakeup_page, clock, rng, settings
+            self.queues.live, self._wake_for_sweep, self.store.wakeup_page, clock, rng, settings,
+            self.idle_signal,
         )
         self.wake_log = WakeLog(clock)
         self.catchup_at_start: list[str] = []
@@ -337,11 +344,13 @@ class QueueManager:
 
     def quiescent(self) -> bool:
         """Nothing is happening until a wake-up or the clock: the fan-out is caught up,
-        no write is pending, and every queue waits (none bootstrapping, reading,
-        sending or persisting). For tests and benchmarks."""
+        no write is pending, no sweep runs, and every queue waits (none bootstrapping,
+        reading, sending or persisting, none woken and not yet running). For tests and
+        benchmarks, which wait for it on :attr:`idle_signal`."""
         return (
-            self.fanout.position >= self.fanout.target
+            self.fanout.idle
             and self.store.idle
+            and not self.housekeeping.sweeping
             and all(r.quiescent for r in self.queues.runners.values())
         )
 

@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from federation_sender.aio.idle import IdleSignal
 from federation_sender.model import (
     DEVICE_LIST_UPDATE,
     DestinationRow,
@@ -53,9 +54,12 @@ log = logging.getLogger(__name__)
 
 class QueuePersistence:
     def __init__(
-        self, storage: Backend, max_gathered_reads: int = 256, commit_gather_s: float = 0.0
+        self, storage: Backend, max_gathered_reads: int = 256, commit_gather_s: float = 0.0,
+        idle: IdleSignal | None = None,
     ) -> None:
         self.storage = storage
+        self._idle = idle or IdleSignal()
+        """Raised when a group commit has resolved its results' futures."""
         self._pending: list[_Pending] = []
         self._flushing = False
         self._flusher: asyncio.Future[None] | None = None
@@ -148,8 +152,10 @@ class QueuePersistence:
                     for *_, fut in batch:
                         if not fut.done():
                             fut.set_result(None)
+                self._idle.went_idle()
         finally:
             self._flushing = False
+            self._idle.went_idle()
 
     def _fail(self, batch: Sequence[_Pending], exc: Exception) -> None:
         """A batch failed: so do the writes its destinations queued meanwhile. Committed

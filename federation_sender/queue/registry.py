@@ -21,6 +21,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
+from federation_sender.aio.idle import IdleSignal
 from federation_sender.aio.timing import wait_or_timeout
 from federation_sender.clock import Clock, time_ms
 from federation_sender.queue.core.status import DestinationStatus, parked_status
@@ -54,8 +55,11 @@ class QueueRegistry:
         observer: QueueObserver,
         leases: LeaseGuard | None = None,
         on_gone: Callable[[str], None] | None = None,
+        idle: IdleSignal | None = None,
     ) -> None:
         self._make_runner = make_runner
+        self._idle = idle or IdleSignal()
+        """Raised when a queue is dropped (one refused its lease never ran its loop)."""
         self._on_gone = on_gone
         """Called with a destination whose queue was dropped (the sender lets go of
         what it cached for it: an idle destination holds nothing)."""
@@ -204,6 +208,7 @@ class QueueRegistry:
             self._observer.queues_changed(len(self.runners))
             if self._on_gone is not None:
                 self._on_gone(d)
+        self._idle.went_idle()
 
     async def stop_all(self, deadline_s: float) -> None:
         """Let in-flight transactions finish within ``deadline_s``, then cancel."""

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from types import MappingProxyType
 
+from federation_sender.aio.idle import IdleSignal
 from federation_sender.aio.slots import Held, Slots
 from federation_sender.aio.timing import Wakeup, wait_or_timeout
 from federation_sender.clock import Clock, time_ms
@@ -65,7 +66,7 @@ MAX_UNPERSISTED = 8
 class DestinationRunner:
     # Slotted: one per live queue, thousands of them in a spike.
     __slots__ = (
-        "_attempts", "_finished", "_loaded", "_may_send", "_pacing", "_probe", "_recheck",
+        "_attempts", "_finished", "_idle", "_loaded", "_may_send", "_pacing", "_probe", "_recheck",
         "_stopping",
         "_unpersisted", "_up_probe", "_waiting", "clock", "config", "core", "db_slots",
         "destination", "gate", "observer", "sender", "store", "txn_slots", "wake",
@@ -82,8 +83,11 @@ class DestinationRunner:
         observer: QueueObserver,
         config: RunnerConfig,
         gate: HandOverGate | None = None,
+        idle: IdleSignal | None = None,
     ) -> None:
         self.core = core
+        self._idle = idle or IdleSignal()
+        """Raised when the loop starts waiting and when it ends (see :attr:`quiescent`)."""
         self.gate = gate
         self.destination = core.destination
         self.store = store
@@ -205,9 +209,12 @@ class DestinationRunner:
 
     @property
     def quiescent(self) -> bool:
-        """Waiting for a wake-up or the clock, nothing in flight or unpersisted."""
+        """Waiting for a wake-up or the clock, nothing in flight or unpersisted (a wake-up
+        already set is work the loop has not picked up yet). Each change to it from
+        busy raises the :class:`IdleSignal` the runner was given."""
         return self._finished or (
-            self._waiting and not any(not f.done() for f in self._unpersisted)
+            self._waiting and not self.wake.is_set()
+            and not any(not f.done() for f in self._unpersisted)
             and (self._pacing is None or self._pacing.quiet)
         )
 
@@ -241,6 +248,7 @@ class DestinationRunner:
             if self._pacing is not None:
                 self._pacing.close()
             self._finished = True
+            self._idle.went_idle()
 
     async def _run(self) -> None:
         try:
@@ -256,6 +264,7 @@ class DestinationRunner:
 
     async def _wait(self, timeout_s: float | None) -> None:
         self._waiting = True
+        self._idle.went_idle()
         try:
             if timeout_s is None:
                 await self.wake.wait()  # no helper task: idle waits are the common case
@@ -511,7 +520,8 @@ class DestinationRunner:
             return None
         if self._pacing is None:
             self._pacing = Confirmations(self.destination, self.config.pacing, self.clock,
-                                         self.observer, self.config.attempt_deadline_s)
+                                         self.observer, self.config.attempt_deadline_s,
+                                         self._idle)
             self.core.held_rooms = self._pacing.held  # the composer leaves their PDUs
         return self._pacing
 

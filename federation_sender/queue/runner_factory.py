@@ -17,6 +17,7 @@ import itertools
 import random
 import zlib
 
+from federation_sender.aio.idle import IdleSignal
 from federation_sender.aio.slots import Slots
 from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
@@ -68,8 +69,10 @@ class RunnerFactory:
         *,
         attempt_deadline_s: float,
         db_concurrency: int,
+        idle: IdleSignal | None = None,
     ) -> None:
         self._store = store
+        self._idle = idle
         self._sender = sender
         self._settings = settings
         self._clock = clock
@@ -121,4 +124,5 @@ class RunnerFactory:
             observer,
             self.config,
             self._gate,
+            self._idle,
         )
