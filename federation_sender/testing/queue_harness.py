@@ -27,7 +27,10 @@ from federation_sender.testing.queue_writer import HomeserverWriter
 from federation_sender.transport.result import Outcome
 
 ME = "local.test"
-SETTLE_QUIET_TURNS = 8  # settle(): loop turns in a row the manager must be quiescent
+SETTLE_QUIET_TURNS = 4
+"""settle(): loop turns in a row the manager must stay quiescent (what a turn can bring
+that no component has counted yet: a task created but not started, a helper task's end
+reaching its caller, loopback I/O read and handed on)."""
 ALICE = f"@alice:{ME}"
 
 
@@ -98,7 +101,8 @@ class Harness:
     observer: RecordingObserver = field(default_factory=RecordingObserver)
     shard: Callable[[str], bool] = lambda _d: True
     manager: QueueManager | None = None
-    settle_turns: int = 0  # loop turns settle() has checked, to let a test follow it
+    settle_turns: int = 0  # loop turns settle() has given quiescence, to follow it
+    settle_waits: int = 0  # times settle() found something busy and waited for it
 
     def without_short_retry(self) -> None:
         """The first failure goes straight to the persisted backoff (for tests of that
@@ -137,25 +141,42 @@ class Harness:
     async def settle(self) -> None:
         """Let the queues run until the manager is quiescent (every queue waits on a
         wake-up or the clock, none bootstrapping, reading, sending or persisting, the
-        intake caught up) for several loop turns in a row (real time: HTTP is real)."""
-        quiet = 0
-        loop = asyncio.get_running_loop()
-        end = loop.time() + 15
-        while quiet < SETTLE_QUIET_TURNS:
-            # Busy: wait 2 ms (real HTTP runs in real time). Quiet: most turns only yield
-            # (what is scheduled runs, what loopback has delivered is read), every
-            # fourth waits a millisecond for what is still on its way. A settle of an
-            # idle manager took 17 ms of 2 ms turns, and a test advancing the clock 500
-            # times spent seconds in it.
-            pause = 0.002 if quiet == 0 else 0.001 if quiet % 4 == 3 else 0.0
-            await asyncio.sleep(pause)  # noqa: TID251 - real time
-            quiet = quiet + 1 if self.m.quiescent() else 0
-            self.settle_turns += 1
-            if loop.time() > end:
-                raise AssertionError(f"did not settle: {self.m.statuses()}")
+        fan-out caught up, no sweep running) and every task the clock woke sleeps on it
+        again or has ended (:attr:`FakeClock.woken`), and stays so for
+        :data:`SETTLE_QUIET_TURNS` loop turns.
+
+        Event-driven: while something is busy it waits for the manager's
+        :attr:`~QueueManager.idle_signal` (every component raises it when it may have
+        gone idle) or for the clock's woken tasks to come back, and looks again only
+        then. Once quiescent, the few turns run what is already scheduled (a callback
+        chain, a task created but not started, loopback I/O that has arrived); busy
+        again on any of them, it waits again. A settle of an idle manager costs those
+        turns, no real time. Fails after 15 s (real time: HTTP is real) with the
+        statuses."""
+        m, clock = self.m, self.clock
+        try:
+            async with asyncio.timeout(15):
+                quiet = 0
+                while quiet < SETTLE_QUIET_TURNS:
+                    if clock.woken:
+                        quiet = 0
+                        self.settle_waits += 1
+                        await clock.woken_back()
+                    elif not m.quiescent():
+                        quiet = 0
+                        self.settle_waits += 1
+                        await m.idle_signal.wait()
+                    else:
+                        await asyncio.sleep(0)  # noqa: TID251 - a yield, not a wait
+                        quiet += 1
+                        self.settle_turns += 1
+        except TimeoutError:
+            raise AssertionError(
+                f"did not settle (quiescent: {m.quiescent()}, tasks the clock woke: "
+                f"{clock.woken}): {m.statuses()}") from None
 
     async def advance(self, seconds: float) -> None:
-        await self.clock.advance_and_settle(seconds, rounds=50)
+        self.clock.advance(seconds)
         await self.settle()
 
     async def advance_until(

@@ -16,7 +16,6 @@ from federation_sender.storage import schema as s
 from federation_sender.storage.positions import FEDERATION_STREAM
 from federation_sender.testing.queue_harness import (
     ALICE,
-    SETTLE_QUIET_TURNS,
     Harness,
     room_with,
 )
@@ -342,17 +341,15 @@ async def test_settle_waits_for_a_queue_still_bootstrapping(h: Harness) -> None:
                      accept=lambda n: n == 1, timeout_s=10)
     assert not h.m.quiescent()
 
-    async def release_later() -> None:
-        # Hold the read until settle() has run twice its quiet window with the queue
-        # waiting: had it taken that queue for idle, it would have returned by then.
-        await wait_until(lambda: h.settle_turns, "settle() past its quiet window",
-                         accept=lambda n: n >= 2 * SETTLE_QUIET_TURNS, timeout_s=10)
-        gate.set()
-
-    releaser = asyncio.create_task(release_later())
-    await h.settle()
+    settling = asyncio.create_task(h.settle())
+    # settle() saw the queue busy and waits for it (taken for idle, it would have
+    # returned after its quiet turns instead): only then is the read let go.
+    await wait_until(lambda: h.settle_waits, "settle() waiting for the bootstrapping queue",
+                     timeout_s=10)
+    assert not settling.done() and not h.m.quiescent()
+    gate.set()
+    await settling
     assert [e["edu_type"] for e in h.fake.received_edus(D)] == ["m.typing"]
-    await releaser
 
 
 async def test_retry_last_ts_advances_on_every_failed_attempt_in_catchup(h: Harness) -> None:
