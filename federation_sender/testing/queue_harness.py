@@ -104,14 +104,6 @@ class Harness:
     settle_turns: int = 0  # loop turns settle() has given quiescence, to follow it
     settle_waits: int = 0  # times settle() found something busy and waited for it
 
-    def __post_init__(self) -> None:
-        # No gathering window before each group commit: it is the event loop's real
-        # time (25 ms by default), not a schedule on the fake clock, and it only made
-        # every commit, so every settle() after a send, wait that long (half the time
-        # settle() took in tests/queue, edus and intake). test_store_group_commit.py
-        # tests the window on a store of its own; a test may set it on h.settings.
-        self.settings = replace(self.settings, commit_gather_s=0.0)
-
     def without_short_retry(self) -> None:
         """The first failure goes straight to the persisted backoff (for tests of that
         schedule); call before :meth:`start`."""
