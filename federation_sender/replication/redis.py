@@ -167,11 +167,15 @@ class RedisSession:
 
     async def close(self) -> None:
         self._closed_reason = self._closed_reason or "closed"
-        await cancel_and_wait(self._publisher)
-        with contextlib.suppress(RedisError, OSError):
-            await _aclose(self._pubsub)
-        with contextlib.suppress(RedisError, OSError):
-            await _aclose(self._client)
+        try:
+            await cancel_and_wait(self._publisher)
+        finally:
+            # A cancelled caller gets its CancelledError back from cancel_and_wait; the
+            # connections are closed all the same.
+            with contextlib.suppress(RedisError, OSError):
+                await _aclose(self._pubsub)
+            with contextlib.suppress(RedisError, OSError):
+                await _aclose(self._client)
 
 
 class RedisTransport:

@@ -130,8 +130,12 @@ class TcpSession:
 
     async def close(self) -> None:
         self._conn.close()
-        await cancel_and_wait(self._timer)
-        await close_stream_writer(self._writer, self._clock)
+        try:
+            await cancel_and_wait(self._timer)
+        finally:
+            # A cancelled caller (the client's task stopped) gets its CancelledError
+            # back from cancel_and_wait; the socket is closed all the same.
+            await close_stream_writer(self._writer, self._clock)
 
 
 class TcpTransport:

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import pytest
@@ -153,10 +153,47 @@ async def test_reconnect_mid_stream_loses_nothing() -> None:
         assert r.store.positions[("events", "master")] == 1000
 
 
+Handle = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+@contextlib.asynccontextmanager
+async def _listening(handle: Handle) -> AsyncIterator[int]:
+    """A loopback server running ``handle`` per connection; yields its port. On exit it
+    stops listening, closes each connection a handler left open, and waits for the
+    handlers (``Server.close`` alone leaves accepted connections open)."""
+    handlers: set[asyncio.Task[None]] = set()
+    writers: list[asyncio.StreamWriter] = []
+
+    async def tracked(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        handlers.add(task)
+        writers.append(w)
+        try:
+            await handle(r, w)
+        finally:
+            w.close()
+
+    server = await asyncio.start_server(tracked, "127.0.0.1", 0)
+    try:
+        yield server.sockets[0].getsockname()[1]
+    finally:
+        server.close()
+        for w in writers:
+            w.close()
+        await asyncio.gather(*handlers, return_exceptions=True)
+        for w in writers:
+            with contextlib.suppress(ConnectionError):
+                await w.wait_closed()
+        await server.wait_closed()
+
+
+@contextlib.asynccontextmanager
 async def _raw_server(
     script: list[list[bytes]],
-) -> tuple[asyncio.Server, asyncio.Queue[tuple[int, bytes]]]:
-    """Connection n gets script[n] and then stays open; what it receives is queued."""
+) -> AsyncIterator[tuple[int, asyncio.Queue[tuple[int, bytes]]]]:
+    """Connection n gets script[n] and then stays open; what it receives is queued.
+    Yields the port and that queue."""
     received: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
     count = 0
 
@@ -168,10 +205,9 @@ async def _raw_server(
         with contextlib.suppress(ConnectionError):
             while line := await r.readline():
                 await received.put((n, line))
-        w.close()
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    return server, received
+    async with _listening(handle) as port:
+        yield port, received
 
 
 async def _until(received: asyncio.Queue[tuple[int, bytes]], pred: object) -> tuple[int, bytes]:
@@ -216,15 +252,10 @@ async def test_partial_batch_then_reconnect_fetches_from_the_database() -> None:
             while line := await rd.readline():
                 await received.put((n, line))
 
-    server = await asyncio.start_server(handle, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    try:
-        async with reader(port, db) as r:
-            await r.handler.wait_for(lambda: r.handler.rows("to_device") == rows)
-            assert r.store.positions[("to_device", "master")] == 1
-            assert r.client.sessions_opened == 2
-    finally:
-        server.close()
+    async with _listening(handle) as port, reader(port, db) as r:
+        await r.handler.wait_for(lambda: r.handler.rows("to_device") == rows)
+        assert r.store.positions[("to_device", "master")] == 1
+        assert r.client.sessions_opened == 2
 
 
 BAD_INPUTS = [
@@ -242,39 +273,29 @@ async def test_bad_input_gets_error_keeps_position_and_reconnects(
     bad: bytes, reason: bytes
 ) -> None:
     script = [[b"SERVER hs\nPOSITION to_device master 5 5\n", bad]]
-    server, received = await _raw_server(script)
-    port = server.sockets[0].getsockname()[1]
     store = InMemoryPositionStore({("to_device", "master"): 5})
-    try:
+    async with _raw_server(script) as (port, received):
         async with reader(port, store=store) as r:
             n, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
             assert reason in line
             await _until(received, lambda item: item[0] > n)  # reconnected
             assert store.positions == {("to_device", "master"): 5}
             assert not r.task.done()
-    finally:
-        server.close()
 
 
 async def test_server_name_mismatch_is_refused() -> None:
-    server, received = await _raw_server([[b"SERVER impostor\n"]])
-    port = server.sockets[0].getsockname()[1]
-    try:
+    async with _raw_server([[b"SERVER impostor\n"]]) as (port, received):
         async with reader(port):
             _, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
             assert b"impostor" in line
-    finally:
-        server.close()
 
 
 async def test_keepalive_and_timeout_on_a_fake_clock(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="federation_sender.replication")
-    server, received = await _raw_server(
-        [[b"SERVER hs\nPING 1\nPOSITION to_device master 1 1\n"]]
-    )
-    port = server.sockets[0].getsockname()[1]
     clock = FakeClock()
-    try:
+    async with _raw_server(
+        [[b"SERVER hs\nPING 1\nPOSITION to_device master 1 1\n"]]
+    ) as (port, received):
         async with reader(port, clock=clock) as r:
             await _until(received, lambda item: item[1].startswith(b"REPLICATE"))
             await asyncio.wait_for(r.client.connected.wait(), WAIT_S)
@@ -294,8 +315,6 @@ async def test_keepalive_and_timeout_on_a_fake_clock(caplog: pytest.LogCaptureFi
 
             await r.handler.wait_for(ended)
             assert ended()[0].endswith(": closed by us: ping timeout"), ended()
-    finally:
-        server.close()
 
 
 async def test_congested_reader_is_disconnected() -> None:
@@ -381,10 +400,8 @@ async def test_longer_rows_from_a_newer_writer_are_read_not_refused(
     ev = '["$e{0}","!r:hs","m.room.message",null,null,null,null,false,false,{{"new":1}}]'
     lines = [f'RDATA events master {i} ["ev",{ev.format(i)}]\n'.encode() for i in (6, 7)]
     script = [[b"SERVER hs\nPOSITION events master 5 5\n", *lines]]
-    server, received = await _raw_server(script)
-    port = server.sockets[0].getsockname()[1]
     store = InMemoryPositionStore({("events", "master"): 5})
-    try:
+    async with _raw_server(script) as (port, received):
         async with reader(port, store=store) as r:
             await r.handler.wait_for(lambda: store.positions.get(("events", "master")) == 7)
             assert r.handler.rows("events") == [event(6), event(7)]
@@ -393,8 +410,6 @@ async def test_longer_rows_from_a_newer_writer_are_read_not_refused(
             while not received.empty():
                 got.append((await received.get())[1])
             assert not [g for g in got if g.startswith(b"ERROR")], got
-    finally:
-        server.close()
     warnings = [m for m in caplog.messages if "extra ones are ignored" in m]
     assert warnings == [
         "replication: events 'ev' rows have 10 fields, 9 known here: the extra ones are "
