@@ -274,20 +274,18 @@ async def test_bad_input_gets_error_keeps_position_and_reconnects(
 ) -> None:
     script = [[b"SERVER hs\nPOSITION to_device master 5 5\n", bad]]
     store = InMemoryPositionStore({("to_device", "master"): 5})
-    async with _raw_server(script) as (port, received):
-        async with reader(port, store=store) as r:
-            n, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
-            assert reason in line
-            await _until(received, lambda item: item[0] > n)  # reconnected
-            assert store.positions == {("to_device", "master"): 5}
-            assert not r.task.done()
+    async with _raw_server(script) as (port, received), reader(port, store=store) as r:
+        n, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
+        assert reason in line
+        await _until(received, lambda item: item[0] > n)  # reconnected
+        assert store.positions == {("to_device", "master"): 5}
+        assert not r.task.done()
 
 
 async def test_server_name_mismatch_is_refused() -> None:
-    async with _raw_server([[b"SERVER impostor\n"]]) as (port, received):
-        async with reader(port):
-            _, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
-            assert b"impostor" in line
+    async with _raw_server([[b"SERVER impostor\n"]]) as (port, received), reader(port):
+        _, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
+        assert b"impostor" in line
 
 
 async def test_keepalive_and_timeout_on_a_fake_clock(caplog: pytest.LogCaptureFixture) -> None:
@@ -295,26 +293,25 @@ async def test_keepalive_and_timeout_on_a_fake_clock(caplog: pytest.LogCaptureFi
     clock = FakeClock()
     async with _raw_server(
         [[b"SERVER hs\nPING 1\nPOSITION to_device master 1 1\n"]]
-    ) as (port, received):
-        async with reader(port, clock=clock) as r:
-            await _until(received, lambda item: item[1].startswith(b"REPLICATE"))
-            await asyncio.wait_for(r.client.connected.wait(), WAIT_S)
-            # Commands are handled in order: once the POSITION is, so is the PING before it.
-            await r.handler.wait_for(lambda: r.client.positions.get("to_device", "master") == 1)
+    ) as (port, received), reader(port, clock=clock) as r:
+        await _until(received, lambda item: item[1].startswith(b"REPLICATE"))
+        await asyncio.wait_for(r.client.connected.wait(), WAIT_S)
+        # Commands are handled in order: once the POSITION is, so is the PING before it.
+        await r.handler.wait_for(lambda: r.client.positions.get("to_device", "master") == 1)
+        await clock.advance_and_settle(5)
+        _, line = await _until(received, lambda item: item[1].startswith(b"PING"))
+        for _ in range(4):
             await clock.advance_and_settle(5)
-            _, line = await _until(received, lambda item: item[1].startswith(b"PING"))
-            for _ in range(4):
-                await clock.advance_and_settle(5)
-            assert received.empty() or not (await received.get())[1].startswith(b"ERROR")
-            await clock.advance_and_settle(5)  # 25 s since the server's PING
-            _, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
-            assert line == b"ERROR ping timeout\n"
+        assert received.empty() or not (await received.get())[1].startswith(b"ERROR")
+        await clock.advance_and_settle(5)  # 25 s since the server's PING
+        _, line = await _until(received, lambda item: item[1].startswith(b"ERROR"))
+        assert line == b"ERROR ping timeout\n"
 
-            def ended() -> list[str]:
-                return [m for m in caplog.messages if "disconnected from" in m]
+        def ended() -> list[str]:
+            return [m for m in caplog.messages if "disconnected from" in m]
 
-            await r.handler.wait_for(ended)
-            assert ended()[0].endswith(": closed by us: ping timeout"), ended()
+        await r.handler.wait_for(ended)
+        assert ended()[0].endswith(": closed by us: ping timeout"), ended()
 
 
 async def test_congested_reader_is_disconnected() -> None:
@@ -401,15 +398,14 @@ async def test_longer_rows_from_a_newer_writer_are_read_not_refused(
     lines = [f'RDATA events master {i} ["ev",{ev.format(i)}]\n'.encode() for i in (6, 7)]
     script = [[b"SERVER hs\nPOSITION events master 5 5\n", *lines]]
     store = InMemoryPositionStore({("events", "master"): 5})
-    async with _raw_server(script) as (port, received):
-        async with reader(port, store=store) as r:
-            await r.handler.wait_for(lambda: store.positions.get(("events", "master")) == 7)
-            assert r.handler.rows("events") == [event(6), event(7)]
-            assert r.client.sessions_opened == 1
-            got = []
-            while not received.empty():
-                got.append((await received.get())[1])
-            assert not [g for g in got if g.startswith(b"ERROR")], got
+    async with _raw_server(script) as (port, received), reader(port, store=store) as r:
+        await r.handler.wait_for(lambda: store.positions.get(("events", "master")) == 7)
+        assert r.handler.rows("events") == [event(6), event(7)]
+        assert r.client.sessions_opened == 1
+        got = []
+        while not received.empty():
+            got.append((await received.get())[1])
+        assert not [g for g in got if g.startswith(b"ERROR")], got
     warnings = [m for m in caplog.messages if "extra ones are ignored" in m]
     assert warnings == [
         "replication: events 'ev' rows have 10 fields, 9 known here: the extra ones are "
