@@ -426,7 +426,8 @@ async def test_a_reset_before_any_byte_of_the_response_is_a_disconnection_to_ret
     from federation_sender.transport.classify import Disconnected
     from federation_sender.transport.h1_exchange import Exchange
 
-    server = await asyncio.start_server(lambda _r, _w: None, "127.0.0.1", 0)
+    accepted: list[asyncio.StreamWriter] = []  # held open, closed at the end
+    server = await asyncio.start_server(lambda _r, w: accepted.append(w), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     loop = asyncio.get_running_loop()
     try:
@@ -446,3 +447,6 @@ async def test_a_reset_before_any_byte_of_the_response_is_a_disconnection_to_ret
             transport.close()
     finally:
         server.close()
+        for w in accepted:
+            w.close()
+        await server.wait_closed()

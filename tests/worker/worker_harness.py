@@ -82,14 +82,15 @@ def write_config(tmp_path: Path, pg_url: str, repl_port: int, remote_url: str) -
 
 
 def start_worker(config: Path, tmp_path: Path) -> subprocess.Popen[bytes]:
-    log = open(tmp_path / "worker.log", "ab")  # noqa: SIM115 - closed with the process
-    return subprocess.Popen(
-        [sys.executable, "-m", "federation_sender", "worker", "-c", str(config)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=tmp_path,
-        env=dict(os.environ),
-    )
+    # The worker writes to its own copy of the file descriptor; ours is closed at once.
+    with open(tmp_path / "worker.log", "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "federation_sender", "worker", "-c", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+            env=dict(os.environ),
+        )
 
 
 async def stop(
