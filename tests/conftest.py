@@ -38,6 +38,9 @@ from federation_sender.testing.synapse_config import RedisAddress
 from federation_sender.testing.synapse_deployment import SynapseDeployment, create_deployment
 from federation_sender.testing.synapse_peer import PeerNetwork
 
+# A test or module that leaves a thread behind fails (tests/thread_leaks.py).
+pytest_plugins = ["tests.thread_leaks"]
+
 _db_counter = itertools.count()
 
 # --- Spark's JVMs in tests --------------------------------------------------------------
