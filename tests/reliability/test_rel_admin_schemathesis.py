@@ -55,13 +55,15 @@ class ServedApp:
     def stop(self) -> None:
         if self.proc is None:
             return
-        assert self.proc.stdin is not None
+        assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.close()  # the server stops when its stdin closes
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        finally:
+            self.proc.stdout.close()
 
     @property
     def base_url(self) -> str:
