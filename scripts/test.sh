@@ -54,15 +54,15 @@ set +e
 # (one core was idle otherwise). Inside the whole run their ast.parse failed with
 # "SystemError: AST constructor recursion depth mismatch": Hypothesis's in the
 # schemathesis module (3 of 5 runs), and the storage boundary test's after
-# test_store_group_commit.py (every run). Not threads: tests/conftest.py's thread check
-# finds none left behind, also at 11ffd10, where the boundary failure reproduces in one
-# process after test_store_group_commit.py (up to a516810^; from a516810, never). It is CPython 3.11 re-entering ast.parse:
-# the garbage collector runs finalizers inside it, and a finalizer that formats a
-# traceback (asyncio's "exception was never retrieved" for the group commit's dropped
-# futures, fixed in a516810; pytest's hook for a ResourceWarning in __del__) calls
-# ast.parse again to place the carets, which breaks the outer call's depth count. Leaks
-# now fail a test (ResourceWarning is an error), but in whichever test collects them; in
-# a process of their own, no other module's leftovers are collected inside these
+# test_store_group_commit.py (every run). Not threads: tests/thread_leaks.py finds none
+# left behind, also at 11ffd10, where the boundary failure reproduces in one process
+# after test_store_group_commit.py (until a516810; from it, never). It is CPython 3.11
+# re-entering ast.parse: the garbage collector runs finalizers inside it, and one that
+# formats a traceback (asyncio's "exception was never retrieved" for the group commit's
+# dropped futures, fixed in a516810; pytest's hook for a ResourceWarning in __del__)
+# calls ast.parse again to place its carets, which breaks the outer call's depth count.
+# A leak now fails a test (ResourceWarning is an error), but whichever test collects
+# it; in a process of their own, no other module's leftovers are collected inside these
 # modules' ast.parse.
 SCHEMATHESIS=tests/reliability/test_rel_admin_schemathesis.py
 BOUNDARY=tests/storage/test_boundary.py
