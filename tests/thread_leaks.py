@@ -17,9 +17,10 @@ running before the test (other than the test's own, the main thread) is that thr
 doing. The admin dashboard's server loop (tests/admin/test_admin_dashboard.py, a module
 fixture's thread) opens its aiosqlite connections, one thread each, when the browser's
 requests arrive; a thread pool or py4j gateway of the session would do the same. Such a
-thread is the module's or the session's to stop, and the module check, whose baseline
-is taken before the module's fixtures, still fails a module fixture's thread that
-outlives the module. Nothing is exempted by name.
+thread is the module's or the session's to stop; so is one that a session-scoped
+fixture starts while it is set up (in whichever module first asks for it). The module
+check, whose baseline is taken before the module's fixtures, still fails a module
+fixture's thread that outlives the module. Nothing is exempted by name.
 """
 
 from __future__ import annotations
@@ -53,9 +54,33 @@ def _recording_start(self: threading.Thread) -> None:
 threading.Thread.start = _recording_start  # type: ignore[method-assign]
 
 
+_SESSION_FIXTURE_THREADS: weakref.WeakKeyDictionary[threading.Thread, str] = (
+    weakref.WeakKeyDictionary()
+)
+"""Threads started while a session-scoped fixture was set up, and that fixture's name:
+the session's (the SparkSession's py4j finalizer and accumulator server, started in
+whichever module first asks for ``spark``), stopped at the session's end."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_fixture_setup(fixturedef: pytest.FixtureDef[object]) -> object:
+    if fixturedef.scope != "session":
+        return (yield)
+    before = set(threading.enumerate())
+    try:
+        return (yield)
+    finally:
+        for thread in threading.enumerate():
+            if thread not in before:
+                _SESSION_FIXTURE_THREADS[thread] = fixturedef.argname
+
+
 def _owned_by_a_wider_scope(thread: threading.Thread, before: set[threading.Thread]) -> bool:
-    """Started by a thread that was running before the test (or module), other than the
-    main thread that runs the tests: a wider-scoped resource's thread started it."""
+    """Started by a session fixture, or by a thread that was running before the test (or
+    module) other than the main thread that runs the tests: a wider-scoped resource's
+    thread started it."""
+    if thread in _SESSION_FIXTURE_THREADS:
+        return True
     starter = _STARTED_BY.get(thread)
     return (
         starter is not None
