@@ -130,7 +130,15 @@ class PeerNetwork:
 
     async def _close(self) -> None:
         for runner in self._runners:
+            server = runner.server
+            open_ = [h.transport for h in server.connections] if server is not None else []
             await runner.cleanup()
+            # cleanup() closes each TLS connection by asking the peer (Synapse) to
+            # confirm, and our loop closes right after: abort what is still open rather
+            # than leave its socket to the garbage collector.
+            for transport in open_:
+                if transport is not None:
+                    transport.abort()
         if self._session is not None:
             await self._session.close()
 
