@@ -419,6 +419,10 @@ class DestinationRunner:
             return
         eff = c.catchup_finished()
         if eff.last_successful is not None:
+            # The episode's own transactions' writes first: the episode's end is written
+            # alone (not group-committed behind them), and if one of them failed, the
+            # queue fails here and restarts in catch-up rather than move its position.
+            await self._flush_persist()
             async with self.db_slots:
                 await self.store.persist(self.destination, eff, None, now)
 

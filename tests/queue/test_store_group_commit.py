@@ -148,15 +148,21 @@ _REFUSE_LOG = {
 }
 
 
-async def test_catchup_episode_position_waits_for_its_transactions_writes(hdb: Harness) -> None:
+@pytest.mark.parametrize("gather_s", [None, 0.0], ids=["default-window", "no-window"])
+async def test_catchup_episode_position_waits_for_its_transactions_writes(
+        hdb: Harness, gather_s: float | None) -> None:
     """A catch-up transaction got its 200 but its write failed (the database refuses the
     log row). The episode then finds no more rows: its end position must not be recorded
     without that write, past a PDU whose delivery is in no log. The queue fails and, recreated
-    from the database, catches up again from the old position once writes work."""
+    from the database, catches up again from the old position once writes work. Without
+    the group commit's gathering window (``queue.commit_gather_s: 0``) the transaction's
+    write may fail only after the episode has ended: the end waits for it."""
     h, w = hdb, hdb.writer
     # One room per read: after the transaction, the queue reads again (finding nothing)
     # and ends the episode while the transaction's write is being committed.
     h.settings = replace(h.settings, catchup_rooms_per_batch=1)
+    if gather_s is not None:
+        h.settings = replace(h.settings, commit_gather_s=gather_s)
     await room_with(h, "!a:l", D)
     base = w.stream_ordering
     ev = await w.message("!a:l", ALICE)
