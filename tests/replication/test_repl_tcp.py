@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import random
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -22,6 +22,7 @@ from federation_sender.replication.rows import EventsStreamRow, ToDeviceStreamRo
 from federation_sender.replication.server import ReplicationWriter
 from federation_sender.replication.tcp import TcpReplicationServer, TcpTransport
 from federation_sender.testing.clock import FakeClock
+from federation_sender.testing.loopback import loopback_server
 from federation_sender.testing.replication import (
     InMemoryPositionStore,
     RecordingHandler,
@@ -153,41 +154,6 @@ async def test_reconnect_mid_stream_loses_nothing() -> None:
         assert r.store.positions[("events", "master")] == 1000
 
 
-Handle = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
-
-
-@contextlib.asynccontextmanager
-async def _listening(handle: Handle) -> AsyncIterator[int]:
-    """A loopback server running ``handle`` per connection; yields its port. On exit it
-    stops listening, closes each connection a handler left open, and waits for the
-    handlers (``Server.close`` alone leaves accepted connections open)."""
-    handlers: set[asyncio.Task[None]] = set()
-    writers: list[asyncio.StreamWriter] = []
-
-    async def tracked(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.add(task)
-        writers.append(w)
-        try:
-            await handle(r, w)
-        finally:
-            w.close()
-
-    server = await asyncio.start_server(tracked, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        for w in writers:
-            w.close()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        for w in writers:
-            with contextlib.suppress(ConnectionError):
-                await w.wait_closed()
-        await server.wait_closed()
-
-
 @contextlib.asynccontextmanager
 async def _raw_server(
     script: list[list[bytes]],
@@ -206,7 +172,7 @@ async def _raw_server(
             while line := await r.readline():
                 await received.put((n, line))
 
-    async with _listening(handle) as port:
+    async with loopback_server(handle) as port:
         yield port, received
 
 
@@ -252,7 +218,7 @@ async def test_partial_batch_then_reconnect_fetches_from_the_database() -> None:
             while line := await rd.readline():
                 await received.put((n, line))
 
-    async with _listening(handle) as port, reader(port, db) as r:
+    async with loopback_server(handle) as port, reader(port, db) as r:
         await r.handler.wait_for(lambda: r.handler.rows("to_device") == rows)
         assert r.store.positions[("to_device", "master")] == 1
         assert r.client.sessions_opened == 2

@@ -18,6 +18,7 @@ import pytest
 from aiohttp.resolver import DefaultResolver
 
 from federation_sender.testing.certs import CertFiles
+from federation_sender.testing.loopback import loopback_server
 from federation_sender.testing.waiting import wait_until
 from federation_sender.transport.addresses import AddressFilter, FilteringResolver
 from federation_sender.transport.client import FederationClient
@@ -207,44 +208,6 @@ async def loopback_pool(**overrides: float) -> AsyncIterator[Http1Pool]:
         await pool.close()
 
 
-@contextlib.asynccontextmanager
-async def plain_server(
-    handler: Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]],
-) -> AsyncIterator[int]:
-    """A plain-HTTP loopback server running ``handler``; yields its port.
-
-    Each connection is closed when its handler returns, and on exit a handler still
-    running is cancelled and its connection closed before the server is waited for:
-    from Python 3.12 ``wait_closed()`` also waits for every connection still open (a
-    client's half-closed one, a handler parked on an event), and would never return.
-    """
-    handlers: set[asyncio.Task[None]] = set()
-    writers: set[asyncio.StreamWriter] = set()
-
-    async def serve(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        handlers.add(task)
-        writers.add(w)
-        try:
-            await handler(r, w)
-        finally:
-            handlers.discard(task)
-            w.close()
-
-    server = await asyncio.start_server(serve, "127.0.0.1", 0)
-    try:
-        yield server.sockets[0].getsockname()[1]
-    finally:
-        server.close()
-        for task in list(handlers):
-            task.cancel()
-        await asyncio.gather(*handlers, return_exceptions=True)
-        for w in writers:
-            w.transport.abort()  # a close() still flushing to a client that left
-        await server.wait_closed()
-
-
 def head(length: int) -> bytes:
     return request_head("/_matrix/federation/v1/send/t", "remote.test", "X-Matrix x", "t",
                         length)
@@ -252,7 +215,7 @@ def head(length: int) -> bytes:
 
 async def test_idle_connections_close_after_the_keepalive() -> None:
     ok = serve_each(lambda _c, _i: json_ok())
-    async with plain_server(ok) as port, loopback_pool(keepalive_s=0.3) as pool:
+    async with loopback_server(ok) as port, loopback_pool(keepalive_s=0.3) as pool:
         responses = await asyncio.gather(*(pool.put("127.0.0.1", port, None, head(2), b"{}")
                                            for _ in range(2)))
         assert [r.status for r in responses] == [200, 200]
@@ -267,7 +230,7 @@ async def test_a_connection_idle_for_30_s_is_kept_by_default() -> None:
     a new one (126,731 connections for 10,000 destinations, bench/big_room.py). Idle
     connections are kept 60 s by default (Synapse's federation pool: 120 s)."""
     ok = serve_each(lambda _c, _i: json_ok())
-    async with plain_server(ok) as port, loopback_pool() as pool:
+    async with loopback_server(ok) as port, loopback_pool() as pool:
         assert (await pool.put("127.0.0.1", port, None, head(2), b"{}")).status == 200
         (conn,) = [c for p in pool._pools.values() for c in p.idle]
         conn.idle_since -= 30.0
@@ -291,7 +254,7 @@ async def test_bytes_nobody_asked_for_take_an_idle_connection_out_of_the_pool() 
         sent_extra.set()
         await read_request(r)
 
-    async with plain_server(handler) as port, loopback_pool() as pool:
+    async with loopback_server(handler) as port, loopback_pool() as pool:
         assert (await pool.put("127.0.0.1", port, None, head(2), b"{}")).status == 200
         assert pool.idle_connections == 1  # put() parks the connection before it returns
         parked.set()
@@ -315,7 +278,7 @@ async def test_requests_over_the_per_host_limit_wait_and_a_cancelled_waiter_free
             w.write(json_ok())
             await w.drain()
 
-    async with plain_server(handler) as port, loopback_pool(max_per_host=2) as pool:
+    async with loopback_server(handler) as port, loopback_pool(max_per_host=2) as pool:
         puts = [asyncio.create_task(pool.put("127.0.0.1", port, None, head(2), b"{}"))
                 for _ in range(5)]
         await wait_until(lambda: active, "both connections busy", accept=lambda n: n == 2,
@@ -341,8 +304,8 @@ async def test_a_request_cancelled_while_waiting_for_the_total_limit_leaves_no_p
             await w.drain()
 
     async with (
-        plain_server(slow) as port_a,
-        plain_server(slow) as port_b,
+        loopback_server(slow) as port_a,
+        loopback_server(slow) as port_b,
         loopback_pool(max_connections=1) as pool,
     ):
         first = asyncio.create_task(pool.put("127.0.0.1", port_a, None, head(2), b"{}"))
@@ -385,7 +348,7 @@ def test_the_client_sends_on_uvloop_over_tls_and_plain_http(
         assert outcomes == [Outcome.SUCCESS] * 3
         assert len(remote.requests) == 3
         ok = serve_each(lambda _c, _i: json_ok())
-        async with plain_server(ok) as port, loopback_pool() as pool:
+        async with loopback_server(ok) as port, loopback_pool() as pool:
             for _ in range(2):
                 response = await pool.put("127.0.0.1", port, None, head(2), b"{}")
                 assert response.status == 200
