@@ -3,7 +3,9 @@ catch-up and wake-ups.
 
 Theory of operation
 -------------------
-The :class:`~federation_sender.queue.fanout.EventFanout` reads new events from the
+In short here; its one full home is docs/queue-engine.md ("Theory of operation"), and
+the pure core's own docstring (``queue/core/__init__.py``) says what each module of it
+decides. The :class:`~federation_sender.queue.fanout.EventFanout` reads new events from the
 database past its persisted position when poked (or polled), works out the destinations
 of each of our events, records them durably in ``destination_rooms`` together with the
 new position, then hands the PDUs to per-destination queues.
