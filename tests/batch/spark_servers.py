@@ -11,17 +11,18 @@ script's shell and the JVM under it; a worker's executors are its children).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.prereq import unavailable
+from federation_sender.testing.waiting import WaitTimedOut, wait_until_blocking
 
 JDBC_JAR = "/usr/share/java/postgresql.jar"
 START_TIMEOUT_S = 90.0
@@ -97,13 +98,16 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
 
 def _await(ready: Callable[[], bool], procs: Sequence[subprocess.Popen[bytes]], log: Path,
            what: str) -> None:
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not ready():
-        if any(p.poll() is not None for p in procs) or time.monotonic() > deadline:
-            tail = log.read_text(errors="replace")[-2000:]
-            unavailable(f"{what} did not start (exit status "
-                        f"{[p.poll() for p in procs]}): {tail}")
-        time.sleep(0.25)
+    def settled() -> bool:  # up, or a process of it gone
+        return ready() or any(p.poll() is not None for p in procs)
+
+    with contextlib.suppress(WaitTimedOut):
+        wait_until_blocking(settled, f"{what} to start", timeout_s=START_TIMEOUT_S,
+                            every_s=0.25)
+    if not ready():
+        tail = log.read_text(errors="replace")[-2000:]
+        unavailable(f"{what} did not start (exit status "
+                    f"{[p.poll() for p in procs]}): {tail}")
 
 
 class ConnectServer:

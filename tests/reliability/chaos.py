@@ -26,6 +26,7 @@ second for the whole run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -51,7 +52,7 @@ from federation_sender.storage.migrate import upgrade
 from federation_sender.testing.faults import FaultProfile
 from federation_sender.testing.ports import free_port
 from federation_sender.testing.postgres import PostgresCluster
-from federation_sender.testing.waiting import wait_admin_ready
+from federation_sender.testing.waiting import WaitTimedOut, wait_admin_ready, wait_until
 from federation_sender.transport.signing import generate_key_file, verify_key_lookup
 
 SERVER_NAME = "sim.local"
@@ -212,10 +213,11 @@ class WorkerProcess:
         if self.proc.poll() is not None:
             return self.proc.returncode
         self.proc.send_signal(signal.SIGTERM)
-        for _ in range(300):
-            if self.proc.poll() is not None:
-                return self.proc.returncode
-            await asyncio.sleep(0.1)
+        proc = self.proc
+        with contextlib.suppress(WaitTimedOut):
+            return await wait_until(proc.poll, "the worker to exit after SIGTERM",
+                                    accept=lambda rc: rc is not None, timeout_s=30,
+                                    every_s=0.1)
         self.proc.kill()
         self.proc.wait()
         return -9
