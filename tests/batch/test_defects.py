@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import os
 import socket
@@ -231,7 +232,7 @@ def load_sqlite(h: History, path: Path) -> str:
             await eng.dispose()
 
     asyncio.run(migrate())
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.executemany(
             "INSERT INTO events (stream_ordering, event_id, room_id, type, state_key, sender,"
             " origin_server_ts, outlier, rejected, json) VALUES (:stream_ordering, :event_id,"

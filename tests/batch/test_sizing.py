@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sqlite3
 from pathlib import Path
 
@@ -113,10 +114,10 @@ def test_the_row_counts_come_from_postgresql_before_spark(pg_url: str) -> None:
 
 def test_sqlite_counts_its_rows(tmp_path: Path) -> None:
     path = tmp_path / "x.db"
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         conn.execute("CREATE TABLE events (stream_ordering INTEGER)")
         conn.executemany("INSERT INTO events VALUES (?)", [(i,) for i in range(7)])
-    with sqlite3.connect(path) as conn:
+    with contextlib.closing(sqlite3.connect(path)) as conn, conn:
         assert batch_reads.estimated_rows(conn, ["events", "destination_rooms",
                                                  "federation_sender.x"], sqlite=True) == 7
 

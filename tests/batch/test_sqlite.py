@@ -4,6 +4,7 @@ demo's database, found without arguments, then the audit and the backfill."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import itertools
 import json
@@ -55,7 +56,7 @@ def test_health_report_right_after_the_demo(spark: Any, demo_dir: Path,
     assert status == 0, doc
     assert "using the demo's database" in capsys.readouterr().err
     db = demo_dir / "data" / "demo" / "demo.db"
-    with sqlite3.connect(db) as conn:
+    with contextlib.closing(sqlite3.connect(db)) as conn, conn:
         (txns,) = conn.execute("SELECT count(*) FROM federation_transaction_log").fetchone()
         (dests,) = conn.execute("SELECT count(DISTINCT destination) FROM "
                                 "federation_transaction_log").fetchone()

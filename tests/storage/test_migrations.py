@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 import sys
 from pathlib import Path
@@ -133,7 +134,7 @@ async def test_a_start_at_head_never_loads_alembic(sqlite_url: str) -> None:
 def _schema_sql(path: Path) -> list[str]:
     """Every table's and index's DDL as SQLite stored it, in name order (the order of
     creation is not part of the schema)."""
-    with sqlite3.connect(path) as c:
+    with contextlib.closing(sqlite3.connect(path)) as c, c:
         return sorted(r[0] for r in c.execute(
             "SELECT sql FROM sqlite_master WHERE sql IS NOT NULL ORDER BY name"
         ))
@@ -147,7 +148,7 @@ async def test_a_database_made_by_the_first_revision_as_released_upgrades_to_hea
     released (``r0001_native_sqlite.sql``), and a database holding that schema is
     upgraded to head and passes the start-up check."""
     released = tmp_path / "released.db"
-    with sqlite3.connect(released) as c:
+    with contextlib.closing(sqlite3.connect(released)) as c, c:
         c.executescript(RELEASED_R0001.read_text())
     fresh = tmp_path / "fresh.db"
     eng = create_engine(f"sqlite:///{fresh}")

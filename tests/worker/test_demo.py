@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sqlite3
 import subprocess
@@ -30,7 +31,7 @@ def test_demo_runs_end_to_end_and_passes_the_delivery_check(demo_run: DemoRun) -
     # The remote that is down for most of the run goes through catch-up and comes back.
     assert "enters catch-up" in log
     assert "Traceback" not in log
-    with sqlite3.connect(tmp_path / "data" / "demo" / "demo.db") as db:
+    with contextlib.closing(sqlite3.connect(tmp_path / "data" / "demo" / "demo.db")) as db, db:
         caught_up = {d for (d,) in db.execute(
             "SELECT DISTINCT destination FROM federation_transaction_log WHERE catchup")}
     assert caught_up
