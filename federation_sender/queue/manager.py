@@ -27,9 +27,9 @@ from federation_sender.clock import Clock, time_ms
 from federation_sender.config import QueueSettings
 from federation_sender.queue.coalesce import HandOverGate
 from federation_sender.queue.core.backoff import RESET
+from federation_sender.queue.core.effects import Effects
 from federation_sender.queue.core.items import JsonDict, PduItem
 from federation_sender.queue.core.status import DestinationStatus, oldest_age_s
-from federation_sender.queue.core.steps import Effects
 from federation_sender.queue.fanout import EventFanout
 from federation_sender.queue.federation_stream import FederationEdu, FederationStream
 from federation_sender.queue.housekeeping import Housekeeping

@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
+from federation_sender.queue.core.effects import Effects
 from federation_sender.queue.core.isolation import describe
 from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.core.states import DestinationState
-from federation_sender.queue.core.steps import Effects
 from federation_sender.transport.result import Outcome, SendResult
 
 log = logging.getLogger("federation_sender.queue.runner")  # the name these lines always had

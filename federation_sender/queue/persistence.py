@@ -43,7 +43,8 @@ from federation_sender.queue.core.catchup import (
     is_sendable,
     plan_room,
 )
-from federation_sender.queue.core.steps import Effects, FrozenTxn
+from federation_sender.queue.core.effects import Effects
+from federation_sender.queue.core.steps import FrozenTxn
 from federation_sender.storage.protocols import Backend, Tx
 from federation_sender.transport.result import SendResult
 from federation_sender.visibility import Verdict, decide

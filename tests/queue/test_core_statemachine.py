@@ -58,10 +58,10 @@ from federation_sender.queue.core.backoff import RATE_LIMIT_BASE_MS, RESET, Back
 from federation_sender.queue.core.batching import TXN_OVERHEAD_BYTES, Limits
 from federation_sender.queue.core.catchup import RoomPlan
 from federation_sender.queue.core.destination import DestinationCore
+from federation_sender.queue.core.effects import Effects
 from federation_sender.queue.core.items import PduItem
 from federation_sender.queue.core.steps import (
     AwaitConfirmation,
-    Effects,
     Idle,
     NeedCatchup,
     NeedOutbox,

@@ -15,7 +15,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from federation_sender.model import TxnLogRow
-from federation_sender.queue.core.steps import Effects
+from federation_sender.queue.core.effects import Effects
 from federation_sender.queue.persistence import QueuePersistence
 from federation_sender.storage import destinations as dst
 from federation_sender.storage.backend import NativeBackend

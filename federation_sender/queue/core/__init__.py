@@ -3,7 +3,7 @@
 Nothing here awaits, reads the clock, talks to a database or a socket, or reports
 metrics: time comes in as ``now_ms``, randomness as a ``random.Random``, results as
 :class:`~federation_sender.transport.result.SendResult` values, and decisions go out as
-return values (:class:`~.steps.Effects` and the steps ``Send``, ``Wait``, ``NeedOutbox``,
+return values (:class:`~.effects.Effects` and the steps ``Send``, ``Wait``, ``NeedOutbox``,
 ``NeedCatchup``, ``Idle``). The asyncio shell in
 ``queue/`` (``runner.py``, ``manager.py``, ``persistence.py``) feeds it and carries its
 decisions out. An import-linter contract (pyproject.toml, "The queue's core is pure")
@@ -23,6 +23,6 @@ imports included, so a Hypothesis model can drive it step by step
   episode of it;
 * :mod:`.pacing`: pacing a backlog to what the receiver has confirmed;
 * :mod:`.loop_policy`: when an idle queue ends and how long it waits;
-* :mod:`.steps`, :mod:`.status`: the step and effect values, and the read model the
-  admin API and metrics show.
+* :mod:`.steps`, :mod:`.effects`, :mod:`.status`: the steps, what a result implies,
+  and the read model the admin API and metrics show.
 """

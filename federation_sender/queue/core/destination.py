@@ -55,6 +55,7 @@ from federation_sender.queue.core.backoff import (
 from federation_sender.queue.core.batching import Batch, Limits, fill_edus
 from federation_sender.queue.core.catchup import RoomPlan, pdu_item
 from federation_sender.queue.core.composer import RoomRotation, compose, edus_only
+from federation_sender.queue.core.effects import Effects, outbox_keys
 from federation_sender.queue.core.episode import CatchupEpisode
 from federation_sender.queue.core.isolation import ItemIsolation, Verdict
 from federation_sender.queue.core.items import (
@@ -69,7 +70,6 @@ from federation_sender.queue.core.loop_policy import LoopPolicy
 from federation_sender.queue.core.states import DestinationState, DestinationStateMachine
 from federation_sender.queue.core.steps import (
     AwaitConfirmation,
-    Effects,
     FrozenTxn,
     Idle,
     NeedCatchup,
@@ -78,7 +78,6 @@ from federation_sender.queue.core.steps import (
     Send,
     Step,
     Wait,
-    outbox_keys,
 )
 from federation_sender.transport.result import Outcome, SendResult
 
