@@ -53,8 +53,8 @@ events               ``events.py`` (the reads of both)    ``events.py`` (sending
 room hosts           ``hosts.py``                         ``hosts.py`` (state groups)
 membership history   ``membership_history.py``            ``membership_history.py``
 destinations         ``destinations.py``, ``catchup.py``  ``destinations.py``
-outboxes             ``outboxes.py``                      ``to_device.py``,
-                                                          ``device_lists.py``
+to-device outbox     ``to_device.py``                     ``to_device.py``
+device-list outbox   ``device_lists.py``                  ``device_lists.py``
 positions            ``positions.py``                     ``positions.py``
 transaction log      ``txlog.py`` (both backends)
 admin reads          ``admin_queries.py`` (both)

@@ -2,23 +2,24 @@
 (``storage/schema.py``), on PostgreSQL or SQLite; the pair of
 :mod:`federation_sender.storage.synapse.backend`.
 
-This module holds no SQL: it wires. :class:`NativeTx` hands out one object per
-aggregate, each bound to the transaction's connection: most are the table groups' own
-classes, shared with the Synapse backend where the tables are the same
-(:class:`~.events.EventReads`, :class:`~.destinations.DestinationsTable`,
-:class:`~.catchup.CatchUpReads`, :class:`~.txlog.TxnLogTable`,
-:class:`~.admin_queries.AdminQueries`); the three below (hosts, outbox, positions) are
-native-only adapters, mostly methods that forward to the functions of
-:mod:`.hosts`, :mod:`.outboxes` and :mod:`.positions`, where the SQL is. State that
-outlives a transaction (the room-membership cache the fan-out rolls forward) belongs to
-the :class:`NativeBackend`.
+This module holds no SQL of its own: it wires (the outbox's one-trip read unions the two
+outbox tables' reads). :class:`NativeTx` hands out one object per aggregate, each bound
+to the transaction's connection: most are the table groups' own classes, shared with the
+Synapse backend where the tables are the same (:class:`~.events.EventReads`,
+:class:`~.destinations.DestinationsTable`, :class:`~.catchup.CatchUpReads`,
+:class:`~.txlog.TxnLogTable`, :class:`~.admin_queries.AdminQueries`); the three below
+(hosts, outbox, positions) are native-only adapters, mostly methods that forward to the
+functions of :mod:`.hosts`, :mod:`.to_device`, :mod:`.device_lists` and
+:mod:`.positions`, where the SQL is. State that outlives a transaction (the
+room-membership cache the fan-out rolls forward) belongs to the :class:`NativeBackend`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
+from sqlalchemy import Select, select, union, union_all
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from federation_sender.model import (
@@ -28,10 +29,11 @@ from federation_sender.model import (
 )
 from federation_sender.storage import admin_queries as aq
 from federation_sender.storage import destinations as dst
+from federation_sender.storage import device_lists as dl
 from federation_sender.storage import events as ev
 from federation_sender.storage import hosts as hs
-from federation_sender.storage import outboxes as ob
 from federation_sender.storage import positions as pos
+from federation_sender.storage import to_device as td
 from federation_sender.storage import txlog
 from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.catchup import CATCHUP, CatchUpReads
@@ -131,7 +133,20 @@ class _Hosts:
         return {room: await hs.joined_servers_at(self._c, room, LATEST) for room in room_ids}
 
 
+def _unsent_outbox() -> Select[Any]:
+    """Both outboxes of a destination in one round trip: the union of each table's read."""
+    u = union_all(
+        select(td.unsent_select().subquery()), select(dl.unsent_select().subquery())
+    ).subquery()
+    return select(u).order_by(u.c.kind, u.c.stream_id, u.c.user_id, u.c.device_id)
+
+
+_UNSENT_OUTBOX = _unsent_outbox()
+
+
 class _Outbox:
+    """The two outbox tables (:mod:`.to_device`, :mod:`.device_lists`), read together."""
+
     __slots__ = ("_c",)
 
     def __init__(self, conn: AsyncConnection) -> None:
@@ -140,25 +155,41 @@ class _Outbox:
     async def unsent_outbox(
         self, destination: str, to_device_after: int, device_lists_after: int, limit: int
     ) -> tuple[list[ToDeviceRow], list[DeviceListRow]]:
-        return await ob.unsent_outbox(
-            self._c, destination, to_device_after, device_lists_after, limit
+        """Both outboxes in one round trip (``UNION ALL``); most destinations have none."""
+        res = await self._c.execute(
+            _UNSENT_OUTBOX,
+            {"dest": destination, "td_after": to_device_after,
+             "dl_after": device_lists_after, "limit": limit},
         )
+        to_device: list[ToDeviceRow] = []
+        device_lists: list[DeviceListRow] = []
+        for kind, sid, user, device, body in res:
+            if kind == 0:
+                to_device.append(ToDeviceRow(int(sid), str(body)))
+            else:
+                device_lists.append(DeviceListRow(int(sid), str(user), str(device), str(body)))
+        return to_device, device_lists
 
     async def ack_to_device(
         self, destination: str, stream_ids: Collection[int], now_ms: int
     ) -> None:
-        await ob.mark_to_device_sent(self._c, destination, stream_ids, now_ms)
+        await td.mark_sent(self._c, destination, stream_ids, now_ms)
 
     async def ack_device_lists(
         self, destination: str, keys: Collection[tuple[int, str, str]]
     ) -> None:
-        await ob.mark_device_lists_sent(self._c, destination, keys)
+        await dl.mark_sent(self._c, destination, keys)
 
     async def device_list_destinations(self, user_ids: Collection[str]) -> list[str]:
-        return await ob.device_list_destinations(self._c, user_ids)
+        return await dl.destinations_for_users(self._c, user_ids)
 
     async def destinations_with_unsent(self, destinations: Collection[str]) -> set[str]:
-        return await ob.destinations_with_unsent(self._c, destinations)
+        """Those of ``destinations`` with an unsent row in either outbox (one statement)."""
+        if not destinations:
+            return set()
+        both = union(td.destinations_with_rows(destinations),
+                     dl.destinations_with_pokes(destinations))
+        return {str(r) for r in (await self._c.execute(both)).scalars()}
 
 
 class _Positions:

@@ -4,9 +4,11 @@ import json
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from federation_sender.storage import outboxes as ob
+from federation_sender.model import DeviceListRow, ToDeviceRow
 from federation_sender.storage import positions as pos
 from federation_sender.storage import txlog
+from federation_sender.storage.backend import NativeTx
+from federation_sender.storage.hosts import RoomHostsCache
 from federation_sender.testing.queue_writer import HomeserverWriter
 
 
@@ -17,18 +19,28 @@ async def test_outboxes_read_by_stream_id_and_mark_sent(engine: AsyncEngine) -> 
     await w.to_device("other", {"m": 3})
     d1 = await w.device_list("d", "@u:l", "DEV1")
     async with engine.begin() as conn:
-        rows = await ob.unsent_to_device(conn, "d", -1, 10)
-        assert [r.stream_id for r in rows] == [t1, t2]
-        assert [r.stream_id for r in await ob.unsent_to_device(conn, "d", t1, 10)] == [t2]
-        await ob.mark_to_device_sent(conn, "d", [t1], 5)
-        assert [r.stream_id for r in await ob.unsent_to_device(conn, "d", -1, 10)] == [t2]
-        dl = await ob.unsent_device_lists(conn, "d", -1, 10)
-        assert [(r.stream_id, r.user_id, r.device_id) for r in dl] == [(d1, "@u:l", "DEV1")]
-        assert await ob.has_unsent(conn, "d")
-        await ob.mark_device_lists_sent(conn, "d", [(d1, "@u:l", "DEV1")])
-        await ob.mark_to_device_sent(conn, "d", [t2], 6)
-        assert not await ob.has_unsent(conn, "d")
-        assert await ob.has_unsent(conn, "other")
+        outbox = NativeTx(conn, RoomHostsCache()).outbox
+
+        def ids(rows: tuple[list[ToDeviceRow], list[DeviceListRow]]) -> tuple[list[int], ...]:
+            return [r.stream_id for r in rows[0]], [r.stream_id for r in rows[1]]
+
+        assert ids(await outbox.unsent_outbox("d", -1, -1, 10)) == ([t1, t2], [d1])
+        assert ids(await outbox.unsent_outbox("d", t1, d1, 10)) == ([t2], [])
+        assert ids(await outbox.unsent_outbox("d", -1, -1, 1)) == ([t1], [d1])
+        await outbox.ack_to_device("d", [t1], 5)
+        to_device, device_lists = await outbox.unsent_outbox("d", -1, -1, 10)
+        assert [r.stream_id for r in to_device] == [t2]
+        assert [(r.stream_id, r.user_id, r.device_id) for r in device_lists] == [
+            (d1, "@u:l", "DEV1")
+        ]
+        assert await outbox.device_list_destinations(["@u:l"]) == ["d"]
+        assert await outbox.destinations_with_unsent(["d", "other", "x"]) == {"d", "other"}
+        await outbox.ack_device_lists("d", [(d1, "@u:l", "DEV1")])
+        await outbox.ack_to_device("d", [t2], 6)
+        assert await outbox.unsent_outbox("d", -1, -1, 10) == ([], [])
+        assert await outbox.device_list_destinations(["@u:l"]) == []
+        assert await outbox.destinations_with_unsent(["d", "other"]) == {"other"}
+        assert await outbox.destinations_with_unsent([]) == set()
 
 
 async def test_positions_never_move_backwards(engine: AsyncEngine) -> None:
