@@ -36,7 +36,6 @@ from federation_sender.errors import ConfigError
 from federation_sender.intake import DbPositionStore, ReplicationIntake
 from federation_sender.intake.streams import ROW_PARSERS, gap_notes
 from federation_sender.queue.manager import QueueManager
-from federation_sender.queue.snapshot import queue_snapshot
 from federation_sender.queue.telemetry_observer import TelemetryObserver
 from federation_sender.replication.client import ReplicationClient
 from federation_sender.runtime import MemoryTrimmer
@@ -178,7 +177,7 @@ class Worker:
         )
 
         shards.on_membership_change = on_membership_change(shards, manager, metrics)
-        metrics.set_snapshot_source(lambda: queue_snapshot(manager))
+        metrics.set_snapshot_source(manager.snapshot)
         return cls(
             settings=settings,
             clock=clock,

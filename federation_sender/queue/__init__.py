@@ -59,13 +59,15 @@ attempt_deadline_s=120.0, poll_interval_s=None, db_concurrency=16, leases=None)`
   :class:`~federation_sender.queue.federation_stream.FederationEdu`;
   ``set_federation_ack(async callback(token))``; ``federation_position`` (resume point)
 * ``await remote_server_up(destination)``, ``await reset_connection(destination) -> bool``
-* ``status(destination) -> DestinationStatus | None``, ``statuses()``,
-  ``oldest_in_flight_age_s() -> float | None``, ``active_queues``, ``events_position``
+* ``status(destination) -> DestinationStatus | None``, ``statuses()``, ``snapshot() ->
+  QueueSnapshot`` (the metrics' whole-queue gauges at scrape time: the
+  :class:`~federation_sender.queue.core.status.QueueTotals` of the statuses and the
+  counters), ``oldest_in_flight_age_s() -> float | None``, ``active_queues``,
+  ``events_position``
 * ``await wake_due_destinations() -> int``: one wake-up sweep (the loop runs it every
   ``wakeup_interval_s``)
 
 Metrics go through :class:`~federation_sender.queue.observer.QueueObserver`; the worker's
 is :class:`~federation_sender.queue.telemetry_observer.TelemetryObserver` (metrics, spans
-and logs), and :func:`~federation_sender.queue.snapshot.queue_snapshot` gives the
-whole-queue gauges at scrape time.
+and logs).
 """

@@ -7,9 +7,9 @@
   are the :class:`~federation_sender.queue.runner_factory.RunnerFactory`'s, which builds
   every runner from what they share.
 * The wake-up sweep and idle eviction are :mod:`~federation_sender.queue.housekeeping`;
-  the federation stream is :mod:`~federation_sender.queue.federation_stream`; status
-  building is :mod:`~federation_sender.queue.core.status`. Runners own their state: the
-  manager only calls their methods.
+  the federation stream is :mod:`~federation_sender.queue.federation_stream`; the read
+  model (each queue's status, the totals) is :mod:`~federation_sender.queue.core.status`.
+  Runners own their state: the manager only calls their methods.
 * Its background work (the fan-out, kept running through failures: a database outage is
   one line and a restart 1 s later; the sweep and eviction ticks) runs under the
   :class:`~federation_sender.supervisor.Supervisor` :meth:`QueueManager.start` is given,
@@ -29,7 +29,7 @@ from federation_sender.queue.coalesce import HandOverGate
 from federation_sender.queue.core.backoff import RESET
 from federation_sender.queue.core.effects import Effects
 from federation_sender.queue.core.items import JsonDict, PduItem
-from federation_sender.queue.core.status import DestinationStatus, oldest_age_s
+from federation_sender.queue.core.status import DestinationStatus, QueueTotals, oldest_age_s
 from federation_sender.queue.fanout import EventFanout
 from federation_sender.queue.federation_stream import FederationEdu, FederationStream
 from federation_sender.queue.housekeeping import Housekeeping
@@ -41,7 +41,8 @@ from federation_sender.queue.runner_factory import RunnerFactory
 from federation_sender.queue.wakelog import WakeLog
 from federation_sender.storage.protocols import Backend, db_outage
 from federation_sender.supervisor import Supervisor
-from federation_sender.transport.result import TransactionSender
+from federation_sender.telemetry.metrics import QueueSnapshot
+from federation_sender.transport.result import TransactionSender, signature_counts
 
 log = logging.getLogger(__name__)
 
@@ -331,6 +332,27 @@ class QueueManager:
             if s is not None:
                 out.append(s)
         return out
+
+    def snapshot(self) -> QueueSnapshot:
+        """The metrics' whole-queue figures at a scrape: the statuses' totals, the owed
+        destinations, the oldest attempt's age and the counters since start."""
+        t = QueueTotals.of(self.statuses())
+        signatures, shared = signature_counts(self.sender)
+        return QueueSnapshot(
+            pending_destinations=self.owed_destinations(),
+            pending_pdus=t.pending_pdus,
+            pending_edus=t.pending_edus,
+            backing_off=t.backing_off,
+            catching_up=t.catching_up,
+            short_retrying=t.short_retrying,
+            in_flight_transactions=t.in_flight_transactions,
+            oldest_in_flight_age_s=self.oldest_in_flight_age_s() or 0.0,
+            group_commits=self.store.commits,
+            group_commit_results=self.store.committed_results,
+            first_reads=self.store.gathered_reads,
+            transaction_signatures=signatures,
+            shared_content_signatures=shared,
+        )
 
     def owed_destinations(self) -> int:
         """Destinations this instance owes something: items in memory or in flight, a

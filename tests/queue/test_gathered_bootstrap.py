@@ -4,7 +4,6 @@ a few database transactions, each queue still getting its own row and outbox."""
 
 from __future__ import annotations
 
-from federation_sender.queue.snapshot import queue_snapshot
 from federation_sender.storage import destinations as dst
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 
@@ -41,6 +40,6 @@ async def test_a_room_of_40_servers_starts_its_queues_in_one_or_two_reads(h: Har
     assert all(not h.fake.received_edus(r) for r in REMOTES[2:])
     # What the metrics export (federation_sender_queue_first_reads_total and the
     # group-commit counters): 39 results written in at most a few commits.
-    snap = queue_snapshot(h.m)
+    snap = h.m.snapshot()
     assert snap.first_reads == store.gathered_reads
     assert snap.group_commit_results >= 39 and 1 <= snap.group_commits <= snap.group_commit_results

@@ -11,7 +11,6 @@ from dataclasses import replace
 import pytest
 
 from federation_sender.queue.core.states import DestinationState
-from federation_sender.queue.snapshot import queue_snapshot
 from federation_sender.testing.queue_harness import ALICE, Harness, room_with
 
 D = "r1.test"
@@ -34,7 +33,7 @@ async def test_a_short_outage_is_over_within_2_s_of_the_return_and_nothing_persi
     st = h.m.status(D)
     assert st is not None and st.short_retrying and st.state is DestinationState.BACKING_OFF
     assert st.retry_interval_ms == 0 and st.next_retry_ts_ms is not None
-    snap = queue_snapshot(h.m)  # the metrics' gauges
+    snap = h.m.snapshot()  # the metrics' gauges
     assert (snap.short_retrying, snap.backing_off) == (1, 1)
     await h.advance_until(lambda: len(h.fake.attempts[D]) >= 6,
                           step_s=0.5, max_s=10)
@@ -46,7 +45,7 @@ async def test_a_short_outage_is_over_within_2_s_of_the_return_and_nothing_persi
     assert h.fake.received_event_ids(D) == [event_id]
     st = h.m.status(D)
     assert st is not None and not st.short_retrying
-    assert queue_snapshot(h.m).short_retrying == 0
+    assert h.m.snapshot().short_retrying == 0
     assert h.observer.short_retries[-1] == (D, True)  # the retry that got through
     assert all(not answered for _d, answered in h.observer.short_retries[:-1])
     assert not (await h.dest_row(D)).retry_interval
