@@ -10,6 +10,7 @@ import pytest
 from federation_sender.config import Settings
 from federation_sender.config.loading import iter_keys, load_settings
 from federation_sender.errors import ConfigError
+from federation_sender.testing.synapse_config import minimal_worker_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -322,15 +323,11 @@ def test_outbound_proxy_max_connections_is_a_count_or_derived(tmp_path: Path) ->
             load_settings(None, environ={env_name: bad})
         assert ei.value.key == key
 
-    synapse = parse_synapse_config({
-        "server_name": "a.example", "signing_key_path": "/etc/synapse/a.key",
-        "worker_name": "fed1", "redis": {"enabled": True},
-        "federation_sender_instances": ["fed1"],
-        "database": {"name": "psycopg2", "args": {"dbname": "synapse", "host": "db"}},
-        "outbound_federation_restricted_to": ["fed1"], "worker_replication_secret": "s",
-        "instance_map": {"main": {"host": "127.0.0.1", "port": 1},
-                         "fed1": {"host": "127.0.0.1", "port": 2}},
-    })  # fmt: skip
+    synapse = parse_synapse_config(minimal_worker_tree(
+        outbound_federation_restricted_to=["fed1"], worker_replication_secret="s",
+        instance_map={"main": {"host": "127.0.0.1", "port": 1},
+                      "fed1": {"host": "127.0.0.1", "port": 2}},
+    ))
     for settings, cap in ((ours, 300), (Settings(), default_max_connections())):
         merged = merge_settings(settings, synapse)
         client = build_federation_client(merged, SigningKey.generate("a_k"), SystemClock())

@@ -247,3 +247,20 @@ def persister_config(layout: SynapseLayout, persister: EventPersister) -> dict[s
         "worker_listeners": [_listener(persister.port, ["replication"])],
         "worker_log_config": str(layout.directory / f"{persister.name}.log.yaml"),
     }
+
+
+def minimal_worker_tree(**keys: Any) -> dict[str, Any]:
+    """The smallest homeserver.yaml + worker tree :func:`~federation_sender.synapse.config.
+    parse_synapse_config` accepts for a federation sender named ``fed1`` (no file, no
+    server behind it: for tests of parsing and of what is built from the result), with
+    ``keys`` added or replaced; a key given as None is left out."""
+    tree: dict[str, Any] = {
+        "server_name": "a.example",
+        "signing_key_path": "/etc/synapse/a.key",
+        "worker_name": "fed1",
+        "database": {"name": "psycopg2", "args": {"dbname": "synapse", "host": "db"}},
+        "redis": {"enabled": True},
+        "federation_sender_instances": ["fed1"],
+    }
+    tree.update(keys)
+    return {k: v for k, v in tree.items() if v is not None}

@@ -28,15 +28,9 @@ from federation_sender.storage.capabilities import Capabilities
 from federation_sender.storage.synapse.backend import SynapseBackend
 from federation_sender.storage.synapse.database import create_synapse_engine
 from federation_sender.synapse.config import parse_synapse_config
+from federation_sender.testing.synapse_config import minimal_worker_tree
 
-SYNAPSE = {
-    "server_name": "a.example",
-    "signing_key_path": "/etc/synapse/a.key",
-    "worker_name": "fed1",
-    "database": {"name": "psycopg2", "args": {"dbname": "synapse", "host": "db"}},
-    "redis": {"enabled": True},
-    "federation_sender_instances": ["fed1"],
-}
+SYNAPSE = minimal_worker_tree()
 
 
 @pytest.fixture

@@ -33,17 +33,11 @@ from federation_sender.synapse.merge import merge_settings
 from federation_sender.synapse.wiring import SynapseEdus, synapse_edus
 from federation_sender.testing.certs import LoopbackCA
 from federation_sender.testing.ports import free_port
+from federation_sender.testing.synapse_config import minimal_worker_tree
 from federation_sender.transport.signing import SigningKey
 
 ROOT = Path(__file__).resolve().parents[2]
-BASE: dict[str, Any] = {
-    "server_name": "a.example",
-    "signing_key_path": "/etc/synapse/a.key",
-    "worker_name": "fed1",
-    "database": {"name": "psycopg2", "args": {"dbname": "synapse", "host": "db"}},
-    "redis": {"enabled": True},
-    "federation_sender_instances": ["fed1"],
-}
+BASE = minimal_worker_tree()
 KEY = SigningKey.generate("a_key")
 
 

@@ -22,6 +22,7 @@ from federation_sender.errors import ConfigError
 from federation_sender.synapse.config import parse_synapse_config
 from federation_sender.synapse.merge import merge_settings
 from federation_sender.testing.certs import CertFiles, LoopbackCA
+from federation_sender.testing.synapse_config import minimal_worker_tree
 from federation_sender.transport.client import FederationClient
 from federation_sender.transport.domain_metrics import LAST_SENT_PDU_TIME, DomainMetrics
 from federation_sender.transport.result import Outcome, Transaction
@@ -29,15 +30,8 @@ from federation_sender.transport.signing import SigningKey
 
 from .conftest import FakeRemote, start_remote
 
-BASE: dict[str, Any] = {
-    "server_name": "origin.test",
-    "signing_key_path": "/unused/signing.key",
-    "worker_name": "fed1",
-    "database": {"name": "psycopg2", "args": {"dbname": "synapse", "host": "db"}},
-    "redis": {"enabled": True},
-    "federation_sender_instances": ["fed1"],
-    "ip_range_whitelist": ["127.0.0.0/8", "::1/128"],
-}
+BASE = minimal_worker_tree(server_name="origin.test", signing_key_path="/unused/signing.key",
+                           ip_range_whitelist=["127.0.0.0/8", "::1/128"])
 
 
 def settings_from(keys: dict[str, Any], **ours: Any) -> Settings:
