@@ -1094,10 +1094,13 @@ def run_job(source: list[str], dbname: str, rows: int, mode: str, master: str | 
     job_s = sum(float(s["seconds"]) for s in doc.get("steps", []))
     summary = {k: v for k, v in doc.get("summary", {}).items()
                if isinstance(v, (int, float, str)) and not isinstance(v, bool)}
-    return JobRun(rows, mode, job, partitions, round(wall, 1), round(job_s, 1),
+    # Without the options, what the command sized for itself (its --json summary).
+    used_partitions = partitions or int(summary.get("partitions", 0))
+    driver_memory = conf.get("spark.driver.memory") or str(summary.get("driver_memory", "1g"))
+    return JobRun(rows, mode, job, used_partitions, round(wall, 1), round(job_s, 1),
                   peaks.driver_kb // 1024, peaks.executors_kb // 1024,
                   peaks.executor_max_kb // 1024, peaks.postgres_kb // 1024,
-                  proc.returncode, summary, conf.get("spark.driver.memory", "1g"),
+                  proc.returncode, summary, driver_memory,
                   conf.get("spark.executor.memory", "-"), *event_log_totals(events),
                   steps=[(str(x["step"]), float(x["seconds"])) for x in doc.get("steps", [])])
 
@@ -1358,8 +1361,9 @@ def cmd_run(a: argparse.Namespace) -> None:
             cores = 2
             parts = (partitions_rule(rows, cores) if a.partitions == "rule"
                      else 0 if a.partitions == "default" else int(a.partitions))
-            conf = {"spark.driver.memory": a.driver_memory if mode == "local"
-                    else a.cluster_driver_memory}
+            memory = a.driver_memory if mode == "local" else a.cluster_driver_memory
+            # "auto": the command's own sizing from the row counts (batch/sizing.py).
+            conf = {} if memory == "auto" else {"spark.driver.memory": memory}
             if mode == "standalone":
                 conf.update({"spark.executor.memory": a.executor_memory,
                              "spark.executor.cores": "1", "spark.cores.max": "2"})
@@ -1373,7 +1377,7 @@ def cmd_run(a: argparse.Namespace) -> None:
                                 work.root / name, a.timeout, workers)
                     results["jobs"] = [x for x in results["jobs"] if not (
                         x["rows"] == rows and x["mode"] == mode and x["job"] == job
-                        and x["partitions"] == parts)] + [asdict(r)]
+                        and x["partitions"] == r.partitions)] + [asdict(r)]
                     print(f"  {mode:10} {job:27} {parts:3} partitions: {r.job_s:7.1f} s "
                           f"(wall {r.wall_s} s), driver {r.driver_mb} MB, executors "
                           f"{r.executors_mb} MB (largest {r.executor_max_mb} MB), "
@@ -1538,7 +1542,8 @@ def main() -> None:
                    "default) or 'default' (no --partitions: the command line's default)")
     r.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
                    help="extra Spark configuration for every job")
-    r.add_argument("--driver-memory", default="4g", help="local mode's driver")
+    r.add_argument("--driver-memory", default="4g",
+                   help="local mode's driver; 'auto': the command's own sizing")
     r.add_argument("--cluster-driver-memory", default="1g")
     r.add_argument("--executor-memory", default="3g")
     r.add_argument("--worker-memory", default="4g")
