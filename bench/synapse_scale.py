@@ -1378,7 +1378,7 @@ def cmd_run(a: argparse.Namespace) -> None:
                     results["jobs"] = [x for x in results["jobs"] if not (
                         x["rows"] == rows and x["mode"] == mode and x["job"] == job
                         and x["partitions"] == r.partitions)] + [asdict(r)]
-                    print(f"  {mode:10} {job:27} {parts:3} partitions: {r.job_s:7.1f} s "
+                    print(f"  {mode:10} {job:27} {r.partitions:3} partitions: {r.job_s:7.1f} s "
                           f"(wall {r.wall_s} s), driver {r.driver_mb} MB, executors "
                           f"{r.executors_mb} MB (largest {r.executor_max_mb} MB), "
                           f"PostgreSQL {r.postgres_mb} MB, {r.tasks} tasks in {r.stages} "
