@@ -60,9 +60,8 @@ attempt_deadline_s=120.0, poll_interval_s=None, db_concurrency=16, leases=None)`
   ``set_federation_ack(async callback(token))``; ``federation_position`` (resume point)
 * ``await remote_server_up(destination)``, ``await reset_connection(destination) -> bool``
 * ``status(destination) -> DestinationStatus | None``, ``statuses()``, ``snapshot() ->
-  QueueSnapshot`` (the metrics' whole-queue gauges at scrape time: the
-  :class:`~federation_sender.queue.core.status.QueueTotals` of the statuses and the
-  counters), ``oldest_in_flight_age_s() -> float | None``, ``active_queues``,
+  QueueSnapshot`` (the metrics' whole-queue gauges at scrape time: the statuses'
+  sums and the counters), ``oldest_in_flight_age_s() -> float | None``, ``active_queues``,
   ``events_position``
 * ``await wake_due_destinations() -> int``: one wake-up sweep (the loop runs it every
   ``wakeup_interval_s``)

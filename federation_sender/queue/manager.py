@@ -8,7 +8,8 @@
   every runner from what they share.
 * The wake-up sweep and idle eviction are :mod:`~federation_sender.queue.housekeeping`;
   the federation stream is :mod:`~federation_sender.queue.federation_stream`; the read
-  model (each queue's status, the totals) is :mod:`~federation_sender.queue.core.status`.
+  model (each queue's status, whose sums the gauges show) is
+  :mod:`~federation_sender.queue.core.status`.
   Runners own their state: the manager only calls their methods.
 * Its background work (the fan-out, kept running through failures: a database outage is
   one line and a restart 1 s later; the sweep and eviction ticks) runs under the
@@ -29,7 +30,8 @@ from federation_sender.queue.coalesce import HandOverGate
 from federation_sender.queue.core.backoff import RESET
 from federation_sender.queue.core.effects import Effects
 from federation_sender.queue.core.items import JsonDict, PduItem
-from federation_sender.queue.core.status import DestinationStatus, QueueTotals, oldest_age_s
+from federation_sender.queue.core.states import DestinationState
+from federation_sender.queue.core.status import DestinationStatus, oldest_age_s
 from federation_sender.queue.fanout import EventFanout
 from federation_sender.queue.federation_stream import FederationEdu, FederationStream
 from federation_sender.queue.housekeeping import Housekeeping
@@ -334,18 +336,25 @@ class QueueManager:
         return out
 
     def snapshot(self) -> QueueSnapshot:
-        """The metrics' whole-queue figures at a scrape: the statuses' totals, the owed
+        """The metrics' whole-queue figures at a scrape: the statuses' sums, the owed
         destinations, the oldest attempt's age and the counters since start."""
-        t = QueueTotals.of(self.statuses())
+        pdus = edus = backing = catching = short = in_flight = 0
+        for st in self.statuses():
+            pdus += st.pending_pdus
+            edus += st.pending_edus
+            backing += st.state is DestinationState.BACKING_OFF
+            catching += st.catching_up
+            short += st.short_retrying
+            in_flight += st.in_flight_txn_id is not None
         signatures, shared = signature_counts(self.sender)
         return QueueSnapshot(
             pending_destinations=self.owed_destinations(),
-            pending_pdus=t.pending_pdus,
-            pending_edus=t.pending_edus,
-            backing_off=t.backing_off,
-            catching_up=t.catching_up,
-            short_retrying=t.short_retrying,
-            in_flight_transactions=t.in_flight_transactions,
+            pending_pdus=pdus,
+            pending_edus=edus,
+            backing_off=backing,
+            catching_up=catching,
+            short_retrying=short,
+            in_flight_transactions=in_flight,
             oldest_in_flight_age_s=self.oldest_in_flight_age_s() or 0.0,
             group_commits=self.store.commits,
             group_commit_results=self.store.committed_results,

@@ -34,7 +34,10 @@ async def test_a_short_outage_is_over_within_2_s_of_the_return_and_nothing_persi
     assert st is not None and st.short_retrying and st.state is DestinationState.BACKING_OFF
     assert st.retry_interval_ms == 0 and st.next_retry_ts_ms is not None
     snap = h.m.snapshot()  # the metrics' gauges
-    assert (snap.short_retrying, snap.backing_off) == (1, 1)
+    assert (snap.short_retrying, snap.backing_off) == (1, 1), snap
+    # The statuses' sums: the one event held, nothing in flight between retries.
+    assert (snap.pending_destinations, snap.pending_pdus, snap.pending_edus,
+            snap.catching_up, snap.in_flight_transactions) == (1, 1, 0, 0, 0), snap
     await h.advance_until(lambda: len(h.fake.attempts[D]) >= 6,
                           step_s=0.5, max_s=10)
     assert not (await h.dest_row(D)).retry_interval  # in memory only: main sees nothing

@@ -1,8 +1,8 @@
-"""The queue's read model: each destination's :class:`DestinationStatus` (the admin API's
-``GET`` of a queue), built from a live queue's core or a parked destination's remembered
-retry, and the :class:`QueueTotals` over them (the metrics' gauges, with the counters
-the manager adds in :meth:`~federation_sender.queue.manager.QueueManager.snapshot`).
-Nothing else reads a queue's state."""
+"""The queue's read model: each destination's :class:`DestinationStatus`, built from a
+live queue's core or a parked destination's remembered retry. The admin API shows it;
+the metrics' whole-queue gauges are its sums
+(:meth:`~federation_sender.queue.manager.QueueManager.snapshot`). Nothing else reads a
+queue's state."""
 
 from __future__ import annotations
 
@@ -82,30 +82,6 @@ def parked_status(
         catching_up=True,
         last_successful_stream_ordering=None,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class QueueTotals:
-    """Sums over the statuses of every live or parked queue."""
-
-    pending_pdus: int = 0
-    pending_edus: int = 0
-    backing_off: int = 0
-    catching_up: int = 0
-    short_retrying: int = 0
-    in_flight_transactions: int = 0
-
-    @classmethod
-    def of(cls, statuses: Iterable[DestinationStatus]) -> QueueTotals:
-        pdus = edus = backing = catching = short = in_flight = 0
-        for st in statuses:
-            pdus += st.pending_pdus
-            edus += st.pending_edus
-            backing += st.state is DestinationState.BACKING_OFF
-            catching += st.catching_up
-            short += st.short_retrying
-            in_flight += st.in_flight_txn_id is not None
-        return cls(pdus, edus, backing, catching, short, in_flight)
 
 
 def oldest_age_s(starts: Iterable[float | None], now_s: float) -> float | None:
