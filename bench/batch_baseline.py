@@ -23,6 +23,14 @@ _LOCAL = (
     " AND substring(e.sender from position(':' in e.sender) + 1) = %(server)s"
 )
 
+_LATEST_LOCAL = f"""
+    SELECT e.stream_ordering AS so FROM events e
+    WHERE e.room_id = {{room}} AND e.stream_ordering <= {{upto}} AND {_LOCAL}
+    ORDER BY e.stream_ordering DESC LIMIT 1
+"""
+"""The room's latest local event at or before a position: a backward scan of
+``ix_events_room_id_stream_ordering`` that stops at the first local event."""
+
 EXPECTED_DESTINATION_ROOMS = f"""
 WITH m AS (
     SELECT room_id, server_name AS destination, membership,
@@ -30,20 +38,28 @@ WITH m AS (
            lead(event_stream_ordering) OVER (
                PARTITION BY room_id, user_id ORDER BY event_stream_ordering) AS end_so
     FROM room_memberships WHERE event_stream_ordering <= %(hwm)s
-), iv AS (
+), iv AS MATERIALIZED (
     SELECT * FROM m WHERE membership = 'join' AND destination <> %(server)s
+), newest AS MATERIALIZED (
+    SELECT r.room_id, le.so
+    FROM (SELECT DISTINCT room_id FROM iv WHERE end_so IS NULL) r
+    CROSS JOIN LATERAL ({_LATEST_LOCAL.format(room="r.room_id", upto="%(hwm)s")}) le
 )
-SELECT iv.destination, iv.room_id, max(le.so) AS stream_ordering
-FROM iv CROSS JOIN LATERAL (
-    SELECT e.stream_ordering AS so FROM events e
-    WHERE e.room_id = iv.room_id
-      AND e.stream_ordering <= coalesce(iv.end_so, %(hwm)s) AND e.stream_ordering <= %(hwm)s
-      AND {_LOCAL}
-    ORDER BY e.stream_ordering DESC LIMIT 1
-) le
-WHERE le.so >= iv.start_so
-GROUP BY iv.destination, iv.room_id
+SELECT destination, room_id, max(so) AS stream_ordering FROM (
+    SELECT iv.destination, iv.room_id, n.so
+    FROM iv JOIN newest n ON n.room_id = iv.room_id
+    WHERE iv.end_so IS NULL AND n.so >= iv.start_so
+    UNION ALL
+    SELECT iv.destination, iv.room_id, le.so
+    FROM iv CROSS JOIN LATERAL ({_LATEST_LOCAL.format(room="iv.room_id", upto="iv.end_so")}) le
+    WHERE iv.end_so IS NOT NULL AND le.so >= iv.start_so
+) s
+GROUP BY destination, room_id
 """
+"""Per (destination, room) the latest local event the destination should have (see
+:mod:`federation_sender.batch.transforms`). A still-joined server (an open interval) is
+owed the room's newest local event, looked up once per room; a closed interval looks up
+the newest local event at or before its end."""
 
 DIFF = f"""
 WITH x AS ({EXPECTED_DESTINATION_ROOMS}),
@@ -78,6 +94,40 @@ LEFT JOIN d ON d.destination = x.destination AND d.room_id = x.room_id
 LEFT JOIN destinations ds ON ds.destination = x.destination
 WHERE d.delivered_so IS NULL OR d.delivered_so < x.stream_ordering
 """
+
+AUDIT_COUNTS = f"""
+WITH x AS MATERIALIZED ({EXPECTED_DESTINATION_ROOMS}),
+a AS (SELECT * FROM destination_rooms WHERE stream_ordering <= %(hwm)s),
+d AS (
+    SELECT t.destination, e.room_id, max(e.stream_ordering) AS delivered_so
+    FROM federation_transaction_log t
+    CROSS JOIN LATERAL jsonb_array_elements_text(t.pdu_event_ids::jsonb) AS p(event_id)
+    JOIN events e ON e.event_id = p.event_id
+    WHERE t.status = 'success'
+    GROUP BY t.destination, e.room_id
+), u AS (
+    SELECT ds.last_successful_stream_ordering >= x.stream_ordering AS lost
+    FROM x
+    LEFT JOIN d ON d.destination = x.destination AND d.room_id = x.room_id
+    LEFT JOIN destinations ds ON ds.destination = x.destination
+    WHERE d.delivered_so IS NULL OR d.delivered_so < x.stream_ordering
+), r AS (
+    SELECT x.stream_ordering AS expected_so, a.stream_ordering AS actual_so
+    FROM x FULL OUTER JOIN a ON x.destination = a.destination AND x.room_id = a.room_id
+    WHERE x.stream_ordering IS DISTINCT FROM a.stream_ordering
+)
+SELECT (SELECT count(*) FILTER (WHERE lost) FROM u) AS undelivered_lost,
+       (SELECT count(*) FILTER (WHERE lost IS NOT TRUE) FROM u) AS undelivered_pending,
+       count(*) FILTER (WHERE actual_so IS NULL) AS rows_missing,
+       count(*) FILTER (WHERE expected_so IS NULL) AS rows_stale,
+       count(*) FILTER (WHERE actual_so < expected_so) AS rows_behind,
+       count(*) FILTER (WHERE actual_so > expected_so) AS rows_ahead
+FROM r
+"""
+"""The audit's classes as one statement: the expected rows computed once, then the
+undelivered pairs (``lost`` or ``pending``, as :data:`UNDELIVERED`) and the
+``destination_rooms`` differences (as :data:`DIFF`; its ``missing`` includes the rows
+the Spark audit calls pruned after delivery) counted from them."""
 
 HEALTH = """
 WITH l AS (
@@ -138,6 +188,7 @@ LEFT JOIN destinations ds USING (destination)
 """
 
 QUERIES: Mapping[str, str] = {
+    "audit-counts": AUDIT_COUNTS,
     "backfill-destination-rooms": DIFF,
     "audit": UNDELIVERED,
     "health-report": HEALTH,

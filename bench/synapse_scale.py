@@ -1396,34 +1396,26 @@ def cmd_run(a: argparse.Namespace) -> None:
 class NativePlain:
     rows: int
     seconds: float
-    undelivered_s: float
-    diff_s: float
     postgres_mb: int
     counts: dict[str, int]
 
 
 def run_native_plain(url: str, dbname: str, rows: int, work_mem: str) -> NativePlain:
-    """The native audit as plain PostgreSQL (``bench/batch_baseline.py``): the
-    undelivered pairs and the ``destination_rooms`` diff, the two
-    queries the audit's classes come from, one after the other."""
+    """The native audit as one plain PostgreSQL statement (``bench/batch_baseline.py``
+    ``AUDIT_COUNTS``): the expected rows once, the undelivered pairs and the
+    ``destination_rooms`` differences counted from them."""
     from bench.batch_baseline import run_query
 
     with sample_rss(lambda: None, dbname) as peaks:
         t0 = time.perf_counter()
-        und = run_query(url, "audit", OUR, work_mem=work_mem)
-        t1 = time.perf_counter()
-        diff = run_query(url, "backfill-destination-rooms", OUR, work_mem=work_mem)
-        t2 = time.perf_counter()
-    counts = {"undelivered_lost": sum(1 for r in und if r["status"] == "lost"),
-              "undelivered_pending": sum(1 for r in und if r["status"] == "pending")}
-    for problem in ("missing", "behind", "ahead", "stale"):
-        counts[f"rows_{problem}"] = sum(1 for r in diff if r["problem"] == problem)
-    return NativePlain(rows, round(t2 - t0, 1), round(t1 - t0, 1), round(t2 - t1, 1),
-                       peaks.postgres_kb // 1024, counts)
+        (row,) = run_query(url, "audit-counts", OUR, work_mem=work_mem)
+        seconds = time.perf_counter() - t0
+    return NativePlain(rows, round(seconds, 1), peaks.postgres_kb // 1024,
+                       {k: int(v) for k, v in row.items()})
 
 
 def native_counts(summary: Mapping[str, Any]) -> dict[str, int]:
-    """The Spark audit's classes as the plain queries count them (the plain diff's
+    """The Spark audit's classes as the plain query counts them (the plain diff's
     ``missing`` includes the rows the audit calls pruned after delivery)."""
     out = {k: int(summary.get(k, 0)) for k in (
         "undelivered_lost", "undelivered_pending", "rows_behind", "rows_ahead", "rows_stale")}
@@ -1434,7 +1426,8 @@ def native_counts(summary: Mapping[str, Any]) -> dict[str, int]:
 
 def cmd_native(a: argparse.Namespace) -> None:
     """The native audit at scale (issue #47): the Spark audit as an operator runs it,
-    with no option or with ``--variant`` arguments, beside the plain queries."""
+    with no option or with ``--variant`` arguments, locally or on a standalone cluster of
+    two workers (``--modes``), beside the plain query."""
     work = Workdir(Path(a.workdir))
     results = _load_results(work)
     results.setdefault("native_plain", [])
@@ -1450,29 +1443,41 @@ def cmd_native(a: argparse.Namespace) -> None:
             plain = run_native_plain(url, name, rows, a.work_mem)
             results["native_plain"] = [p for p in results["native_plain"]
                                        if p["rows"] != rows] + [asdict(plain)]
-            print(f"  plain queries: {plain.seconds} s (undelivered {plain.undelivered_s} s,"
-                  f" diff {plain.diff_s} s), PostgreSQL {plain.postgres_mb} MB: "
+            print(f"  plain query: {plain.seconds} s, PostgreSQL {plain.postgres_mb} MB: "
                   f"{plain.counts}", flush=True)
-        for variant in variants:
-            extra = variant.split()
-            r = run_job(["-c", str(cfg), *extra], name, rows, "local", None, "audit", 0, {},
-                        work.root / name / "runs", a.timeout)
-            r.mode = f"{a.label} local {variant or '(defaults)'}".strip()
-            got = native_counts(r.summary)
-            agree = "-" if plain is None else ("agree" if got == plain.counts else
-                                                "DIFFER: " + ", ".join(
-                f"{k} {got.get(k)} != {plain.counts.get(k)}"
-                for k in sorted(set(got) | set(plain.counts))
-                if got.get(k) != plain.counts.get(k)))
-            results["native_jobs"] = [x for x in results["native_jobs"] if not (
-                x["rows"] == rows and x["mode"] == r.mode)] + [asdict(r)]
-            print("   " + "; ".join(f"{n} {x:.1f} s" for n, x in r.steps or []))
-            print(f"  audit {r.mode}: job {r.job_s} s, wall {r.wall_s} s, driver "
-                  f"{r.driver_mb} MB, {r.tasks} tasks in {r.stages} stages, shuffle "
-                  f"{r.shuffle_mb} MB, exit {r.status}, plain query {agree}", flush=True)
-            _results_file(work).write_text(json.dumps(results, indent=2))
+        for mode in [m for m in a.modes.split(",") if m]:
+            conf: dict[str, str] = {}
+            if mode == "standalone":
+                conf = {"spark.executor.memory": a.executor_memory,
+                        "spark.executor.cores": "1", "spark.cores.max": "2"}
+            runner = (_local() if mode == "local"
+                      else _standalone(work.root / "spark", a.worker_memory))
+            with runner as (master, workers):
+                for variant in variants:
+                    r = run_job(["-c", str(cfg), *variant.split()], name, rows, mode,
+                                None if mode == "local" else master, "audit", 0, conf,
+                                work.root / name / "runs", a.timeout, workers)
+                    r.mode = f"{a.label} {mode} {variant or '(defaults)'}".strip()
+                    _record_native(results, r, plain)
+                    _results_file(work).write_text(json.dumps(results, indent=2))
     if a.stop:
         work.stop(work.cluster())
+
+
+def _record_native(results: dict[str, Any], r: JobRun, plain: NativePlain | None) -> None:
+    """Keep one native audit run in ``results`` and print it with its agreement with the
+    plain query's counts."""
+    got = native_counts(r.summary)
+    agree = "-" if plain is None else ("agree" if got == plain.counts else "DIFFER: " + ", ".join(
+        f"{k} {got.get(k)} != {plain.counts.get(k)}"
+        for k in sorted(set(got) | set(plain.counts)) if got.get(k) != plain.counts.get(k)))
+    results["native_jobs"] = [x for x in results["native_jobs"] if not (
+        x["rows"] == r.rows and x["mode"] == r.mode)] + [asdict(r)]
+    print("   " + "; ".join(f"{n} {x:.1f} s" for n, x in r.steps or []))
+    executors = f", executors {r.executors_mb} MB" if r.executors_mb else ""
+    print(f"  audit {r.mode}: job {r.job_s} s, wall {r.wall_s} s, driver {r.driver_mb} MB"
+          f"{executors}, {r.tasks} tasks in {r.stages} stages, shuffle {r.shuffle_mb} MB,"
+          f" exit {r.status}, plain query {agree}", flush=True)
 
 
 @contextmanager
@@ -1556,7 +1561,11 @@ def main() -> None:
     n.add_argument("--variant", action="append", default=None, metavar="ARGS",
                    help="extra batch arguments of one run, e.g. '--partitions 16' "
                    "(repeatable; default: one run with none)")
-    n.add_argument("--no-plain", action="store_true", help="skip the plain queries")
+    n.add_argument("--no-plain", action="store_true", help="skip the plain query")
+    n.add_argument("--modes", default="local",
+                   help="local, standalone (two workers of one core) or both")
+    n.add_argument("--executor-memory", default="3g")
+    n.add_argument("--worker-memory", default="4g")
     n.add_argument("--label", default="", help="names the runs in the results (a tree)")
     n.add_argument("--work-mem", default="256MB")
     n.add_argument("--timeout", type=float, default=3 * 3600)

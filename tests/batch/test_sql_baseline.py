@@ -45,6 +45,7 @@ def test_scenario_queries(batch_db: str) -> None:
     assert diff == expected_diff(h)
     und = {(r["destination"], r["room_id"]): r["status"] for r in run_query(url, "audit", OUR)}
     assert und == expected_undelivered(h)
+    assert run_query(url, "audit-counts", OUR) == [_counts(und, diff)]
     health = {r["destination"]: r for r in run_query(url, "health-report", OUR, 1000)}
     want = expected_health(h, 1000)
     assert set(health) == set(want)
@@ -54,10 +55,39 @@ def test_scenario_queries(batch_db: str) -> None:
             assert health[d][k] == (pytest.approx(w[k]) if isinstance(w[k], float) else w[k])
 
 
+def _counts(undelivered: dict[tuple[str, str], str],
+            diff: dict[tuple[str, str], str]) -> dict[str, int]:
+    """The one-statement audit's row, from the oracle's findings."""
+    out = {f"undelivered_{s}": sum(1 for v in undelivered.values() if v == s)
+           for s in ("lost", "pending")}
+    out.update({f"rows_{p}": sum(1 for v in diff.values() if v == p)
+                for p in ("missing", "stale", "behind", "ahead")})
+    return out
+
+
 @pytest.mark.parametrize("seed", [7, 8])
 def test_random_expected(batch_db: str, seed: int) -> None:
     h = random_history(seed, rooms=5, steps=200)
+    exp = expected_destination_rooms(h)
+    # Some rows right, some behind, ahead, missing or stale, and half the pairs sent.
+    h.destination_rooms = {}
+    for i, (key, so) in enumerate(sorted(exp.items())):
+        if i % 5 != 1:
+            h.destination_rooms[key] = so + (i % 5 == 2) - 2 * (i % 5 == 3)
+    h.destination_rooms[("stale.example", "!nowhere")] = 3
+    by_dest: dict[str, list[str]] = {}
+    for i, ((dest, _room), so) in enumerate(sorted(exp.items())):
+        if i % 2 == 0:
+            by_dest.setdefault(dest, []).append(f"$e{so}")
+    for n, (dest, ids) in enumerate(sorted(by_dest.items())):
+        h.send(dest, ids, started_ts=n, duration_ms=1)
+    h.destinations = {dest: (max(exp.values()) if n % 2 else None)
+                      for n, dest in enumerate(sorted({d for d, _ in exp}))}
     load_pg(h, batch_db)
+    url = _url(batch_db)
     got = {(r["destination"], r["room_id"]): r["stream_ordering"]
-           for r in run_query(_url(batch_db), "expected-destination-rooms", OUR)}
-    assert got == expected_destination_rooms(h)
+           for r in run_query(url, "expected-destination-rooms", OUR)}
+    assert got == exp
+    want = _counts(expected_undelivered(h), expected_diff(h))
+    assert all(want.values()), want   # every class is exercised
+    assert run_query(url, "audit-counts", OUR) == [want]
