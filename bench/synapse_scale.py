@@ -1023,6 +1023,8 @@ class JobRun:
     largest_stage_shuffle_mb: float = 0.0
     steps: list[tuple[str, float]] | None = None
     """The job's own steps and their seconds (its ``--json``)."""
+    profile: dict[str, dict[str, float]] | None = None
+    """Where the executors' time went, per step (:func:`event_log_profile`)."""
 
 
 def event_log_totals(directory: Path) -> tuple[int, int, float, float]:
@@ -1047,6 +1049,65 @@ def event_log_totals(directory: Path) -> tuple[int, int, float, float]:
     mb = 2**20
     return (tasks, len(per_stage), round(sum(per_stage.values()) / mb, 1),
             round(max(per_stage.values(), default=0) / mb, 1))
+
+
+_PROFILED = ('"SparkListenerJobStart"', '"SparkListenerStageCompleted"',
+             '"SparkListenerTaskEnd"')
+
+
+def event_log_profile(directory: Path) -> dict[str, dict[str, float]]:
+    """Per step of the job (Spark's job description, which the command line sets to the
+    step's name), the executors' task time in seconds: ``run`` (wall time of all tasks,
+    summed over cores), ``cpu``, ``gc``, and the run time of the stages that read the
+    database (``jdbc``: input rows not from a cache) and of those that sort for a window
+    (``window``); ``stages``, and ``rows_read`` over JDBC."""
+    logs = sorted(f for f in directory.rglob("*") if f.is_file() and f.name != "appstatus")
+    step_of: dict[int, str] = {}
+    kinds: dict[int, set[str]] = {}
+    per_stage: dict[int, dict[str, float]] = {}
+    for log in logs:
+        with open(log, errors="replace") as f:
+            for line in f:
+                if not any(k in line for k in _PROFILED):
+                    continue
+                try:
+                    ev = json.loads(line)
+                except ValueError:  # the last line of a log being written
+                    continue
+                kind = ev.get("Event")
+                if kind == "SparkListenerJobStart":
+                    name = (ev.get("Properties") or {}).get("spark.job.description") or "-"
+                    for sid in ev.get("Stage IDs", []):
+                        step_of[int(sid)] = str(name)
+                elif kind == "SparkListenerStageCompleted":
+                    info = ev["Stage Info"]
+                    scopes = set()
+                    for rdd in info.get("RDD Info", []):
+                        with suppress(ValueError, TypeError, KeyError):
+                            scopes.add(str(json.loads(rdd.get("Scope") or "")["name"]))
+                    kinds[int(info["Stage ID"])] = scopes
+                elif kind == "SparkListenerTaskEnd":
+                    m = ev.get("Task Metrics") or {}
+                    st = per_stage.setdefault(int(ev.get("Stage ID", -1)), {
+                        "run": 0.0, "cpu": 0.0, "gc": 0.0, "rows": 0.0})
+                    st["run"] += m.get("Executor Run Time", 0) / 1e3
+                    st["cpu"] += m.get("Executor CPU Time", 0) / 1e9
+                    st["gc"] += m.get("JVM GC Time", 0) / 1e3
+                    st["rows"] += (m.get("Input Metrics") or {}).get("Records Read", 0)
+    out: dict[str, dict[str, float]] = {}
+    for sid, st in sorted(per_stage.items()):
+        step = out.setdefault(step_of.get(sid, "-"), {
+            "run": 0.0, "cpu": 0.0, "gc": 0.0, "jdbc": 0.0, "window": 0.0, "stages": 0,
+            "rows_read": 0})
+        scopes = kinds.get(sid, set())
+        jdbc = st["rows"] > 0 and "InMemoryTableScan" not in scopes
+        for k in ("run", "cpu", "gc"):
+            step[k] += st[k]
+        step["jdbc"] += st["run"] if jdbc else 0.0
+        step["window"] += st["run"] if "Window" in scopes else 0.0
+        step["stages"] += 1
+        step["rows_read"] += st["rows"] if jdbc else 0
+    return {name: {k: round(v, 1) for k, v in step.items()} for name, step in out.items()}
 
 
 def run_job(source: list[str], dbname: str, rows: int, mode: str, master: str | None,
@@ -1102,7 +1163,8 @@ def run_job(source: list[str], dbname: str, rows: int, mode: str, master: str | 
                   peaks.executor_max_kb // 1024, peaks.postgres_kb // 1024,
                   proc.returncode, summary, driver_memory,
                   conf.get("spark.executor.memory", "-"), *event_log_totals(events),
-                  steps=[(str(x["step"]), float(x["seconds"])) for x in doc.get("steps", [])])
+                  steps=[(str(x["step"]), float(x["seconds"])) for x in doc.get("steps", [])],
+                  profile=event_log_profile(events))
 
 
 def spark_home() -> Path:
@@ -1474,6 +1536,9 @@ def _record_native(results: dict[str, Any], r: JobRun, plain: NativePlain | None
     results["native_jobs"] = [x for x in results["native_jobs"] if not (
         x["rows"] == r.rows and x["mode"] == r.mode)] + [asdict(r)]
     print("   " + "; ".join(f"{n} {x:.1f} s" for n, x in r.steps or []))
+    for step, p in (r.profile or {}).items():
+        print(f"     {step}: tasks {p['run']} s (cpu {p['cpu']}, gc {p['gc']}; reading the "
+              f"database {p['jdbc']}, window sorts {p['window']}), {p['stages']:.0f} stages")
     executors = f", executors {r.executors_mb} MB" if r.executors_mb else ""
     print(f"  audit {r.mode}: job {r.job_s} s, wall {r.wall_s} s, driver {r.driver_mb} MB"
           f"{executors}, {r.tasks} tasks in {r.stages} stages, shuffle {r.shuffle_mb} MB,"

@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -122,7 +123,8 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
                 sizing.rows, spark.sparkContext.defaultParallelism // 2))
     if partitions:
         spark.conf.set("spark.sql.shuffle.partitions", str(partitions))
-    progress = Progress(job, clock, enabled=not args.quiet)
+    progress = Progress(job, clock, enabled=not args.quiet,
+                        on_step=None if args.remote else _job_namer(spark))
     if sizing is not None and args.partitions is None:
         progress.say(sizing.describe() if partitions == sizing.partitions else
                      f"{sizing.describe()}; {partitions} on this cluster")
@@ -144,6 +146,17 @@ def run_batch(args: argparse.Namespace, settings: Settings, *,
         result.summary["driver_memory"] = f"{sizing.driver_mb}m"
     _print(result, progress, out, as_json=args.json)
     return result.exit_status
+
+
+def _job_namer(spark: SparkSession) -> Callable[[str | None], None]:
+    """Names each Spark job after the step that runs it, in the Spark UI and the event
+    log (None clears it). Spark Connect has no SparkContext to name them on."""
+    context = spark.sparkContext
+
+    def name(step: str | None) -> None:
+        context.setJobDescription(step)  # type: ignore[arg-type]  # None clears it
+
+    return name
 
 
 def _target(args: argparse.Namespace, settings: Settings) -> tuple[str, str]:

@@ -8,7 +8,7 @@ for results: the summary, or JSON with ``--json``). Spark's own console progress
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import TextIO
 
@@ -17,8 +17,12 @@ from federation_sender.clock import Clock
 
 class Progress:
     def __init__(self, job: str, clock: Clock, stream: TextIO | None = None,
-                 enabled: bool = True) -> None:
+                 enabled: bool = True,
+                 on_step: Callable[[str | None], None] | None = None) -> None:
+        """``on_step`` hears each step's numbered name as it starts and None as it
+        ends (the command line names Spark's jobs after the steps with it)."""
         self._job = job
+        self._on_step = on_step
         self._clock = clock
         self._stream = stream if stream is not None else sys.stderr
         self._enabled = enabled
@@ -37,12 +41,17 @@ class Progress:
     def step(self, name: str) -> Iterator[None]:
         n = len(self.steps) + 1
         self._say(f"{n}. {name} ...")
+        if self._on_step is not None:
+            self._on_step(f"{n}. {name}")
         t0 = self._clock.monotonic_s()
         try:
             yield
         except BaseException:
             self._say(f"{n}. {name} FAILED after {self._clock.monotonic_s() - t0:.1f} s")
             raise
+        finally:
+            if self._on_step is not None:
+                self._on_step(None)
         took = self._clock.monotonic_s() - t0
         self.steps.append((name, took))
         self._say(f"{n}. {name} done in {took:.1f} s")

@@ -73,7 +73,8 @@ def test_session_conf_local_and_cluster() -> None:
 def test_progress_and_summary() -> None:
     clock = FakeClock()
     err = io.StringIO()
-    p = Progress("audit", clock, stream=err)
+    named: list[str | None] = []
+    p = Progress("audit", clock, stream=err, on_step=named.append)
     with p.step("read"):
         clock.advance(1.5)
     with pytest.raises(RuntimeError), p.step("boom"):
@@ -82,6 +83,7 @@ def test_progress_and_summary() -> None:
     assert err.getvalue().splitlines() == [
         "[audit] 1. read ...", "[audit] 1. read done in 1.5 s",
         "[audit] 2. boom ...", "[audit] 2. boom FAILED after 0.5 s"]
+    assert named == ["1. read", None, "2. boom", None]   # the Spark jobs' names
     text = format_summary("audit", {"undelivered_lost": 12345, "rate": 0.5}, p.steps,
                           p.elapsed_s)
     assert "undelivered_lost  12,345" in text and "time: read" in text
