@@ -48,9 +48,10 @@ def run(ctx: JobContext, *, repair: bool,
     with ctx.progress.step("read events, memberships, destinations, transaction log"):
         # Each is used twice (events: the local ones and what the log carried;
         # memberships: the join intervals and the departures): read once over JDBC,
-        # kept in memory or on local disk for the second use.
+        # kept in memory or on local disk for the second use; the memberships
+        # partitioned once for all their windows.
         events = ctx.source.table("events").persist()
-        memberships = ctx.source.table("room_memberships").persist()
+        memberships = t.by_room_and_server(ctx.source.table("room_memberships")).persist()
         actual = ctx.source.table("destination_rooms").filter(
             F.col("stream_ordering") <= F.lit(hwm)
         )

@@ -28,7 +28,7 @@ def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
     hwm = ctx.source.high_water_mark
     with ctx.progress.step("read events, memberships, destination_rooms"):
         events = ctx.source.table("events").persist()  # read once, used twice (audit.py)
-        memberships = ctx.source.table("room_memberships").persist()
+        memberships = t.by_room_and_server(ctx.source.table("room_memberships")).persist()
         actual = ctx.source.table("destination_rooms").filter(
             F.col("stream_ordering") <= F.lit(hwm)
         )

@@ -35,6 +35,7 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
+from pyspark.sql.window import WindowSpec
 
 # Sorts interval ends after events with the same stream ordering, so that an interval
 # ending at event E (E is the user's next membership event) includes E.
@@ -59,6 +60,20 @@ def local_events(events: DataFrame, server_name: str) -> DataFrame:
     ).select("stream_ordering", "event_id", "room_id")
 
 
+def by_room_and_server(memberships: DataFrame) -> DataFrame:
+    """The membership rows hash-partitioned by ``(room_id, server_name)``: every window
+    over them (:func:`join_intervals`' and :func:`departures`' per user and per server)
+    is keyed by those columns and more, so a frame partitioned (and kept) this way is
+    sorted for each of them without another shuffle."""
+    return memberships.repartition("room_id", "server_name")
+
+
+def _per_user() -> WindowSpec:
+    # A user's rows all carry the user's server: keyed by the server too, so that the
+    # partitioning of by_room_and_server serves this window.
+    return Window.partitionBy("room_id", "server_name", "user_id")
+
+
 def join_intervals(memberships: DataFrame, server_name: str) -> DataFrame:
     """Each remote user's ``join`` rows as intervals ``[start_so, end_so]``.
 
@@ -66,7 +81,7 @@ def join_intervals(memberships: DataFrame, server_name: str) -> DataFrame:
     null while the user is still joined. Columns: ``room_id``, ``destination``,
     ``start_so``, ``end_so``.
     """
-    per_user = Window.partitionBy("room_id", "user_id").orderBy("event_stream_ordering")
+    per_user = _per_user().orderBy("event_stream_ordering")
     return (
         memberships.withColumn("end_so", F.lead("event_stream_ordering").over(per_user))
         .filter((F.col("membership") == "join") & (F.col("server_name") != F.lit(server_name)))
@@ -231,7 +246,7 @@ def undelivered(
 def departures(memberships: DataFrame, server_name: str) -> DataFrame:
     """The moments a remote server left a room: the membership row after which none of
     its users is joined any more. Columns: ``room_id``, ``destination``, ``out_so``."""
-    per_user = Window.partitionBy("room_id", "user_id").orderBy("event_stream_ordering")
+    per_user = _per_user().orderBy("event_stream_ordering")
     per_server = (Window.partitionBy("room_id", "server_name")
                   .orderBy("event_stream_ordering")
                   .rowsBetween(Window.unboundedPreceding, Window.currentRow))
