@@ -1582,6 +1582,30 @@ def table(results: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def native_table(results: Mapping[str, Any]) -> str:
+    """The Markdown table of the native audit runs (``native``) beside the plain
+    statement, with where the executors' task time went."""
+    plain = {p["rows"]: p for p in results.get("native_plain", [])}
+    lines = ["| rows | run | audit job time | wall | driver peak | executors peak | "
+             "plain statement | audit / plain | task time: reading the database, window "
+             "sorts, the rest (CPU) |", "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+    for r in sorted(results.get("native_jobs", []), key=lambda r: (r["rows"], r["mode"])):
+        p = plain.get(r["rows"])
+        ratio = f"{r['job_s'] / p['seconds']:.1f}x" if p and p["seconds"] else "-"
+        prof = [v for v in (r.get("profile") or {}).values()]
+        run = sum(v["run"] for v in prof)
+        jdbc = sum(v["jdbc"] for v in prof)
+        window = sum(v["window"] for v in prof)
+        cpu = sum(v["cpu"] for v in prof)
+        where = (f"{run:.0f} s: {jdbc:.0f}, {window:.0f}, {run - jdbc - window:.0f} "
+                 f"({cpu:.0f} s CPU)") if prof else "-"
+        ex = f"{r['executors_mb']:,} MB" if r["executors_mb"] else "-"
+        lines.append(f"| {r['rows']:,} | {r['mode']} | {r['job_s']:.1f} s | {r['wall_s']:.1f} s "
+                     f"| {r['driver_mb']:,} MB | {ex} | {p['seconds'] if p else '-'} s | "
+                     f"{ratio} | {where} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -1636,7 +1660,9 @@ def main() -> None:
     n.add_argument("--timeout", type=float, default=3 * 3600)
     n.set_defaults(fn=cmd_native)
     t = sub.add_parser("table", parents=[common], help="print the results table")
-    t.set_defaults(fn=lambda a: print(table(_load_results(Workdir(Path(a.workdir))))))
+    t.set_defaults(fn=lambda a: print(table(_load_results(Workdir(Path(a.workdir))))
+                                      + "\n\n" + native_table(_load_results(
+                                          Workdir(Path(a.workdir))))))
     a = ap.parse_args()
     a.fn(a)
 

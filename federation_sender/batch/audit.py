@@ -79,7 +79,7 @@ def run(ctx: JobContext, *, repair: bool,
         # A row the worker pruned (a room the destination left after the row's event,
         # its events delivered) is missing on purpose.
         diff, pruned = t.split_pruned(raw, missing,
-                                      t.departures(memberships, ctx.server_name))
+                                      memberships, ctx.server_name)
         diff = diff.cache()
         by_problem = counts_by(diff, "problem")
         n_pruned = pruned.count()

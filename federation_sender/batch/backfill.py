@@ -45,7 +45,7 @@ def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
                                     destinations)
         raw = t.diff_destination_rooms(expected, actual).cache()
         diff, pruned = t.split_pruned(raw, undelivered,
-                                      t.departures(memberships, ctx.server_name))
+                                      memberships, ctx.server_name)
         diff = diff.cache()
         by_problem = counts_by(diff, "problem")
         n_pruned = pruned.count()

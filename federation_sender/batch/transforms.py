@@ -263,24 +263,29 @@ def departures(memberships: DataFrame, server_name: str) -> DataFrame:
     )
 
 
-def split_pruned(raw_diff: DataFrame, undelivered_rows: DataFrame,
-                 departed: DataFrame) -> tuple[DataFrame, DataFrame]:
+def split_pruned(raw_diff: DataFrame, undelivered_rows: DataFrame, memberships: DataFrame,
+                 server_name: str) -> tuple[DataFrame, DataFrame]:
     """Split :func:`diff_destination_rooms` output into real differences and rows the
     worker pruned on purpose. Catch-up deletes the row of a room the destination has
     *left* once its events are handled, so a "missing" row is pruned (not a
     disagreement) only when the room's latest event was delivered (not among
     ``undelivered_rows``) and the destination left the room after that event
-    (``departed``: :func:`departures`). Catch-up prunes a row only while the
-    destination is out of the room, so a server that left after the row's event and
-    joined again may have lost its row on purpose; a missing row of a room it has
-    stayed in is missing whatever was delivered: the next catch-up would never see the
-    room. Only the missing rows are looked up (a few, against every expected row).
-    Returns ``(diff, pruned)``; ``pruned`` has ``problem="pruned"``. The audit and the
-    backfill both use this, so they agree on such rows."""
+    (:func:`departures`). Catch-up prunes a row only while the destination is out of
+    the room, so a server that left after the row's event and joined again may have
+    lost its row on purpose; a missing row of a room it has stayed in is missing
+    whatever was delivered: the next catch-up would never see the room. Only the
+    missing rows are looked up (a few, against every expected row), and the departures
+    are worked out only from their servers' membership rows in their rooms (a server's
+    departures from a room depend on nothing else). Returns ``(diff, pruned)``;
+    ``pruned`` has ``problem="pruned"``. The audit and the backfill both use this, so
+    they agree on such rows."""
     missing = raw_diff.filter(F.col("problem") == "missing")
+    theirs = memberships.join(
+        missing.select("room_id", F.col("destination").alias("server_name")).distinct(),
+        ["room_id", "server_name"], "left_semi")
     left_after = (
         missing.select("destination", "room_id", "expected_so")
-        .join(departed, ["destination", "room_id"])
+        .join(departures(theirs, server_name), ["destination", "room_id"])
         .filter(F.col("out_so") >= F.col("expected_so"))
         .select("destination", "room_id").distinct()
         .join(undelivered_rows.select("destination", "room_id"),

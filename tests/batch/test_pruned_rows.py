@@ -63,7 +63,7 @@ def test_split_pruned_asks_whether_the_destination_is_still_in_the_room(spark: A
         src.table("federation_transaction_log"), events), src.table("destinations"))
     diff, pruned = t.split_pruned(
         t.diff_destination_rooms(expected, src.table("destination_rooms")), undelivered,
-        t.departures(members, OUR))
+        members, OUR)
     assert {(r["destination"], r["room_id"], r["problem"]) for r in diff.collect()} == {
         (*STILL_IN, "missing")}
     assert {(r["destination"], r["room_id"]) for r in pruned.collect()} == {LEFT, REJOINED}
