@@ -75,16 +75,19 @@ FROM x FULL OUTER JOIN a ON x.destination = a.destination AND x.room_id = a.room
 WHERE x.stream_ordering IS DISTINCT FROM a.stream_ordering
 """
 
-UNDELIVERED = f"""
-WITH x AS ({EXPECTED_DESTINATION_ROOMS}),
-d AS (
+_DELIVERED = """d AS (
     SELECT t.destination, e.room_id, max(e.stream_ordering) AS delivered_so
     FROM federation_transaction_log t
     CROSS JOIN LATERAL jsonb_array_elements_text(t.pdu_event_ids::jsonb) AS p(event_id)
     JOIN events e ON e.event_id = p.event_id
     WHERE t.status = 'success'
     GROUP BY t.destination, e.room_id
-)
+)"""
+"""Per (destination, room) the newest event a successful transaction carried."""
+
+UNDELIVERED = f"""
+WITH x AS ({EXPECTED_DESTINATION_ROOMS}),
+{_DELIVERED}
 SELECT x.destination, x.room_id, x.stream_ordering, d.delivered_so,
        ds.last_successful_stream_ordering,
        CASE WHEN ds.last_successful_stream_ordering >= x.stream_ordering
@@ -98,14 +101,7 @@ WHERE d.delivered_so IS NULL OR d.delivered_so < x.stream_ordering
 AUDIT_COUNTS = f"""
 WITH x AS MATERIALIZED ({EXPECTED_DESTINATION_ROOMS}),
 a AS (SELECT * FROM destination_rooms WHERE stream_ordering <= %(hwm)s),
-d AS (
-    SELECT t.destination, e.room_id, max(e.stream_ordering) AS delivered_so
-    FROM federation_transaction_log t
-    CROSS JOIN LATERAL jsonb_array_elements_text(t.pdu_event_ids::jsonb) AS p(event_id)
-    JOIN events e ON e.event_id = p.event_id
-    WHERE t.status = 'success'
-    GROUP BY t.destination, e.room_id
-), u AS (
+{_DELIVERED}, u AS (
     SELECT ds.last_successful_stream_ordering >= x.stream_ordering AS lost
     FROM x
     LEFT JOIN d ON d.destination = x.destination AND d.room_id = x.room_id
