@@ -24,6 +24,7 @@ import asyncio
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -70,8 +71,8 @@ class Exchange(asyncio.Protocol):
         self.waiter: asyncio.Future[int] | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # A stream transport; uvloop's TLS one is not a subclass of asyncio.Transport.
+        self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf

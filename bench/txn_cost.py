@@ -193,7 +193,7 @@ def tls_files(a: argparse.Namespace) -> Iterator[CertFiles | None]:
         yield loopback_tls(Path(d), a.dests)
 
 
-async def main() -> None:
+def arguments() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--db", default="postgres", choices=["postgres", "sqlite"])
     ap.add_argument("--dests", type=int, default=200)
@@ -213,10 +213,16 @@ async def main() -> None:
     ap.add_argument("--tls", action="store_true",
                     help="the receivers serve TLS (a throwaway CA's leaf), verified by both "
                          "senders, as every federation link is; default plain HTTP")
+    ap.add_argument("--event-loop", choices=["asyncio", "uvloop"], default="asyncio",
+                    help="the loop the whole run is on (the production path and both "
+                         "floors alike; the receivers are other processes)")
     ap.add_argument("--profile", metavar="RAW",
                     help="instead: one production run under py-spy, raw samples to RAW, "
                          "summarised as bench/profile_fanout.py does")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+async def main(a: argparse.Namespace) -> None:
     if a.profile:
         await profile(a)
         return
@@ -271,11 +277,18 @@ async def main() -> None:
     rows.append(("bare signed / raw transport floor", f"{bare / raw:.2f}"))
     rows.append((f"bare signed / Synapse's {a.synapse_ms} ms",
                  f"{bare / a.synapse_ms:.3f} (1/{a.synapse_ms / bare:.1f})"))
-    report(f"one PDU per transaction, {a.dests} destinations ({a.db}, "
+    report(f"one PDU per transaction, {a.dests} destinations ({a.db}, {a.event_loop}, "
            f"{'TLS' if a.tls else 'plain HTTP'}, "
            f"{f'{a.wave_gap_s:g} s between waves' if a.wave_gap_s else 'waves back to back'}, "
            f"{a.rounds} interleaved round(s))", rows)
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    args = arguments()
+    factory = None
+    if args.event_loop == "uvloop":
+        import uvloop
+
+        factory = uvloop.new_event_loop
+    with asyncio.Runner(loop_factory=factory) as runner:
+        runner.run(main(args))
