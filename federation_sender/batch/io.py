@@ -54,7 +54,7 @@ from federation_sender.storage.synapse import batch_reads as synapse_reads
 from federation_sender.storage.synapse.database import create_synapse_engine
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import Column, DataFrame, SparkSession
 
 TABLE_COLUMNS: Mapping[str, tuple[str, ...]] = {
     "events": ("stream_ordering", "event_id", "room_id", "sender", "outlier", "rejected"),
@@ -77,7 +77,8 @@ PARTITION_COLUMNS: Mapping[str, str] = {
     "federation_transaction_log": "id",
     "destination_rooms": "stream_ordering",
 }
-"""Big tables are read in ``--partitions`` parallel range scans on these columns."""
+"""Big tables are read in ``--partitions`` parallel reads: ranges of these columns where
+the heap cannot be split into ranges of blocks (SQLite, PostgreSQL before 14)."""
 
 BOUNDED_BY_HIGH_WATER_MARK: Mapping[str, str] = {
     "events": "stream_ordering",
@@ -176,7 +177,10 @@ class Source(Protocol):
 
 
 class JdbcSource:
-    """Reads tables over JDBC; the big ones in ``partitions`` parallel range scans."""
+    """Reads tables over JDBC; the big ones in ``partitions`` parallel reads: ranges of
+    heap blocks on PostgreSQL 14 and later (each block read once, whatever the rows'
+    physical order: :func:`~federation_sender.storage.batch_reads.block_predicates`),
+    else ranges of :data:`PARTITION_COLUMNS`."""
 
     schema = "native"
 
@@ -185,21 +189,30 @@ class JdbcSource:
         self._db = db
         self._partitions = max(1, partitions)
         self._bounds: dict[str, tuple[int, int] | None] = {}
+        self._blocks: dict[str, list[str]] = {}
         with db.read() as conn:
             self._hwm = batch_reads.high_water_mark(conn)
             for table, col in PARTITION_COLUMNS.items():
-                self._bounds[table] = batch_reads.column_bounds(conn, table, col)
+                blocks = None if db.sqlite else batch_reads.block_predicates(
+                    conn, table, self._partitions)
+                if blocks is not None:
+                    self._blocks[table] = blocks
+                else:
+                    self._bounds[table] = batch_reads.column_bounds(conn, table, col)
 
     @property
     def high_water_mark(self) -> int:
         return self._hwm
 
     def table(self, name: str) -> DataFrame:
-        from pyspark.sql import functions as F
-
-        reader = self._spark.read.format("jdbc").options(
-            **self._db.jdbc_options(), dbtable=name, fetchsize="10000"
-        )
+        opts = {**self._db.jdbc_options(), "fetchsize": "10000"}
+        blocks = self._blocks.get(name)
+        if blocks is not None:
+            props = {k: v for k, v in opts.items() if k != "url"}
+            df = self._spark.read.jdbc(self._db.jdbc_url, name, predicates=blocks,
+                                       properties=props).select(*TABLE_COLUMNS[name])
+            return df.filter(self._bounded(name))
+        reader = self._spark.read.format("jdbc").options(**opts, dbtable=name)
         bounds = self._bounds.get(name)
         if bounds is not None and self._partitions > 1:
             lo, hi = bounds
@@ -215,10 +228,17 @@ class JdbcSource:
         df = reader.load().select(*TABLE_COLUMNS[name])
         if self._db.sqlite:
             df = _sqlite_types(df, name)
+        return df.filter(self._bounded(name))
+
+    def _bounded(self, name: str) -> Column:
+        """The rows of ``name`` at or below the high-water mark (every row of a table
+        it does not bound)."""
+        from pyspark.sql import functions as F
+
         bound_col = BOUNDED_BY_HIGH_WATER_MARK.get(name)
-        if bound_col is not None:
-            df = df.filter(F.col(bound_col) <= F.lit(self._hwm))
-        return df
+        if bound_col is None:
+            return F.lit(True)
+        return F.col(bound_col) <= F.lit(self._hwm)
 
 
 def _sqlite_types(df: DataFrame, name: str) -> DataFrame:

@@ -1,5 +1,6 @@
-"""The batch jobs' SQL on Spark's driver: the high-water mark, the range of a partition
-column, and the lifecycle of the UNLOGGED staging table the executors fill over JDBC.
+"""The batch jobs' SQL on Spark's driver: the high-water mark, how the big tables are
+split into parallel reads (ranges of a column, or of heap blocks), and the lifecycle of
+the UNLOGGED staging table the executors fill over JDBC.
 
 Plain DB-API (a psycopg or sqlite3 connection, synchronous as the driver is), not the
 worker's engine: the jobs read over JDBC and need only these few statements here. The
@@ -10,6 +11,7 @@ checked identifiers, never caller text spliced into SQL.
 
 from __future__ import annotations
 
+from itertools import pairwise
 from typing import Any, Protocol
 
 import sqlalchemy as sa
@@ -38,6 +40,52 @@ def column_bounds(conn: DriverConnection, table: str, column: str) -> tuple[int,
     if row is None or row[0] is None:
         return None
     return int(row[0]), int(row[1])
+
+
+BLOCK_RANGES_SINCE = 140000
+"""``server_version_num`` from which PostgreSQL reads a ``ctid`` range with a TID range
+scan (14); an older server would scan the whole table for each range."""
+
+MIN_BLOCKS_PER_RANGE = 128
+"""A range of blocks is at least 1 MB of heap: a small table is read in fewer ranges."""
+
+
+def block_predicates(conn: DriverConnection, table: str, parts: int) -> list[str] | None:
+    """WHERE clauses that split ``table``'s heap into up to ``parts`` disjoint ranges of
+    blocks (``ctid``), for parallel reads that together read each block once.
+
+    A range of a column is read with a sequential scan of the whole table when the
+    column does not follow the rows' physical order (the planner will not fetch a
+    scattered tenth of a table through an index), so N ranges read the table N times;
+    a range of blocks is a TID range scan of its own blocks whatever the order. The
+    last range is open, so rows in blocks added since are read too. Each clause fails
+    its read, naming the table, if the table was rewritten since these ranges were cut
+    (``VACUUM FULL``, ``CLUSTER`` and pg_repack give every row a new ``ctid``: a read
+    across the rewrite would miss rows or read some twice). None on PostgreSQL before
+    14, or with ``parts`` < 2, or for a table with no blocks.
+    """
+    t = checked_identifier(table)
+    row = conn.execute(
+        "SELECT current_setting('server_version_num')::int,"
+        f" pg_relation_size('{t}') / current_setting('block_size')::int,"
+        f" pg_relation_filenode('{t}')"
+    ).fetchone()
+    version, blocks, filenode = int(row[0]), int(row[1]), row[2]
+    parts = min(parts, blocks // MIN_BLOCKS_PER_RANGE)
+    if version < BLOCK_RANGES_SINCE or parts < 2 or filenode is None:
+        return None
+    guard = (
+        f"((SELECT pg_relation_filenode('{t}')) = {int(filenode)} OR "
+        f"('table {t} was rewritten (VACUUM FULL, CLUSTER or pg_repack) while the job "
+        "read it: run the job again; filenode ' "
+        f"|| pg_relation_filenode('{t}'))::int = 0)"
+    )
+    cuts = [blocks * i // parts for i in range(1, parts)]
+    bounds = [f"ctid < '({cuts[0]},0)'::tid"]
+    bounds += [f"ctid >= '({a},0)'::tid AND ctid < '({b},0)'::tid"
+               for a, b in pairwise(cuts)]
+    bounds.append(f"ctid >= '({cuts[-1]},0)'::tid")
+    return [f"{b} AND {guard}" for b in bounds]
 
 
 def estimated_rows(conn: DriverConnection, tables: list[str], *, sqlite: bool) -> int:

@@ -277,6 +277,27 @@ def random_history(seed: int, *, rooms: int = 4, steps: int = 120) -> History:
     return h
 
 
+def with_every_finding(h: History) -> History:
+    """``h`` with ``destination_rooms`` rows right, behind, ahead, missing and stale,
+    half the expected pairs sent, and half the destinations' positions past every event
+    (so some undelivered pairs are lost, some pending)."""
+    exp = expected_destination_rooms(h)
+    h.destination_rooms = {}
+    for i, (key, so) in enumerate(sorted(exp.items())):
+        if i % 5 != 1:
+            h.destination_rooms[key] = so + (i % 5 == 2) - 2 * (i % 5 == 3)
+    h.destination_rooms[("stale.example", "!nowhere")] = 3
+    by_dest: dict[str, list[str]] = {}
+    for i, ((dest, _room), so) in enumerate(sorted(exp.items())):
+        if i % 2 == 0:
+            by_dest.setdefault(dest, []).append(f"$e{so}")
+    for n, (dest, ids) in enumerate(sorted(by_dest.items())):
+        h.send(dest, ids, started_ts=n, duration_ms=1)
+    h.destinations = {dest: (max(exp.values()) if n % 2 else None)
+                      for n, dest in enumerate(sorted({d for d, _ in exp}))}
+    return h
+
+
 # --- loading into PostgreSQL -----------------------------------------------------------
 
 def load_pg(h: History, url: str) -> None:

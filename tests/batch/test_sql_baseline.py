@@ -15,6 +15,7 @@ from .histories import (
     load_pg,
     random_history,
     scenario,
+    with_every_finding,
 )
 
 pytestmark = pytest.mark.postgres
@@ -67,22 +68,8 @@ def _counts(undelivered: dict[tuple[str, str], str],
 
 @pytest.mark.parametrize("seed", [7, 8])
 def test_random_expected(batch_db: str, seed: int) -> None:
-    h = random_history(seed, rooms=5, steps=200)
+    h = with_every_finding(random_history(seed, rooms=5, steps=200))
     exp = expected_destination_rooms(h)
-    # Some rows right, some behind, ahead, missing or stale, and half the pairs sent.
-    h.destination_rooms = {}
-    for i, (key, so) in enumerate(sorted(exp.items())):
-        if i % 5 != 1:
-            h.destination_rooms[key] = so + (i % 5 == 2) - 2 * (i % 5 == 3)
-    h.destination_rooms[("stale.example", "!nowhere")] = 3
-    by_dest: dict[str, list[str]] = {}
-    for i, ((dest, _room), so) in enumerate(sorted(exp.items())):
-        if i % 2 == 0:
-            by_dest.setdefault(dest, []).append(f"$e{so}")
-    for n, (dest, ids) in enumerate(sorted(by_dest.items())):
-        h.send(dest, ids, started_ts=n, duration_ms=1)
-    h.destinations = {dest: (max(exp.values()) if n % 2 else None)
-                      for n, dest in enumerate(sorted({d for d, _ in exp}))}
     load_pg(h, batch_db)
     url = _url(batch_db)
     got = {(r["destination"], r["room_id"]): r["stream_ordering"]
