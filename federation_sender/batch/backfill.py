@@ -16,7 +16,14 @@ from pyspark.sql import functions as F
 from federation_sender.batch import synapse_audit
 from federation_sender.batch import transforms as t
 from federation_sender.batch.io import apply_changes, write_outputs
-from federation_sender.batch.job import JobContext, JobResult, counts_by, require_db, sample
+from federation_sender.batch.job import (
+    JobContext,
+    JobResult,
+    counts_by,
+    delivered_positions,
+    require_db,
+    sample,
+)
 
 JOB = "backfill-destination-rooms"
 PROBLEMS = ("missing", "behind", "ahead", "stale")
@@ -27,7 +34,10 @@ def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
         return synapse_audit.run_backfill(ctx, dry_run=dry_run)
     hwm = ctx.source.high_water_mark
     with ctx.progress.step("read events, memberships, destination_rooms"):
-        events = ctx.source.table("events").persist()  # read once, used twice (audit.py)
+        # As the audit reads them (audit.py): the local events, kept, and the few
+        # others the log names.
+        events = ctx.source.table("events")
+        local = t.local_candidates(events, ctx.server_name).persist()
         memberships = t.by_room_and_server(ctx.source.table("room_memberships")).persist()
         actual = ctx.source.table("destination_rooms").filter(
             F.col("stream_ordering") <= F.lit(hwm)
@@ -35,14 +45,15 @@ def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
         destinations = ctx.source.table("destinations")
         txn_log = ctx.source.table("federation_transaction_log")
     with ctx.progress.step("compute expected destination_rooms"):
-        expected = t.expected_destination_rooms(events, memberships, ctx.server_name).cache()
+        expected = t.expected_destination_rooms(local, memberships, ctx.server_name).cache()
         n_expected = expected.count()
     with ctx.progress.step("compare with destination_rooms"):
         # As the audit does: a row the worker pruned (a room the destination left after
         # the row's event, its events delivered) is not put back (catch-up would only
         # prune it again); a missing row of a room the destination stayed in is.
-        undelivered = t.undelivered(expected, t.delivered_positions(txn_log, events),
-                                    destinations)
+        undelivered = t.undelivered(
+            expected, delivered_positions(txn_log, events, local, ctx.server_name),
+            destinations)
         raw = t.diff_destination_rooms(expected, actual).cache()
         diff, pruned = t.split_pruned(raw, undelivered,
                                       memberships, ctx.server_name)
@@ -68,6 +79,6 @@ def run(ctx: JobContext, *, dry_run: bool) -> JobResult:
                 summary.update(upserted=res.upserted, deleted=res.deleted)
             else:
                 summary.update(upserted=0, deleted=0)
-    for df in (diff, raw, expected, events, memberships):
+    for df in (diff, raw, expected, local, memberships):
         df.unpersist()
     return JobResult(JOB, summary, samples)

@@ -32,6 +32,8 @@ out of heap (issue #47).
 
 from __future__ import annotations
 
+import functools
+
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
@@ -48,15 +50,24 @@ def server_of(user_id: Column) -> Column:
     return F.regexp_extract(user_id, r"^[^:]*:(.*)$", 1)
 
 
+def local_candidates(events: DataFrame, server_name: str) -> DataFrame:
+    """The rows of ``events`` that :func:`local_events` can keep, all columns, by a
+    filter a JDBC source hands to the database (``NOT outlier AND NOT rejected AND
+    sender LIKE '%:server'``): a sender of this server ends with ``:`` and its name, as
+    a user id's localpart has no colon. A superset: :func:`local_events` still checks
+    the sender's server exactly."""
+    return events.filter(
+        ~F.col("outlier") & ~F.col("rejected") & F.col("sender").endswith(f":{server_name}")
+    )
+
+
 def local_events(events: DataFrame, server_name: str) -> DataFrame:
     """The events this server sends: local sender, neither outlier nor rejected.
 
     Columns: ``stream_ordering``, ``event_id``, ``room_id``.
     """
-    return events.filter(
-        ~F.col("outlier")
-        & ~F.col("rejected")
-        & (server_of(F.col("sender")) == F.lit(server_name))
+    return local_candidates(events, server_name).filter(
+        server_of(F.col("sender")) == F.lit(server_name)
     ).select("stream_ordering", "event_id", "room_id")
 
 
@@ -188,22 +199,48 @@ def destination_room_changes(diff: DataFrame) -> DataFrame:
     )
 
 
-def delivered_positions(txn_log: DataFrame, events: DataFrame) -> DataFrame:
-    """Per (destination, room), the highest stream ordering of an event that a successful
-    transaction carried to the destination. Catch-up sends forward extremities, which may
-    be remote events, so this joins with all events, not only local ones.
-
-    Columns: ``destination``, ``room_id``, ``delivered_so``.
-    """
-    sent = txn_log.filter(F.col("status") == "success").select(
+def sent_event_ids(txn_log: DataFrame) -> DataFrame:
+    """The ids of the PDUs successful transactions carried. Columns: ``destination``,
+    ``event_id``."""
+    return txn_log.filter(F.col("status") == "success").select(
         "destination",
         F.explode(F.from_json("pdu_event_ids", T.ArrayType(T.StringType()))).alias("event_id"),
     )
+
+
+def delivered_among(sent: DataFrame, *lookups: DataFrame) -> DataFrame:
+    """Per (destination, room), the highest stream ordering of a :func:`sent_event_ids`
+    event found in ``lookups`` (frames with ``event_id``, ``room_id`` and
+    ``stream_ordering``; an event in more than one counts once, by the maximum).
+
+    Columns: ``destination``, ``room_id``, ``delivered_so``.
+    """
+    cols = ("event_id", "room_id", "stream_ordering")
+    found = [sent.join(lookup.select(*cols), "event_id") for lookup in lookups]
     return (
-        sent.join(events.select("event_id", "room_id", "stream_ordering"), "event_id")
+        functools.reduce(DataFrame.unionByName, found)
         .groupBy("destination", "room_id")
         .agg(F.max("stream_ordering").alias("delivered_so"))
     )
+
+
+def delivered_positions(txn_log: DataFrame, events: DataFrame) -> DataFrame:
+    """Per (destination, room), the highest stream ordering of an event that a successful
+    transaction carried to the destination. Catch-up sends forward extremities, which may
+    be remote events, so this joins with all events, not only local ones (the native
+    jobs look the log's ids up among the local events first:
+    :func:`federation_sender.batch.job.delivered_positions`).
+
+    Columns: ``destination``, ``room_id``, ``delivered_so``.
+    """
+    return delivered_among(sent_event_ids(txn_log), events)
+
+
+def not_among(sent: DataFrame, lookup: DataFrame) -> DataFrame:
+    """The distinct ids of :func:`sent_event_ids` that ``lookup`` does not hold.
+    Columns: ``event_id``."""
+    return (sent.select("event_id").join(lookup.select("event_id"), "event_id", "left_anti")
+            .distinct())
 
 
 def undelivered(

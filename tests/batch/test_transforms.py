@@ -166,3 +166,36 @@ def test_hourly_outcomes(spark: Any) -> None:
            for r in t.hourly_outcomes(src.table("federation_transaction_log")).collect()}
     assert got == {(0, "success"): 1, (0, "transient"): 1, (3_600_000, "success"): 1,
                    (3_600_000, "transient"): 1}
+
+
+@pytest.mark.parametrize("case", ["local ids only", "by id", "by a join"])
+def test_delivered_positions_looked_up_among_local_events_first(
+        spark: Any, case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The jobs' lookup (``job.delivered_positions``: the local events first, the rest
+    by id or by a join) gives what the plain join with every event gives."""
+    import random
+
+    from federation_sender.batch import job
+
+    h = random_history(200)
+    rng = random.Random(1)
+    local = [e["event_id"] for e in h.events
+             if e["sender"].endswith(f":{OUR}") and not e["outlier"] and not e["rejected"]]
+    others = [e["event_id"] for e in h.events if e["event_id"] not in set(local)]
+    pool = local if case == "local ids only" else local + others
+    for d in ("b.example", "c.example", "d.example:8448"):
+        h.send(d, [*rng.sample(pool, 20), "$unknown"])
+    if case == "by a join":
+        monkeypatch.setattr(job, "LOOKUP_IDS", 1)
+    src = frames(spark, h)
+    txn_log, events = src.table("federation_transaction_log"), src.table("events")
+    plain = {tuple(r) for r in t.delivered_positions(txn_log, events).collect()}
+    ours = t.local_candidates(events, OUR)
+    rest = {r[0] for r in t.not_among(t.sent_event_ids(txn_log), t.local_events(ours, OUR))
+            .collect()}
+    if case == "local ids only":
+        assert rest == {"$unknown"}
+    else:   # ids of remote, outlier or rejected events, which only the second lookup finds
+        assert len(rest) > 2, rest
+    got = {tuple(r) for r in job.delivered_positions(txn_log, events, ours, OUR).collect()}
+    assert got == plain and plain
